@@ -1,0 +1,43 @@
+# The two commands: `make demo` and `make check`. Both install what is
+# missing (tools/setup-deps.sh), configure and build with CMake, and are
+# quick when nothing changed.
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+LLVM_BIN   ?= /usr/lib/llvm-22/bin
+JOBS       ?= $(shell nproc)
+
+.PHONY: all deps build demo check check-unit check-lit check-asan clean
+
+all: build
+
+deps:
+	@tools/setup-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: deps $(BUILD)/build.ninja
+	@cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/tools/kiln-run --iters=50 examples/mlp.kiln
+
+check: check-unit check-lit check-asan
+
+check-unit: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+check-lit: build
+	$(LLVM_BIN)/lit -sv test/lit --param build_dir=$(abspath $(BUILD))
+
+$(BUILD_ASAN)/build.ninja:
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON
+
+# The unit tests again under AddressSanitizer + UBSan.
+check-asan: deps $(BUILD_ASAN)/build.ninja
+	@cmake --build $(BUILD_ASAN) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -L unit -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

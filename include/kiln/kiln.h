@@ -1,0 +1,240 @@
+// kiln — a compiler backend for torch.compile, usable from C.
+//
+// Licensed under the Apache License v2.0 with LLVM Exceptions.
+//
+//===----------------------------------------------------------------------===//
+// The whole public API of libkiln. It compiles as C11 and as C++.
+//
+// Ownership rules (they hold for every function below):
+//  - `kiln_*_create` / `kiln_*_parse` / `kiln_*_compile` return an object the
+//    caller owns and must release with the matching `_destroy` / `_release`.
+//  - `_get` borrows: the result lives as long as the object it came from.
+//  - Out-parameters are named `out_*`; they are cleared on entry and written
+//    only on success.
+//  - Strings returned through `char **out_*` are owned by the caller and freed
+//    with `kiln_free`.
+//
+// Errors: every function that can fail returns `kiln_status_t`. NULL means
+// success; anything else is a status the caller owns and frees with
+// `kiln_status_free` (or `kiln_status_ignore`). Nothing in libkiln aborts or
+// exits the process; bad input is reported through a status whose message
+// names the op, the operand, the shapes and what was expected.
+//
+// Threads: a `kiln_context_t` may be used from several threads at once, as may
+// a `kiln_function_t` (concurrent `kiln_function_call`s are supported).
+// A `kiln_graph_t` is immutable after parsing and may be shared read-only.
+//===----------------------------------------------------------------------===//
+
+#ifndef KILN_KILN_H_
+#define KILN_KILN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KILN_BUILDING_LIBRARY)
+#define KILN_API __attribute__((visibility("default")))
+#else
+#define KILN_API
+#endif
+
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+
+// The largest tensor rank kiln accepts.
+#define KILN_MAX_RANK 8
+
+// DLPack 0.6 (Debian's libdlpack-dev) predates kDLBool; PyTorch exports bool
+// tensors with this type code (DLPack >= 0.8) and 8 bits.
+#define KILN_DL_BOOL 6
+
+// "major.minor.patch" of this build.
+KILN_API const char *kiln_version_string(void);
+
+//===--- status -----------------------------------------------------------===//
+
+typedef enum kiln_status_code_e {
+  KILN_STATUS_OK = 0,
+  KILN_STATUS_INVALID_ARGUMENT = 1,  // bad input from the caller
+  KILN_STATUS_PARSE_ERROR = 2,       // malformed graph text
+  KILN_STATUS_VERIFY_ERROR = 3,      // graph is well formed but ill typed
+  KILN_STATUS_UNSUPPORTED = 4,       // valid, but kiln cannot compile it
+  KILN_STATUS_COMPILE_ERROR = 5,     // MLIR/LLVM failed on a valid graph
+  KILN_STATUS_UNAVAILABLE = 6,       // target not present (no CUDA device)
+  KILN_STATUS_OUT_OF_MEMORY = 7,
+  KILN_STATUS_INTERNAL = 8,
+} kiln_status_code_t;
+
+// NULL is OK; a non-NULL status carries a code and a message.
+typedef struct kiln_status_payload *kiln_status_t;
+
+// The code of `status` (KILN_STATUS_OK for NULL).
+KILN_API kiln_status_code_t kiln_status_code(kiln_status_t status);
+// The message of `status`, borrowed ("" for NULL). Valid until freed.
+KILN_API const char *kiln_status_message(kiln_status_t status);
+// The name of a code, e.g. "INVALID_ARGUMENT". Static storage.
+KILN_API const char *kiln_status_code_name(kiln_status_code_t code);
+// Frees `status`; NULL is allowed.
+KILN_API void kiln_status_free(kiln_status_t status);
+
+// Frees memory libkiln handed to the caller (strings). NULL is allowed.
+KILN_API void kiln_free(void *ptr);
+
+//===--- context ----------------------------------------------------------===//
+
+// Owns the MLIR context and everything compiled in it.
+typedef struct kiln_context kiln_context_t;
+
+typedef struct kiln_context_options_t {
+  // Directory to write the IR after every pipeline stage into; NULL reads the
+  // KILN_DUMP_DIR environment variable (unset: no dumps).
+  const char *dump_dir;
+} kiln_context_options_t;
+
+KILN_API void kiln_context_options_init(kiln_context_options_t *options);
+
+// Creates a context. `options` may be NULL for the defaults.
+KILN_API kiln_status_t kiln_context_create(
+    const kiln_context_options_t *options, kiln_context_t **out_context);
+// Destroys `context`. Every graph and function made in it must be released
+// first; destroying a context with live functions is a programmer error.
+KILN_API void kiln_context_destroy(kiln_context_t *context);
+
+//===--- graphs -----------------------------------------------------------===//
+
+// A verified graph: inputs, ops, outputs, with every value typed. The text
+// format is specified in docs/graph-format.md.
+typedef struct kiln_graph kiln_graph_t;
+
+// The type of one tensor: dtype, rank and sizes. A size of
+// KILN_DIM_SYMBOLIC marks a symbolic dimension (its name is in the graph).
+#define KILN_DIM_SYMBOLIC INT64_MIN
+typedef struct kiln_tensor_type_t {
+  DLDataType dtype;
+  int32_t rank;
+  int64_t shape[KILN_MAX_RANK];
+} kiln_tensor_type_t;
+
+// Parses and verifies graph text. `name` is used in error messages
+// ("name:line:col: ..."); it may be NULL. Parse errors carry line:column and
+// what was expected; verifier errors name the op, the operand and the shapes.
+KILN_API kiln_status_t kiln_graph_parse(kiln_context_t *context,
+                                        const char *text, size_t length,
+                                        const char *name,
+                                        kiln_graph_t **out_graph);
+KILN_API void kiln_graph_destroy(kiln_graph_t *graph);
+
+// Prints `graph` in the text format; parsing the result gives an equal graph.
+KILN_API kiln_status_t kiln_graph_print(const kiln_graph_t *graph,
+                                        char **out_text);
+
+KILN_API size_t kiln_graph_input_count(const kiln_graph_t *graph);
+KILN_API size_t kiln_graph_output_count(const kiln_graph_t *graph);
+// Declared type of input `i` / output `i` (symbolic dims as
+// KILN_DIM_SYMBOLIC). Fails on an out-of-range index.
+KILN_API kiln_status_t kiln_graph_input_type(const kiln_graph_t *graph,
+                                             size_t i,
+                                             kiln_tensor_type_t *out_type);
+KILN_API kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph,
+                                              size_t i,
+                                              kiln_tensor_type_t *out_type);
+
+// Runs `graph` with the reference interpreter: plain loops, accumulating in
+// double. Slow and obviously correct; it is the oracle for tests. Inputs may
+// be strided; outputs must be contiguous CPU tensors of the output types.
+KILN_API kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
+                                            const DLTensor *inputs,
+                                            size_t input_count,
+                                            DLTensor *outputs,
+                                            size_t output_count);
+
+//===--- compilation ------------------------------------------------------===//
+
+// Pipeline stages, in order. `kiln_emit` stops after one and prints it.
+typedef enum kiln_stage_e {
+  KILN_STAGE_GRAPH = 0,       // the verified kiln graph
+  KILN_STAGE_LINALG = 1,      // linalg on tensors, as lowered from the graph
+  KILN_STAGE_FUSED = 2,       // after elementwise fusion and cleanup
+  KILN_STAGE_VECTORIZED = 3,  // after tiling and vectorization (tensors)
+  KILN_STAGE_BUFFERIZED = 4,  // after one-shot bufferization
+  KILN_STAGE_LOOPS = 5,       // after lowering linalg to scf loops
+  KILN_STAGE_LLVM = 6,        // the LLVM dialect
+  KILN_STAGE_COUNT = 7,
+} kiln_stage_t;
+
+// Name of a stage ("graph", "linalg", ...), static storage.
+KILN_API const char *kiln_stage_name(kiln_stage_t stage);
+// Parses a stage name; fails listing the valid names.
+KILN_API kiln_status_t kiln_stage_parse(const char *name,
+                                        kiln_stage_t *out_stage);
+
+typedef struct kiln_compile_options_t {
+  // "cpu" (the default when NULL). "cuda" is reserved for the GPU target and
+  // answers KILN_STATUS_UNAVAILABLE until it exists.
+  const char *target;
+  // LLVM optimization level, 0..3 (default 3).
+  int opt_level;
+  // Vectorize with the kernel schedules in kernels/ (default 1).
+  int vectorize;
+} kiln_compile_options_t;
+
+KILN_API void kiln_compile_options_init(kiln_compile_options_t *options);
+
+// A compiled graph: callable with DLPack tensors. Reference counted.
+typedef struct kiln_function kiln_function_t;
+
+// Compiles `graph` for `options->target`. Graphs with only static sizes are
+// compiled now; a graph with symbolic sizes is compiled on first call for the
+// sizes it is called with (one variant per distinct binding). The function
+// keeps what it needs of `graph`; the graph may be destroyed afterwards.
+KILN_API kiln_status_t kiln_function_compile(
+    kiln_context_t *context, const kiln_graph_t *graph,
+    const kiln_compile_options_t *options, kiln_function_t **out_function);
+KILN_API void kiln_function_retain(kiln_function_t *function);
+KILN_API void kiln_function_release(kiln_function_t *function);
+
+// Output types for the given input types (symbolic dims bound from them).
+// `out_types` has room for kiln_graph_output_count entries.
+KILN_API kiln_status_t kiln_function_output_types(
+    kiln_function_t *function, const DLTensor *inputs, size_t input_count,
+    kiln_tensor_type_t *out_types, size_t output_count);
+
+// Calls `function` with caller-provided outputs. Inputs may have any strides
+// (NULL strides means contiguous); outputs must have the output types. Inputs
+// and outputs must not overlap. Checks every dtype, rank, size, device and
+// pointer first and names the first mismatch; on failure nothing is written.
+// Thread-safe.
+KILN_API kiln_status_t kiln_function_call(kiln_function_t *function,
+                                          const DLTensor *inputs,
+                                          size_t input_count,
+                                          DLTensor *outputs,
+                                          size_t output_count);
+
+// Calls `function` and allocates its outputs. On success `out_outputs[i]`
+// holds a tensor the caller owns; release it with its `deleter`
+// (`out_outputs[i]->deleter(out_outputs[i])`). Thread-safe.
+KILN_API kiln_status_t kiln_function_call_alloc(
+    kiln_function_t *function, const DLTensor *inputs, size_t input_count,
+    DLManagedTensor **out_outputs, size_t output_count);
+
+//===--- inspection ---------------------------------------------------------===//
+
+// Lowers `text` (graph text, or MLIR at the linalg stage or later) through the
+// pipeline for `options->target` and prints the IR after `stop`. This is what
+// kiln-opt runs, and what KILN_DUMP_DIR writes at every stage.
+KILN_API kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
+                                 size_t length, const char *name,
+                                 const kiln_compile_options_t *options,
+                                 kiln_stage_t stop, char **out_text);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // KILN_KILN_H_

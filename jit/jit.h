@@ -1,0 +1,43 @@
+// jit/: turns an LLVM-dialect module into callable code (LLVM ORC through
+// MLIR's ExecutionEngine) and calls entry points with their native
+// signatures through libffi. Knows MLIR/LLVM and libffi, nothing of graphs.
+#ifndef KILN_JIT_JIT_H_
+#define KILN_JIT_JIT_H_
+
+#include <stdint.h>
+
+#include <mlir-c/IR.h>
+
+#include "lib/base/base.h"
+
+typedef struct kiln_jit kiln_jit_t;
+
+// JIT-compiles `module` (LLVM dialect) at `opt_level` (0..3).
+kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
+                              kiln_jit_t **out_jit);
+void kiln_jit_destroy(kiln_jit_t *jit);
+// The address of function `name`, or NULL.
+void *kiln_jit_lookup(kiln_jit_t *jit, const char *name);
+
+// A memref in MLIR's expanded calling convention: allocated pointer, aligned
+// pointer, offset, sizes, strides (in elements).
+typedef struct kiln_memref {
+  void *allocated;
+  void *aligned;
+  int64_t offset;
+  int32_t rank;
+  int64_t sizes[8];
+  int64_t strides[8];
+} kiln_memref_t;
+
+// A prepared call signature: `count` memref parameters of the given ranks,
+// returning void. Immutable after creation; calls may share it across threads.
+typedef struct kiln_ffi_sig kiln_ffi_sig_t;
+kiln_status_t kiln_ffi_sig_create(const int32_t *ranks, int32_t count,
+                                  kiln_ffi_sig_t **out_sig);
+void kiln_ffi_sig_destroy(kiln_ffi_sig_t *sig);
+// Calls `fn` with `memrefs` expanded into scalar arguments.
+kiln_status_t kiln_ffi_call(const kiln_ffi_sig_t *sig, void *fn,
+                            const kiln_memref_t *memrefs, int32_t count);
+
+#endif  // KILN_JIT_JIT_H_

@@ -1,0 +1,795 @@
+// lib/api: the public C API. The only module that sees graphs, lowering, the
+// JIT and the reference interpreter together.
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jit/jit.h"
+#include "lib/graph/graph.h"
+#include "lib/ref/ref.h"
+#include "lowering/lowering.h"
+
+//===--- context ----------------------------------------------------------===//
+
+struct kiln_context {
+  pthread_mutex_t lock;  // guards `mlir`: an MLIR context is single-threaded
+  kiln_mlir_t *mlir;
+  char *dump_dir;
+  int dump_counter;
+};
+
+void kiln_context_options_init(kiln_context_options_t *options) {
+  memset(options, 0, sizeof(*options));
+}
+
+kiln_status_t kiln_context_create(const kiln_context_options_t *options,
+                                  kiln_context_t **out_context) {
+  if (!out_context)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_context_create: out_context is NULL");
+  *out_context = NULL;
+  kiln_context_t *c = calloc(1, sizeof(*c));
+  if (!c) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "context");
+  pthread_mutex_init(&c->lock, NULL);
+  const char *dump = options && options->dump_dir ? options->dump_dir
+                                                  : getenv("KILN_DUMP_DIR");
+  if (dump && dump[0]) {
+    c->dump_dir = strdup(dump);
+    if (!c->dump_dir) {
+      free(c);
+      return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "context");
+    }
+  }
+  kiln_status_t s = kiln_mlir_create(&c->mlir);
+  if (s) {
+    free(c->dump_dir);
+    free(c);
+    return s;
+  }
+  *out_context = c;
+  return NULL;
+}
+
+void kiln_context_destroy(kiln_context_t *context) {
+  if (!context) return;
+  kiln_mlir_destroy(context->mlir);
+  pthread_mutex_destroy(&context->lock);
+  free(context->dump_dir);
+  free(context);
+}
+
+//===--- stages -----------------------------------------------------------===//
+
+static const char *const kStageNames[KILN_STAGE_COUNT] = {
+    "graph", "linalg", "fused", "vectorized", "bufferized", "loops", "llvm"};
+
+const char *kiln_stage_name(kiln_stage_t stage) {
+  return (unsigned)stage < KILN_STAGE_COUNT ? kStageNames[stage] : "?";
+}
+
+kiln_status_t kiln_stage_parse(const char *name, kiln_stage_t *out_stage) {
+  for (int i = 0; name && i < KILN_STAGE_COUNT; ++i)
+    if (strcmp(name, kStageNames[i]) == 0) {
+      *out_stage = (kiln_stage_t)i;
+      return NULL;
+    }
+  return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                          "unknown stage '%s'; expected one of graph, linalg, "
+                          "fused, vectorized, bufferized, loops, llvm",
+                          name ? name : "(null)");
+}
+
+//===--- graphs -----------------------------------------------------------===//
+
+kiln_status_t kiln_graph_parse(kiln_context_t *context, const char *text,
+                               size_t length, const char *name,
+                               kiln_graph_t **out_graph) {
+  if (!out_graph)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_graph_parse: out_graph is NULL");
+  *out_graph = NULL;
+  if (!context)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_graph_parse: context is NULL");
+  return kiln_graph_parse_text(text, length, name, out_graph);
+}
+
+void kiln_graph_destroy(kiln_graph_t *graph) { kiln_graph_free(graph); }
+
+kiln_status_t kiln_graph_print(const kiln_graph_t *graph, char **out_text) {
+  if (!graph || !out_text)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_graph_print: graph and out_text must not be "
+                            "NULL");
+  return kiln_graph_print_text(graph, out_text);
+}
+
+size_t kiln_graph_input_count(const kiln_graph_t *graph) {
+  return graph ? (size_t)graph->input_count : 0;
+}
+size_t kiln_graph_output_count(const kiln_graph_t *graph) {
+  return graph ? (size_t)graph->output_count : 0;
+}
+
+static void to_public_type(const kiln_type_t *t, kiln_tensor_type_t *out) {
+  memset(out, 0, sizeof(*out));
+  out->dtype = kiln_dtype_to_dl(t->dtype);
+  out->rank = t->rank;
+  for (int i = 0; i < t->rank; ++i)
+    out->shape[i] = KILN_IS_SYM(t->dims[i]) ? KILN_DIM_SYMBOLIC : t->dims[i];
+}
+
+kiln_status_t kiln_graph_input_type(const kiln_graph_t *graph, size_t i,
+                                    kiln_tensor_type_t *out_type) {
+  if (!graph || !out_type || i >= (size_t)graph->input_count)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_graph_input_type: index %zu out of range "
+                            "(graph has %zu inputs)",
+                            i, kiln_graph_input_count(graph));
+  to_public_type(&graph->values[graph->inputs[i]].type, out_type);
+  return NULL;
+}
+
+kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph, size_t i,
+                                     kiln_tensor_type_t *out_type) {
+  if (!graph || !out_type || i >= (size_t)graph->output_count)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_graph_output_type: index %zu out of range "
+                            "(graph has %zu outputs)",
+                            i, kiln_graph_output_count(graph));
+  to_public_type(&graph->values[graph->outputs[i]].type, out_type);
+  return NULL;
+}
+
+//===--- argument checking ------------------------------------------------===//
+
+static const char *dl_dtype_str(DLDataType d, char *buf, size_t n) {
+  kiln_dtype_t t;
+  if (kiln_dtype_from_dl(d, &t)) return kiln_dtype_name(t);
+  snprintf(buf, n, "dlpack(code=%u,bits=%u,lanes=%u)", d.code, d.bits, d.lanes);
+  return buf;
+}
+
+static void dl_shape_str(const DLTensor *t, char *buf, size_t n) {
+  size_t o = (size_t)snprintf(buf, n, "[");
+  for (int i = 0; i < t->ndim && o < n; ++i)
+    o += (size_t)snprintf(buf + o, n - o, "%s%lld", i ? "," : "",
+                          (long long)t->shape[i]);
+  if (o < n) snprintf(buf + o, n - o, "]");
+}
+
+static bool dl_is_contiguous(const DLTensor *t) {
+  if (!t->strides) return true;
+  int64_t expect = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] != 1 && t->strides[i] != expect) return false;
+    expect *= t->shape[i];
+  }
+  return true;
+}
+
+static int64_t dl_numel(const DLTensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+// Checks one tensor against `want` (symbolic dims bound into `binding`, -1
+// when not yet bound). `what` is "input" or "output".
+static kiln_status_t check_tensor(const kiln_graph_t *g, const char *what,
+                                  size_t i, const DLTensor *t,
+                                  const kiln_type_t *want, int64_t *binding,
+                                  bool need_contiguous) {
+  char tb[160], db[64], sb[160];
+  kiln_type_str(g, want, tb, sizeof(tb));
+  if (!t->shape && t->ndim > 0)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%s %zu: shape is NULL; expected %s", what, i, tb);
+  if (t->device.device_type != kDLCPU)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%s %zu: device type %d; expected a CPU tensor "
+                            "(kDLCPU) for target cpu",
+                            what, i, (int)t->device.device_type);
+  kiln_dtype_t dt;
+  if (!kiln_dtype_from_dl(t->dtype, &dt) || dt != want->dtype)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%s %zu: dtype %s; expected %s", what, i,
+                            dl_dtype_str(t->dtype, db, sizeof(db)),
+                            kiln_dtype_name(want->dtype));
+  if (t->ndim != want->rank)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%s %zu: rank %d; expected %s (rank %d)", what, i,
+                            t->ndim, tb, want->rank);
+  for (int k = 0; k < t->ndim; ++k) {
+    int64_t d = want->dims[k];
+    int64_t have = t->shape[k];
+    dl_shape_str(t, sb, sizeof(sb));
+    if (have < 0)
+      return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                              "%s %zu: negative size in shape %s", what, i, sb);
+    if (KILN_IS_SYM(d)) {
+      int64_t *b = &binding[KILN_SYM_ID(d)];
+      if (*b >= 0 && *b != have)
+        return kiln_make_status(
+            KILN_STATUS_INVALID_ARGUMENT,
+            "%s %zu: shape %s has %lld in dim %d, but symbol %s is %lld "
+            "elsewhere in this call; expected %s",
+            what, i, sb, (long long)have, k, g->symbols[KILN_SYM_ID(d)],
+            (long long)*b, tb);
+      *b = have;
+    } else if (d != have) {
+      return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                              "%s %zu: shape %s; expected %s", what, i, sb, tb);
+    }
+  }
+  int64_t n = dl_numel(t);
+  if (n > 0 && !t->data)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%s %zu: data is NULL for %s", what, i, tb);
+  uintptr_t addr = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  size_t esize = kiln_dtype_size(dt);
+  if (n > 0 && addr % esize)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%s %zu: data pointer %p + byte_offset %llu is not "
+                            "aligned to its %zu-byte elements",
+                            what, i, t->data,
+                            (unsigned long long)t->byte_offset, esize);
+  if (t->strides)
+    for (int k = 0; k < t->ndim; ++k)
+      if (t->strides[k] < 0)
+        return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                                "%s %zu: negative stride %lld in dim %d; "
+                                "expected non-negative strides",
+                                what, i, (long long)t->strides[k], k);
+  if (need_contiguous && !dl_is_contiguous(t))
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%s %zu: strided %s; expected a contiguous "
+                            "(row-major) tensor",
+                            what, i, tb);
+  return NULL;
+}
+
+// [first, last) byte range a tensor may touch.
+static void dl_extent(const DLTensor *t, uintptr_t *lo, uintptr_t *hi) {
+  kiln_dtype_t dt = KILN_F32;
+  kiln_dtype_from_dl(t->dtype, &dt);
+  uintptr_t base = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+  int64_t last = 0;
+  if (dl_numel(t) == 0) {
+    *lo = *hi = base;
+    return;
+  }
+  int64_t stride = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    int64_t s = t->strides ? t->strides[i] : stride;
+    last += (t->shape[i] - 1) * s;
+    stride *= t->shape[i];
+  }
+  *lo = base;
+  *hi = base + (uintptr_t)(last + 1) * kiln_dtype_size(dt);
+}
+
+//===--- functions and variants -------------------------------------------===//
+
+// One compiled specialization: fixed sizes and input layouts.
+typedef struct kiln_variant {
+  struct kiln_variant *next;
+  int64_t *binding;  // symbol values
+  uint64_t strided_mask;
+  kiln_graph_t *graph;  // specialized graph (static)
+  kiln_jit_t *jit;
+  void *entry;
+  kiln_ffi_sig_t *sig;
+} kiln_variant_t;
+
+struct kiln_function {
+  int refcount;  // atomic
+  kiln_context_t *context;
+  kiln_graph_t *graph;  // owned copy of the graph as compiled
+  kiln_compile_options_t options;
+  char target[16];
+  pthread_mutex_t lock;  // guards `variants`
+  kiln_variant_t *variants;
+  int variant_count;
+};
+
+void kiln_compile_options_init(kiln_compile_options_t *options) {
+  memset(options, 0, sizeof(*options));
+  options->target = "cpu";
+  options->opt_level = 3;
+  options->vectorize = 1;
+}
+
+static kiln_status_t check_target(const kiln_compile_options_t *o) {
+  const char *t = o->target ? o->target : "cpu";
+  if (strcmp(t, "cpu") == 0) return NULL;
+  if (strcmp(t, "cuda") == 0)
+    return kiln_make_status(KILN_STATUS_UNAVAILABLE,
+                            "target 'cuda': the GPU target is not built into "
+                            "this libkiln; expected target 'cpu'");
+  return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                          "unknown target '%s'; expected 'cpu' or 'cuda'", t);
+}
+
+static void variant_free(kiln_variant_t *v) {
+  if (!v) return;
+  kiln_ffi_sig_destroy(v->sig);
+  kiln_jit_destroy(v->jit);
+  kiln_graph_free(v->graph);
+  free(v->binding);
+  free(v);
+}
+
+// graph → linalg → pipeline → JIT, under the context lock.
+static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
+                                     uint64_t strided_mask,
+                                     kiln_variant_t **out) {
+  kiln_graph_t *g = f->graph;
+  kiln_variant_t *v = calloc(1, sizeof(*v));
+  if (!v) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
+  v->strided_mask = strided_mask;
+  v->binding = calloc((size_t)g->symbol_count + 1, sizeof(int64_t));
+  if (!v->binding) {
+    free(v);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
+  }
+  if (g->symbol_count)
+    memcpy(v->binding, binding, sizeof(int64_t) * (size_t)g->symbol_count);
+  kiln_status_t s = kiln_graph_specialize(g, v->binding, &v->graph);
+  bool strided[256] = {0};
+  for (int i = 0; i < g->input_count && i < 64; ++i)
+    strided[i] = (strided_mask >> i) & 1;
+  char *linalg = NULL;
+  if (!s) s = kiln_lower_to_linalg(v->graph, strided, &linalg);
+  kiln_context_t *c = f->context;
+  pthread_mutex_lock(&c->lock);
+  kiln_pipeline_options_t popts = {f->options.vectorize, c->dump_dir, NULL};
+  char tag[256];
+  snprintf(tag, sizeof(tag), "%s-%d", g->name ? g->name : "graph",
+           c->dump_counter++);
+  popts.dump_tag = tag;
+  MlirModule mod = {NULL};
+  if (!s && c->dump_dir) {
+    char *gt = NULL;
+    if (!kiln_graph_print_text(v->graph, &gt)) {
+      kiln_pipeline_dump(&popts, KILN_STAGE_GRAPH, gt);
+      free(gt);
+    }
+    kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
+  }
+  if (!s) s = kiln_mlir_parse(c->mlir, linalg, &mod);
+  if (!s)
+    s = kiln_pipeline_run(c->mlir, mod, KILN_STAGE_LINALG, KILN_STAGE_LLVM,
+                          &popts);
+  if (!s) s = kiln_jit_create(mod, f->options.opt_level, &v->jit);
+  if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
+  pthread_mutex_unlock(&c->lock);
+  free(linalg);
+  if (!s) {
+    v->entry = kiln_jit_lookup(v->jit, KILN_ENTRY_NAME);
+    if (!v->entry)
+      s = kiln_make_status(KILN_STATUS_INTERNAL, "JIT: entry point '%s' not "
+                           "found", KILN_ENTRY_NAME);
+  }
+  if (!s) {
+    int32_t ranks[512];
+    int32_t n = 0;
+    for (int i = 0; i < g->input_count; ++i)
+      ranks[n++] = g->values[g->inputs[i]].type.rank;
+    for (int i = 0; i < g->output_count; ++i)
+      ranks[n++] = g->values[g->outputs[i]].type.rank;
+    s = kiln_ffi_sig_create(ranks, n, &v->sig);
+  }
+  if (s) {
+    variant_free(v);
+    return kiln_status_annotate(s, "compiling graph @%s for cpu",
+                                g->name ? g->name : "main");
+  }
+  *out = v;
+  return NULL;
+}
+
+kiln_status_t kiln_function_compile(kiln_context_t *context,
+                                    const kiln_graph_t *graph,
+                                    const kiln_compile_options_t *options,
+                                    kiln_function_t **out_function) {
+  if (!out_function)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_compile: out_function is NULL");
+  *out_function = NULL;
+  if (!context || !graph)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_compile: context and graph must not "
+                            "be NULL");
+  kiln_compile_options_t opts;
+  kiln_compile_options_init(&opts);
+  if (options) opts = *options;
+  KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
+  if (graph->input_count + graph->output_count > 512 || graph->input_count > 64)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "graph @%s has %d inputs and %d outputs; expected "
+                            "at most 64 inputs and 512 tensors in all",
+                            graph->name, graph->input_count,
+                            graph->output_count);
+  kiln_function_t *f = calloc(1, sizeof(*f));
+  if (!f) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "function");
+  f->refcount = 1;
+  f->context = context;
+  f->options = opts;
+  snprintf(f->target, sizeof(f->target), "%s", opts.target ? opts.target : "cpu");
+  f->options.target = f->target;
+  pthread_mutex_init(&f->lock, NULL);
+  // Own a copy of the graph: the caller may destroy theirs.
+  int64_t *unbound = calloc((size_t)graph->symbol_count + 1, sizeof(int64_t));
+  char *text = NULL;
+  kiln_status_t s = unbound ? kiln_graph_print_text(graph, &text)
+                            : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "f");
+  if (!s) s = kiln_graph_parse_text(text, strlen(text), graph->name, &f->graph);
+  free(text);
+  // A static graph is compiled now, so errors surface at compile time.
+  if (!s && graph->symbol_count == 0) {
+    kiln_variant_t *v = NULL;
+    s = compile_variant(f, unbound, 0, &v);
+    if (!s) {
+      f->variants = v;
+      f->variant_count = 1;
+    }
+  }
+  free(unbound);
+  if (s) {
+    kiln_function_release(f);
+    return s;
+  }
+  *out_function = f;
+  return NULL;
+}
+
+void kiln_function_retain(kiln_function_t *function) {
+  if (function) __atomic_add_fetch(&function->refcount, 1, __ATOMIC_RELAXED);
+}
+
+void kiln_function_release(kiln_function_t *function) {
+  if (!function) return;
+  if (__atomic_sub_fetch(&function->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+  kiln_variant_t *v = function->variants;
+  while (v) {
+    kiln_variant_t *next = v->next;
+    variant_free(v);
+    v = next;
+  }
+  kiln_graph_free(function->graph);
+  pthread_mutex_destroy(&function->lock);
+  free(function);
+}
+
+// Checks inputs, binds symbols, and computes the stride mask.
+static kiln_status_t bind_inputs(kiln_function_t *f, const DLTensor *inputs,
+                                 size_t input_count, int64_t *binding,
+                                 uint64_t *strided_mask) {
+  const kiln_graph_t *g = f->graph;
+  if (input_count != (size_t)g->input_count)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph @%s: %zu inputs given; expected %d",
+                            g->name, input_count, g->input_count);
+  if (input_count && !inputs)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph @%s: inputs is NULL", g->name);
+  for (int i = 0; i < g->symbol_count; ++i) binding[i] = -1;
+  *strided_mask = 0;
+  for (size_t i = 0; i < input_count; ++i) {
+    KILN_RETURN_IF_ERROR(check_tensor(g, "input", i, &inputs[i],
+                                      &g->values[g->inputs[i]].type, binding,
+                                      false),
+                         "graph @%s", g->name);
+    if (!dl_is_contiguous(&inputs[i])) *strided_mask |= (uint64_t)1 << i;
+  }
+  return NULL;
+}
+
+static kiln_status_t find_variant(kiln_function_t *f, const int64_t *binding,
+                                  uint64_t mask, kiln_variant_t **out) {
+  size_t nsym = (size_t)f->graph->symbol_count;
+  pthread_mutex_lock(&f->lock);
+  for (kiln_variant_t *v = f->variants; v; v = v->next)
+    if (v->strided_mask == mask &&
+        (nsym == 0 || memcmp(v->binding, binding, nsym * sizeof(int64_t)) == 0)) {
+      pthread_mutex_unlock(&f->lock);
+      *out = v;
+      return NULL;
+    }
+  // Compiling under the function lock serializes first calls of one shape;
+  // the variant list only grows, so found variants stay valid unlocked.
+  kiln_variant_t *v = NULL;
+  kiln_status_t s = compile_variant(f, binding, mask, &v);
+  if (!s) {
+    v->next = f->variants;
+    __atomic_store_n(&f->variants, v, __ATOMIC_RELEASE);
+    f->variant_count++;
+    *out = v;
+  }
+  pthread_mutex_unlock(&f->lock);
+  return s;
+}
+
+static void fill_memref(kiln_memref_t *m, const DLTensor *t) {
+  memset(m, 0, sizeof(*m));
+  m->allocated = m->aligned = (char *)t->data + t->byte_offset;
+  m->offset = 0;
+  m->rank = t->ndim;
+  int64_t stride = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    m->sizes[i] = t->shape[i];
+    m->strides[i] = t->strides ? t->strides[i] : stride;
+    stride *= t->shape[i];
+  }
+}
+
+static kiln_status_t run_variant(kiln_function_t *f, kiln_variant_t *v,
+                                 const DLTensor *inputs, DLTensor *outputs) {
+  const kiln_graph_t *g = f->graph;
+  kiln_memref_t refs[512];
+  int32_t n = 0;
+  for (int i = 0; i < g->input_count; ++i) fill_memref(&refs[n++], &inputs[i]);
+  for (int i = 0; i < g->output_count; ++i) fill_memref(&refs[n++], &outputs[i]);
+  return kiln_ffi_call(v->sig, v->entry, refs, n);
+}
+
+kiln_status_t kiln_function_output_types(kiln_function_t *function,
+                                         const DLTensor *inputs,
+                                         size_t input_count,
+                                         kiln_tensor_type_t *out_types,
+                                         size_t output_count) {
+  if (!function || !out_types)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_output_types: function and "
+                            "out_types must not be NULL");
+  const kiln_graph_t *g = function->graph;
+  if (output_count != (size_t)g->output_count)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph @%s: room for %zu outputs; expected %d",
+                            g->name, output_count, g->output_count);
+  int64_t binding[256];
+  uint64_t mask;
+  if (g->symbol_count > 256)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED, "more than 256 symbols");
+  KILN_RETURN_IF_ERROR_PLAIN(
+      bind_inputs(function, inputs, input_count, binding, &mask));
+  kiln_graph_t *spec = NULL;
+  if (g->symbol_count) {
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_specialize(g, binding, &spec));
+  }
+  const kiln_graph_t *sg = spec ? spec : g;
+  for (size_t i = 0; i < output_count; ++i)
+    to_public_type(&sg->values[sg->outputs[i]].type, &out_types[i]);
+  kiln_graph_free(spec);
+  return NULL;
+}
+
+kiln_status_t kiln_function_call(kiln_function_t *function,
+                                 const DLTensor *inputs, size_t input_count,
+                                 DLTensor *outputs, size_t output_count) {
+  if (!function)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_call: function is NULL");
+  const kiln_graph_t *g = function->graph;
+  if (g->symbol_count > 256)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED, "more than 256 symbols");
+  int64_t binding[256];
+  uint64_t mask;
+  KILN_RETURN_IF_ERROR_PLAIN(
+      bind_inputs(function, inputs, input_count, binding, &mask));
+  if (output_count != (size_t)g->output_count)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph @%s: %zu outputs given; expected %d",
+                            g->name, output_count, g->output_count);
+  if (output_count && !outputs)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph @%s: outputs is NULL", g->name);
+  kiln_variant_t *v;
+  KILN_RETURN_IF_ERROR_PLAIN(find_variant(function, binding, mask, &v));
+  for (size_t i = 0; i < output_count; ++i) {
+    int64_t scratch[256];
+    memcpy(scratch, v->binding, sizeof(int64_t) * (size_t)g->symbol_count);
+    KILN_RETURN_IF_ERROR(
+        check_tensor(v->graph, "output", i, &outputs[i],
+                     &v->graph->values[v->graph->outputs[i]].type, scratch,
+                     true),
+        "graph @%s", g->name);
+    uintptr_t olo, ohi;
+    dl_extent(&outputs[i], &olo, &ohi);
+    for (size_t k = 0; k < input_count; ++k) {
+      uintptr_t ilo, ihi;
+      dl_extent(&inputs[k], &ilo, &ihi);
+      if (olo < ihi && ilo < ohi)
+        return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                                "graph @%s: output %zu overlaps input %zu; "
+                                "expected distinct buffers",
+                                g->name, i, k);
+    }
+  }
+  return run_variant(function, v, inputs, outputs);
+}
+
+//===--- kiln-allocated outputs -------------------------------------------===//
+
+typedef struct {
+  DLManagedTensor managed;
+  int64_t shape[KILN_MAX_RANK];
+  void *data;
+} kiln_owned_tensor_t;
+
+static void owned_deleter(DLManagedTensor *self) {
+  kiln_owned_tensor_t *t = (kiln_owned_tensor_t *)self;
+  free(t->data);
+  free(t);
+}
+
+kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
+                                       const DLTensor *inputs,
+                                       size_t input_count,
+                                       DLManagedTensor **out_outputs,
+                                       size_t output_count) {
+  if (!function || (output_count && !out_outputs))
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_call_alloc: function and "
+                            "out_outputs must not be NULL");
+  for (size_t i = 0; i < output_count; ++i) out_outputs[i] = NULL;
+  const kiln_graph_t *g = function->graph;
+  if (output_count != (size_t)g->output_count)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph @%s: room for %zu outputs; expected %d",
+                            g->name, output_count, g->output_count);
+  if (g->symbol_count > 256)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED, "more than 256 symbols");
+  int64_t binding[256];
+  uint64_t mask;
+  KILN_RETURN_IF_ERROR_PLAIN(
+      bind_inputs(function, inputs, input_count, binding, &mask));
+  kiln_variant_t *v;
+  KILN_RETURN_IF_ERROR_PLAIN(find_variant(function, binding, mask, &v));
+  kiln_owned_tensor_t *owned[512] = {0};
+  DLTensor outs[512];
+  kiln_status_t s = NULL;
+  for (size_t i = 0; i < output_count && !s; ++i) {
+    const kiln_type_t *t = &v->graph->values[v->graph->outputs[i]].type;
+    kiln_owned_tensor_t *o = calloc(1, sizeof(*o));
+    size_t bytes = (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype);
+    // 64-byte alignment: a cache line, and enough for any vector load.
+    void *data = o ? aligned_alloc(64, (bytes + 63) / 64 * 64 + 64) : NULL;
+    if (!o || !data) {
+      free(o);
+      free(data);
+      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY,
+                           "output %zu: %zu bytes", i, bytes);
+      break;
+    }
+    o->data = data;
+    for (int k = 0; k < t->rank; ++k) o->shape[k] = t->dims[k];
+    DLTensor *dl = &o->managed.dl_tensor;
+    dl->data = data;
+    dl->device.device_type = kDLCPU;
+    dl->ndim = t->rank;
+    dl->dtype = kiln_dtype_to_dl(t->dtype);
+    dl->shape = o->shape;
+    dl->strides = NULL;
+    o->managed.deleter = owned_deleter;
+    o->managed.manager_ctx = o;
+    owned[i] = o;
+    outs[i] = *dl;
+  }
+  if (!s) s = run_variant(function, v, inputs, outs);
+  if (s) {
+    for (size_t i = 0; i < output_count; ++i)
+      if (owned[i]) owned_deleter(&owned[i]->managed);
+    return s;
+  }
+  for (size_t i = 0; i < output_count; ++i) out_outputs[i] = &owned[i]->managed;
+  return NULL;
+}
+
+//===--- reference interpreter and inspection -----------------------------===//
+
+kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
+                                   const DLTensor *inputs, size_t input_count,
+                                   DLTensor *outputs, size_t output_count) {
+  if (!graph)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_graph_interpret: graph is NULL");
+  if (input_count != (size_t)graph->input_count ||
+      output_count != (size_t)graph->output_count ||
+      (input_count && !inputs) || (output_count && !outputs))
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph @%s: %zu inputs and %zu outputs given; "
+                            "expected %d and %d",
+                            graph->name, input_count, output_count,
+                            graph->input_count, graph->output_count);
+  int64_t binding[256];
+  if (graph->symbol_count > 256)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED, "more than 256 symbols");
+  for (int i = 0; i < graph->symbol_count; ++i) binding[i] = -1;
+  for (size_t i = 0; i < input_count; ++i)
+    KILN_RETURN_IF_ERROR(check_tensor(graph, "input", i, &inputs[i],
+                                      &graph->values[graph->inputs[i]].type,
+                                      binding, false),
+                         "reference interpreter, graph @%s", graph->name);
+  kiln_graph_t *spec = NULL;
+  if (graph->symbol_count)
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_specialize(graph, binding, &spec));
+  const kiln_graph_t *g = spec ? spec : graph;
+  kiln_status_t s = NULL;
+  for (size_t i = 0; i < output_count && !s; ++i) {
+    int64_t scratch[1] = {0};
+    s = check_tensor(g, "output", i, &outputs[i],
+                     &g->values[g->outputs[i]].type, scratch, true);
+  }
+  if (!s) s = kiln_ref_run(g, inputs, outputs);
+  kiln_graph_free(spec);
+  return s;
+}
+
+static bool looks_like_graph(const char *text, size_t length) {
+  size_t i = 0;
+  for (;;) {
+    while (i < length && (text[i] == ' ' || text[i] == '\n' ||
+                          text[i] == '\t' || text[i] == '\r'))
+      i++;
+    if (i < length && (text[i] == '#' ||
+                       (text[i] == '/' && i + 1 < length && text[i + 1] == '/'))) {
+      while (i < length && text[i] != '\n') i++;
+      continue;
+    }
+    break;
+  }
+  return length - i >= 5 && memcmp(text + i, "graph", 5) == 0;
+}
+
+kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
+                        size_t length, const char *name,
+                        const kiln_compile_options_t *options,
+                        kiln_stage_t stop, char **out_text) {
+  if (!out_text)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_emit: out_text is NULL");
+  *out_text = NULL;
+  if (!context || !text)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_emit: context and text must not be NULL");
+  if ((unsigned)stop >= KILN_STAGE_COUNT)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_emit: stage %d out of range", (int)stop);
+  kiln_compile_options_t opts;
+  kiln_compile_options_init(&opts);
+  if (options) opts = *options;
+  KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
+  char *mlir_text = NULL;
+  if (looks_like_graph(text, length)) {
+    kiln_graph_t *g = NULL;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));
+    kiln_status_t s = stop == KILN_STAGE_GRAPH
+                          ? kiln_graph_print_text(g, out_text)
+                          : kiln_lower_to_linalg(g, NULL, &mlir_text);
+    kiln_graph_free(g);
+    if (s || stop == KILN_STAGE_GRAPH) return s;
+  } else {
+    if (stop == KILN_STAGE_GRAPH)
+      return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                              "kiln_emit: MLIR input cannot be printed as a "
+                              "graph; expected a stage after 'graph'");
+    mlir_text = malloc(length + 1);
+    if (!mlir_text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "emit");
+    memcpy(mlir_text, text, length);
+    mlir_text[length] = 0;
+  }
+  pthread_mutex_lock(&context->lock);
+  MlirModule mod = {NULL};
+  kiln_status_t s = kiln_mlir_parse(context->mlir, mlir_text, &mod);
+  kiln_pipeline_options_t popts = {opts.vectorize, NULL, NULL};
+  if (!s)
+    s = kiln_pipeline_run(context->mlir, mod, KILN_STAGE_LINALG, stop, &popts);
+  if (!s) s = kiln_mlir_print(mod, out_text);
+  if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
+  pthread_mutex_unlock(&context->lock);
+  free(mlir_text);
+  return s;
+}

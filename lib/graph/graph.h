@@ -1,0 +1,218 @@
+// The kiln graph: typed SSA values, ops from ops.def, attributes.
+// Internal to libkiln; lowering/, lib/ref and lib/api read it, only
+// lib/graph builds it.
+#ifndef KILN_LIB_GRAPH_GRAPH_H_
+#define KILN_LIB_GRAPH_GRAPH_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/base/base.h"
+
+//===--- dtypes -----------------------------------------------------------===//
+
+typedef enum kiln_dtype_e {
+  KILN_F32 = 0,
+  KILN_F16,
+  KILN_BF16,
+  KILN_F64,
+  KILN_I32,
+  KILN_I64,
+  KILN_BOOL,
+  KILN_DTYPE_COUNT,
+} kiln_dtype_t;
+
+const char *kiln_dtype_name(kiln_dtype_t t);       // "f32"
+bool kiln_dtype_parse(const char *s, size_t n, kiln_dtype_t *out);
+size_t kiln_dtype_size(kiln_dtype_t t);            // bytes per element
+bool kiln_dtype_is_float(kiln_dtype_t t);
+bool kiln_dtype_is_int(kiln_dtype_t t);            // i32, i64 (not bool)
+// PyTorch's promote_types for two dtypes.
+kiln_dtype_t kiln_dtype_promote(kiln_dtype_t a, kiln_dtype_t b);
+// DLPack conversions; false when the DLPack type has no kiln dtype.
+bool kiln_dtype_from_dl(DLDataType dl, kiln_dtype_t *out);
+DLDataType kiln_dtype_to_dl(kiln_dtype_t t);
+
+//===--- types ------------------------------------------------------------===//
+
+// A size is >= 0, or a symbolic dim: KILN_SYM(id) with id indexing the
+// graph's symbol names.
+#define KILN_SYM(id) (-1 - (int64_t)(id))
+#define KILN_IS_SYM(d) ((d) < 0)
+#define KILN_SYM_ID(d) ((int32_t)(-1 - (d)))
+
+typedef struct kiln_type {
+  kiln_dtype_t dtype;
+  int32_t rank;
+  int64_t dims[KILN_MAX_RANK];
+} kiln_type_t;
+
+bool kiln_type_equal(const kiln_type_t *a, const kiln_type_t *b);
+bool kiln_type_is_static(const kiln_type_t *t);
+int64_t kiln_type_numel(const kiln_type_t *t);  // static types only
+
+//===--- ops --------------------------------------------------------------===//
+
+typedef enum kiln_op_class_e {
+  KILN_CLASS_UNARY,
+  KILN_CLASS_UNARY_FLOAT,
+  KILN_CLASS_UNARY_BOOL,
+  KILN_CLASS_CONVERT,
+  KILN_CLASS_BINARY,
+  KILN_CLASS_BINARY_FLOAT,
+  KILN_CLASS_COMPARE,
+  KILN_CLASS_LOGICAL,
+  KILN_CLASS_WHERE,
+  KILN_CLASS_REDUCE,
+  KILN_CLASS_MATMUL,
+  KILN_CLASS_CONV,
+  KILN_CLASS_SHAPE,
+  KILN_CLASS_CREATE,
+  KILN_CLASS_NN,
+} kiln_op_class_t;
+
+typedef enum kiln_op_id_e {
+#define KILN_OP(id, name, cls) KILN_OP_##id,
+#include "lib/graph/ops.def"
+#undef KILN_OP
+  KILN_OP_COUNT,
+} kiln_op_id_t;
+
+const char *kiln_op_name(kiln_op_id_t op);
+kiln_op_class_t kiln_op_class(kiln_op_id_t op);
+bool kiln_op_lookup(const char *name, size_t n, kiln_op_id_t *out);
+// True for the elementwise families (one body per element, broadcasting).
+bool kiln_op_is_elementwise(kiln_op_id_t op);
+
+//===--- attributes -------------------------------------------------------===//
+
+typedef enum kiln_attr_kind_e {
+  KILN_ATTR_INT,
+  KILN_ATTR_FLOAT,
+  KILN_ATTR_BOOL,
+  KILN_ATTR_STR,     // bare identifiers and "quoted" strings
+  KILN_ATTR_DTYPE,
+  KILN_ATTR_LIST,    // [numbers]; `is_int` when every element is an integer
+} kiln_attr_kind_t;
+
+typedef struct kiln_attr {
+  const char *name;
+  kiln_attr_kind_t kind;
+  int64_t i;           // INT, BOOL, DTYPE
+  double f;            // FLOAT (and INT as double)
+  const char *s;       // STR
+  int32_t count;       // LIST
+  bool is_int;         // LIST: all elements integral
+  const int64_t *ints;   // LIST (valid when is_int)
+  const double *floats;  // LIST
+} kiln_attr_t;
+
+//===--- operands, nodes, values ------------------------------------------===//
+
+typedef enum kiln_operand_kind_e {
+  KILN_OPERAND_VALUE,  // a tensor value
+  KILN_OPERAND_INT,    // a Python-like scalar ("wrapped number")
+  KILN_OPERAND_FLOAT,
+  KILN_OPERAND_BOOL,
+  KILN_OPERAND_NONE,   // an absent optional tensor
+} kiln_operand_kind_t;
+
+typedef struct kiln_operand {
+  kiln_operand_kind_t kind;
+  int32_t value;  // VALUE: index into graph->values
+  int64_t i;      // INT, BOOL
+  double f;       // FLOAT
+} kiln_operand_t;
+
+typedef struct kiln_value {
+  const char *name;  // without the leading '%'
+  kiln_type_t type;
+  int32_t node;      // producing node, or -1 for a graph input
+  int32_t index;     // result index in the node, or input index
+} kiln_value_t;
+
+#define KILN_MAX_RESULTS 4
+
+typedef struct kiln_node {
+  kiln_op_id_t op;
+  int32_t operand_count;
+  kiln_operand_t *operands;
+  int32_t attr_count;
+  kiln_attr_t *attrs;
+  int32_t result_count;
+  int32_t results[KILN_MAX_RESULTS];  // indices into graph->values
+  int32_t line, col;                  // where it was parsed, for errors
+} kiln_node_t;
+
+struct kiln_graph {
+  kiln_arena_t arena;
+  const char *name;
+  int32_t value_count, value_capacity;
+  kiln_value_t *values;
+  int32_t node_count, node_capacity;
+  kiln_node_t *nodes;
+  int32_t input_count;
+  int32_t *inputs;
+  int32_t output_count;
+  int32_t *outputs;
+  int32_t symbol_count;
+  const char **symbols;  // symbolic dim names, e.g. "s0"
+};
+
+// Attribute lookup helpers (NULL / default when absent).
+const kiln_attr_t *kiln_node_attr(const kiln_node_t *n, const char *name);
+int64_t kiln_node_attr_int(const kiln_node_t *n, const char *name,
+                           int64_t dflt);
+double kiln_node_attr_float(const kiln_node_t *n, const char *name,
+                            double dflt);
+const char *kiln_node_attr_str(const kiln_node_t *n, const char *name,
+                               const char *dflt);
+
+static inline const kiln_type_t *kiln_operand_type(const kiln_graph_t *g,
+                                                   const kiln_operand_t *o) {
+  return o->kind == KILN_OPERAND_VALUE ? &g->values[o->value].type : NULL;
+}
+static inline const kiln_type_t *kiln_node_result_type(const kiln_graph_t *g,
+                                                       const kiln_node_t *n,
+                                                       int i) {
+  return &g->values[n->results[i]].type;
+}
+
+//===--- parse, verify, print ---------------------------------------------===//
+
+// Parses and verifies. On failure returns a PARSE_ERROR or VERIFY_ERROR.
+kiln_status_t kiln_graph_parse_text(const char *text, size_t length,
+                                    const char *filename,
+                                    kiln_graph_t **out_graph);
+// Infers every result type, checking annotated ones. Called by the parser.
+kiln_status_t kiln_graph_verify(kiln_graph_t *g, const char *filename);
+kiln_status_t kiln_graph_print_text(const kiln_graph_t *g, char **out_text);
+void kiln_graph_free(kiln_graph_t *g);
+
+// Formats a type as "f32[4,s0]" into `buf`.
+const char *kiln_type_str(const kiln_graph_t *g, const kiln_type_t *t,
+                          char *buf, size_t n);
+
+// A copy of `g` with every symbolic dim replaced by `binding[symbol]`,
+// re-verified. Used to specialize a variant to concrete sizes.
+kiln_status_t kiln_graph_specialize(const kiln_graph_t *g,
+                                    const int64_t *binding,
+                                    kiln_graph_t **out_graph);
+
+// PyTorch's result_type over tensor and scalar operands (NONE skipped):
+// dimensioned tensors, then zero-dim tensors, then Python scalars, a later
+// tier winning only with a higher category (bool < int < float).
+kiln_dtype_t kiln_result_type(const kiln_graph_t *g, const kiln_operand_t *ops,
+                              int n);
+
+// The dtype an elementwise node computes in: the promoted operand type
+// (float math on integers in f32; a convert in its input's dtype). Operands
+// are rounded to it before the op, as PyTorch's TensorIterator does.
+kiln_dtype_t kiln_node_compute_dtype(const kiln_graph_t *g,
+                                     const kiln_node_t *n);
+
+// Normalizes a dim index against `rank` (negative counts from the end).
+bool kiln_normalize_dim(int64_t dim, int32_t rank, int32_t *out);
+
+#endif  // KILN_LIB_GRAPH_GRAPH_H_

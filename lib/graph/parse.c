@@ -1,0 +1,658 @@
+// Graph text → kiln_graph_t. The grammar is in docs/graph-format.md.
+// Every error names line:column and what was expected.
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+
+typedef enum {
+  TOK_EOF, TOK_IDENT, TOK_VALUE /* %x */, TOK_GLOBAL /* @x */, TOK_INT,
+  TOK_FLOAT, TOK_STRING, TOK_PUNCT, TOK_ERROR,
+} tok_kind_t;
+
+typedef struct {
+  tok_kind_t kind;
+  const char *start;
+  size_t length;
+  int line, col;
+  int64_t i;
+  double f;
+} token_t;
+
+typedef struct {
+  const char *text, *end, *p;
+  const char *filename;
+  int line, col;
+  token_t tok;
+  kiln_graph_t *g;
+  kiln_status_t status;
+} parser_t;
+
+static kiln_status_t perr(parser_t *ps, const token_t *t, const char *fmt,
+                          ...) KILN_PRINTF(3, 4);
+static kiln_status_t perr(parser_t *ps, const token_t *t, const char *fmt,
+                          ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  char found[48];
+  if (t->kind == TOK_EOF) {
+    snprintf(found, sizeof(found), "end of input");
+  } else {
+    int n = t->length > 32 ? 32 : (int)t->length;
+    snprintf(found, sizeof(found), "'%.*s'", n, t->start);
+  }
+  return kiln_make_status(KILN_STATUS_PARSE_ERROR, "%s:%d:%d: %s, found %s",
+                          ps->filename, t->line, t->col, msg, found);
+}
+
+static void advance_char(parser_t *ps) {
+  if (*ps->p == '\n') {
+    ps->line++;
+    ps->col = 1;
+  } else {
+    ps->col++;
+  }
+  ps->p++;
+}
+
+static bool is_ident_char(int c) {
+  return isalnum(c) || c == '_' || c == '.';
+}
+
+// Lexes the next token into ps->tok.
+static void lex(parser_t *ps) {
+  for (;;) {
+    while (ps->p < ps->end && isspace((unsigned char)*ps->p)) advance_char(ps);
+    if (ps->p < ps->end && (*ps->p == '#' ||
+                            (*ps->p == '/' && ps->p + 1 < ps->end &&
+                             ps->p[1] == '/'))) {
+      while (ps->p < ps->end && *ps->p != '\n') advance_char(ps);
+      continue;
+    }
+    break;
+  }
+  token_t *t = &ps->tok;
+  memset(t, 0, sizeof(*t));
+  t->start = ps->p;
+  t->line = ps->line;
+  t->col = ps->col;
+  if (ps->p >= ps->end) {
+    t->kind = TOK_EOF;
+    return;
+  }
+  unsigned char c = (unsigned char)*ps->p;
+  if (c == '%' || c == '@') {
+    advance_char(ps);
+    while (ps->p < ps->end && is_ident_char((unsigned char)*ps->p))
+      advance_char(ps);
+    t->kind = c == '%' ? TOK_VALUE : TOK_GLOBAL;
+    t->length = (size_t)(ps->p - t->start);
+    if (t->length == 1) t->kind = TOK_ERROR;
+    return;
+  }
+  if (isalpha(c) || c == '_') {
+    while (ps->p < ps->end && is_ident_char((unsigned char)*ps->p))
+      advance_char(ps);
+    t->kind = TOK_IDENT;
+    t->length = (size_t)(ps->p - t->start);
+    return;
+  }
+  if (isdigit(c) || c == '-' || c == '+') {
+    const char *q = ps->p;
+    if (*q == '-' || *q == '+') q++;
+    // -inf / inf are identifiers handled by the number reader below.
+    if (q < ps->end && (isdigit((unsigned char)*q) || *q == '.')) {
+      bool is_float = false;
+      const char *r = q;
+      while (r < ps->end && isdigit((unsigned char)*r)) r++;
+      if (r < ps->end && *r == '.') {
+        is_float = true;
+        r++;
+        while (r < ps->end && isdigit((unsigned char)*r)) r++;
+      }
+      if (r < ps->end && (*r == 'e' || *r == 'E')) {
+        const char *e = r + 1;
+        if (e < ps->end && (*e == '-' || *e == '+')) e++;
+        if (e < ps->end && isdigit((unsigned char)*e)) {
+          is_float = true;
+          r = e;
+          while (r < ps->end && isdigit((unsigned char)*r)) r++;
+        }
+      }
+      char buf[64];
+      size_t n = (size_t)(r - ps->p);
+      if (n >= sizeof(buf)) {
+        t->kind = TOK_ERROR;
+        t->length = n;
+        return;
+      }
+      memcpy(buf, ps->p, n);
+      buf[n] = 0;
+      while (ps->p < r) advance_char(ps);
+      t->length = n;
+      errno = 0;
+      if (is_float) {
+        t->kind = TOK_FLOAT;
+        t->f = strtod(buf, NULL);
+      } else {
+        t->kind = TOK_INT;
+        t->i = strtoll(buf, NULL, 10);
+        if (errno == ERANGE) t->kind = TOK_ERROR;
+      }
+      return;
+    }
+    if (q + 3 <= ps->end && memcmp(q, "inf", 3) == 0) {
+      bool neg = *ps->p == '-';
+      while (ps->p < q + 3) advance_char(ps);
+      t->kind = TOK_FLOAT;
+      t->f = neg ? -INFINITY : INFINITY;
+      t->length = (size_t)(ps->p - t->start);
+      return;
+    }
+  }
+  if (c == '"') {
+    advance_char(ps);
+    while (ps->p < ps->end && *ps->p != '"' && *ps->p != '\n')
+      advance_char(ps);
+    if (ps->p >= ps->end || *ps->p != '"') {
+      t->kind = TOK_ERROR;
+      t->length = (size_t)(ps->p - t->start);
+      return;
+    }
+    advance_char(ps);
+    t->kind = TOK_STRING;
+    t->length = (size_t)(ps->p - t->start);
+    return;
+  }
+  if (strchr("(){}[],:=", c)) {
+    advance_char(ps);
+    t->kind = TOK_PUNCT;
+    t->length = 1;
+    return;
+  }
+  advance_char(ps);
+  t->kind = TOK_ERROR;
+  t->length = 1;
+}
+
+static bool is_punct(const token_t *t, char c) {
+  return t->kind == TOK_PUNCT && t->start[0] == c;
+}
+static bool is_ident(const token_t *t, const char *s) {
+  return t->kind == TOK_IDENT && strlen(s) == t->length &&
+         memcmp(t->start, s, t->length) == 0;
+}
+
+static kiln_status_t expect_punct(parser_t *ps, char c, const char *what) {
+  if (!is_punct(&ps->tok, c))
+    return perr(ps, &ps->tok, "expected '%c' %s", c, what);
+  lex(ps);
+  return NULL;
+}
+
+//===--- graph building ---------------------------------------------------===//
+
+static int32_t find_value(const kiln_graph_t *g, const char *s, size_t n) {
+  for (int32_t i = g->value_count - 1; i >= 0; --i) {
+    const char *name = g->values[i].name;
+    if (strlen(name) == n && memcmp(name, s, n) == 0) return i;
+  }
+  return -1;
+}
+
+static kiln_status_t add_value(parser_t *ps, const token_t *name_tok,
+                               int32_t node, int32_t index, int32_t *out) {
+  kiln_graph_t *g = ps->g;
+  // name_tok includes the '%'.
+  if (find_value(g, name_tok->start + 1, name_tok->length - 1) >= 0)
+    return perr(ps, name_tok, "value redefined; expected a fresh name");
+  if (g->value_count == g->value_capacity) {
+    int32_t cap = g->value_capacity ? g->value_capacity * 2 : 32;
+    kiln_value_t *v = realloc(g->values, sizeof(*v) * (size_t)cap);
+    if (!v) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph values");
+    g->values = v;
+    g->value_capacity = cap;
+  }
+  kiln_value_t *v = &g->values[g->value_count];
+  memset(v, 0, sizeof(*v));
+  v->name = kiln_arena_strndup(&g->arena, name_tok->start + 1,
+                               name_tok->length - 1);
+  if (!v->name) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "names");
+  v->node = node;
+  v->index = index;
+  v->type.rank = -1;  // not yet known
+  *out = g->value_count++;
+  return NULL;
+}
+
+static int32_t intern_symbol(kiln_graph_t *g, const char *s, size_t n) {
+  for (int32_t i = 0; i < g->symbol_count; ++i)
+    if (strlen(g->symbols[i]) == n && memcmp(g->symbols[i], s, n) == 0)
+      return i;
+  const char **syms =
+      kiln_arena_alloc(&g->arena, sizeof(char *) * (size_t)(g->symbol_count + 1));
+  char *copy = kiln_arena_strndup(&g->arena, s, n);
+  if (!syms || !copy) return -1;
+  if (g->symbol_count)
+    memcpy(syms, g->symbols, sizeof(char *) * (size_t)g->symbol_count);
+  syms[g->symbol_count] = copy;
+  g->symbols = syms;
+  return g->symbol_count++;
+}
+
+// type := dtype '[' (dim (',' dim)*)? ']'   dim := int | ident
+static kiln_status_t parse_type(parser_t *ps, kiln_type_t *out) {
+  memset(out, 0, sizeof(*out));
+  if (ps->tok.kind != TOK_IDENT ||
+      !kiln_dtype_parse(ps->tok.start, ps->tok.length, &out->dtype))
+    return perr(ps, &ps->tok,
+                "expected a dtype (f32, f16, bf16, f64, i32, i64, bool)");
+  lex(ps);
+  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '[', "to open the shape"));
+  if (!is_punct(&ps->tok, ']')) {
+    for (;;) {
+      if (out->rank == KILN_MAX_RANK)
+        return perr(ps, &ps->tok, "expected at most %d dims", KILN_MAX_RANK);
+      if (ps->tok.kind == TOK_INT && ps->tok.i >= 0) {
+        out->dims[out->rank++] = ps->tok.i;
+      } else if (ps->tok.kind == TOK_IDENT) {
+        int32_t id = intern_symbol(ps->g, ps->tok.start, ps->tok.length);
+        if (id < 0)
+          return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "symbols");
+        out->dims[out->rank++] = KILN_SYM(id);
+      } else {
+        return perr(ps, &ps->tok,
+                    "expected a size (non-negative integer or symbol)");
+      }
+      lex(ps);
+      if (is_punct(&ps->tok, ',')) {
+        lex(ps);
+        continue;
+      }
+      break;
+    }
+  }
+  return expect_punct(ps, ']', "to close the shape");
+}
+
+// Scalar literal: int, float, true, false, inf, nan. Returns false when the
+// token is none of these.
+static bool scalar_literal(const token_t *t, kiln_attr_kind_t *kind,
+                           int64_t *i, double *f) {
+  if (t->kind == TOK_INT) {
+    *kind = KILN_ATTR_INT;
+    *i = t->i;
+    *f = (double)t->i;
+    return true;
+  }
+  if (t->kind == TOK_FLOAT) {
+    *kind = KILN_ATTR_FLOAT;
+    *f = t->f;
+    return true;
+  }
+  if (is_ident(t, "true") || is_ident(t, "false")) {
+    *kind = KILN_ATTR_BOOL;
+    *i = is_ident(t, "true");
+    *f = (double)*i;
+    return true;
+  }
+  if (is_ident(t, "nan")) {
+    *kind = KILN_ATTR_FLOAT;
+    *f = NAN;
+    return true;
+  }
+  if (is_ident(t, "inf")) {
+    *kind = KILN_ATTR_FLOAT;
+    *f = INFINITY;
+    return true;
+  }
+  return false;
+}
+
+static kiln_status_t parse_attr_value(parser_t *ps, kiln_attr_t *a) {
+  kiln_graph_t *g = ps->g;
+  token_t *t = &ps->tok;
+  kiln_attr_kind_t kind;
+  int64_t iv = 0;
+  double fv = 0;
+  if (scalar_literal(t, &kind, &iv, &fv)) {
+    a->kind = kind;
+    a->i = iv;
+    a->f = fv;
+    lex(ps);
+    return NULL;
+  }
+  if (t->kind == TOK_STRING) {
+    a->kind = KILN_ATTR_STR;
+    a->s = kiln_arena_strndup(&g->arena, t->start + 1, t->length - 2);
+    lex(ps);
+    return NULL;
+  }
+  if (t->kind == TOK_IDENT) {
+    kiln_dtype_t dt;
+    if (kiln_dtype_parse(t->start, t->length, &dt)) {
+      a->kind = KILN_ATTR_DTYPE;
+      a->i = dt;
+    } else {
+      a->kind = KILN_ATTR_STR;
+      a->s = kiln_arena_strndup(&g->arena, t->start, t->length);
+    }
+    lex(ps);
+    return NULL;
+  }
+  if (is_punct(t, '[')) {
+    lex(ps);
+    int32_t cap = 16, n = 0;
+    double *fs = malloc(sizeof(double) * (size_t)cap);
+    bool all_int = true;
+    if (!fs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+    while (!is_punct(&ps->tok, ']')) {
+      if (!scalar_literal(&ps->tok, &kind, &iv, &fv)) {
+        free(fs);
+        return perr(ps, &ps->tok, "expected a number in the list");
+      }
+      if (kind == KILN_ATTR_FLOAT) all_int = false;
+      if (n == cap) {
+        cap *= 2;
+        double *nf = realloc(fs, sizeof(double) * (size_t)cap);
+        if (!nf) {
+          free(fs);
+          return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+        }
+        fs = nf;
+      }
+      fs[n++] = fv;
+      lex(ps);
+      if (is_punct(&ps->tok, ',')) {
+        lex(ps);
+      } else if (!is_punct(&ps->tok, ']')) {
+        free(fs);
+        return perr(ps, &ps->tok, "expected ',' or ']' in the list");
+      }
+    }
+    lex(ps);
+    a->kind = KILN_ATTR_LIST;
+    a->count = n;
+    a->is_int = all_int;
+    double *af = kiln_arena_alloc(&g->arena, sizeof(double) * (size_t)(n + 1));
+    int64_t *ai = kiln_arena_alloc(&g->arena, sizeof(int64_t) * (size_t)(n + 1));
+    if (!af || !ai) {
+      free(fs);
+      return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+    }
+    for (int32_t k = 0; k < n; ++k) {
+      af[k] = fs[k];
+      ai[k] = (int64_t)fs[k];
+    }
+    free(fs);
+    a->floats = af;
+    a->ints = ai;
+    return NULL;
+  }
+  return perr(ps, t, "expected an attribute value (number, bool, name, "
+                     "string or [list])");
+}
+
+static kiln_status_t add_node(kiln_graph_t *g, kiln_node_t **out) {
+  if (g->node_count == g->node_capacity) {
+    int32_t cap = g->node_capacity ? g->node_capacity * 2 : 32;
+    kiln_node_t *n = realloc(g->nodes, sizeof(*n) * (size_t)cap);
+    if (!n) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph nodes");
+    g->nodes = n;
+    g->node_capacity = cap;
+  }
+  *out = &g->nodes[g->node_count++];
+  memset(*out, 0, sizeof(**out));
+  return NULL;
+}
+
+// stmt := results '=' opname '(' operands ')' attrs? (':' types)?
+static kiln_status_t parse_node(parser_t *ps) {
+  kiln_graph_t *g = ps->g;
+  token_t names[KILN_MAX_RESULTS];
+  int nres = 0;
+  for (;;) {
+    if (ps->tok.kind != TOK_VALUE)
+      return perr(ps, &ps->tok, "expected a result name like %%x");
+    if (nres == KILN_MAX_RESULTS)
+      return perr(ps, &ps->tok, "expected at most %d results",
+                  KILN_MAX_RESULTS);
+    names[nres++] = ps->tok;
+    lex(ps);
+    if (is_punct(&ps->tok, ',')) {
+      lex(ps);
+      continue;
+    }
+    break;
+  }
+  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '=', "after the result names"));
+  token_t op_tok = ps->tok;
+  kiln_op_id_t op;
+  if (op_tok.kind != TOK_IDENT)
+    return perr(ps, &op_tok, "expected an op name like aten.add");
+  if (!kiln_op_lookup(op_tok.start, op_tok.length, &op))
+    return perr(ps, &op_tok, "unknown op; expected one of the ops listed in "
+                             "docs/graph-format.md");
+  lex(ps);
+  // Operands are parsed before the results are defined, so %x = op(%x) is
+  // rejected as a use of an undefined value.
+  kiln_operand_t ops[64];
+  int32_t nops = 0;
+  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '(', "to open the operands"));
+  while (!is_punct(&ps->tok, ')')) {
+    if (nops == 64) return perr(ps, &ps->tok, "expected at most 64 operands");
+    kiln_operand_t *o = &ops[nops++];
+    memset(o, 0, sizeof(*o));
+    kiln_attr_kind_t kind;
+    int64_t iv;
+    double fv;
+    if (ps->tok.kind == TOK_VALUE) {
+      int32_t v = find_value(g, ps->tok.start + 1, ps->tok.length - 1);
+      if (v < 0)
+        return perr(ps, &ps->tok, "use of undefined value; expected a value "
+                                  "defined earlier");
+      o->kind = KILN_OPERAND_VALUE;
+      o->value = v;
+    } else if (is_ident(&ps->tok, "none")) {
+      o->kind = KILN_OPERAND_NONE;
+    } else if (scalar_literal(&ps->tok, &kind, &iv, &fv)) {
+      o->kind = kind == KILN_ATTR_INT     ? KILN_OPERAND_INT
+                : kind == KILN_ATTR_FLOAT ? KILN_OPERAND_FLOAT
+                                          : KILN_OPERAND_BOOL;
+      o->i = iv;
+      o->f = fv;
+    } else {
+      return perr(ps, &ps->tok,
+                  "expected an operand (%%value, number, bool or none)");
+    }
+    lex(ps);
+    if (is_punct(&ps->tok, ',')) {
+      lex(ps);
+    } else if (!is_punct(&ps->tok, ')')) {
+      return perr(ps, &ps->tok, "expected ',' or ')' after an operand");
+    }
+  }
+  lex(ps);
+  kiln_attr_t attrs[32];
+  int32_t nattrs = 0;
+  if (is_punct(&ps->tok, '{')) {
+    lex(ps);
+    while (!is_punct(&ps->tok, '}')) {
+      if (nattrs == 32) return perr(ps, &ps->tok, "expected at most 32 attrs");
+      if (ps->tok.kind != TOK_IDENT)
+        return perr(ps, &ps->tok, "expected an attribute name");
+      kiln_attr_t *a = &attrs[nattrs++];
+      memset(a, 0, sizeof(*a));
+      for (int32_t k = 0; k < nattrs - 1; ++k)
+        if (strlen(attrs[k].name) == ps->tok.length &&
+            memcmp(attrs[k].name, ps->tok.start, ps->tok.length) == 0)
+          return perr(ps, &ps->tok, "attribute given twice; expected each "
+                                    "name once");
+      a->name = kiln_arena_strndup(&g->arena, ps->tok.start, ps->tok.length);
+      lex(ps);
+      KILN_RETURN_IF_ERROR_PLAIN(
+          expect_punct(ps, '=', "after the attribute name"));
+      KILN_RETURN_IF_ERROR_PLAIN(parse_attr_value(ps, a));
+      if (is_punct(&ps->tok, ',')) {
+        lex(ps);
+      } else if (!is_punct(&ps->tok, '}')) {
+        return perr(ps, &ps->tok, "expected ',' or '}' after an attribute");
+      }
+    }
+    lex(ps);
+  }
+  kiln_type_t types[KILN_MAX_RESULTS];
+  int ntypes = 0;
+  if (is_punct(&ps->tok, ':')) {
+    lex(ps);
+    for (;;) {
+      if (ntypes == nres)
+        return perr(ps, &ps->tok, "expected %d result type%s", nres,
+                    nres == 1 ? "" : "s");
+      KILN_RETURN_IF_ERROR_PLAIN(parse_type(ps, &types[ntypes++]));
+      if (is_punct(&ps->tok, ',')) {
+        lex(ps);
+        continue;
+      }
+      break;
+    }
+    if (ntypes != nres)
+      return perr(ps, &ps->tok, "expected %d result types, got %d", nres,
+                  ntypes);
+  }
+  kiln_node_t *node;
+  KILN_RETURN_IF_ERROR_PLAIN(add_node(g, &node));
+  int32_t node_index = g->node_count - 1;
+  node->op = op;
+  node->line = op_tok.line;
+  node->col = op_tok.col;
+  node->operand_count = nops;
+  node->operands = kiln_arena_alloc(&g->arena, sizeof(kiln_operand_t) *
+                                                   (size_t)(nops + 1));
+  node->attrs =
+      kiln_arena_alloc(&g->arena, sizeof(kiln_attr_t) * (size_t)(nattrs + 1));
+  if (!node->operands || !node->attrs)
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph nodes");
+  memcpy(node->operands, ops, sizeof(kiln_operand_t) * (size_t)nops);
+  node->attr_count = nattrs;
+  memcpy(node->attrs, attrs, sizeof(kiln_attr_t) * (size_t)nattrs);
+  node->result_count = nres;
+  for (int k = 0; k < nres; ++k) {
+    int32_t v;
+    KILN_RETURN_IF_ERROR_PLAIN(add_value(ps, &names[k], node_index, k, &v));
+    node = &g->nodes[node_index];
+    node->results[k] = v;
+    if (ntypes) g->values[v].type = types[k];
+  }
+  return NULL;
+}
+
+static kiln_status_t parse_graph(parser_t *ps) {
+  kiln_graph_t *g = ps->g;
+  lex(ps);
+  if (!is_ident(&ps->tok, "graph"))
+    return perr(ps, &ps->tok, "expected 'graph'");
+  lex(ps);
+  if (ps->tok.kind != TOK_GLOBAL)
+    return perr(ps, &ps->tok, "expected the graph name like @main");
+  g->name = kiln_arena_strndup(&g->arena, ps->tok.start + 1,
+                               ps->tok.length - 1);
+  lex(ps);
+  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '(', "to open the inputs"));
+  int32_t inputs[256];
+  int32_t nin = 0;
+  while (!is_punct(&ps->tok, ')')) {
+    if (ps->tok.kind != TOK_VALUE)
+      return perr(ps, &ps->tok, "expected an input name like %%x");
+    if (nin == 256) return perr(ps, &ps->tok, "expected at most 256 inputs");
+    token_t name = ps->tok;
+    lex(ps);
+    KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, ':', "after the input name"));
+    int32_t v;
+    KILN_RETURN_IF_ERROR_PLAIN(add_value(ps, &name, -1, nin, &v));
+    KILN_RETURN_IF_ERROR_PLAIN(parse_type(ps, &g->values[v].type));
+    inputs[nin++] = v;
+    if (is_punct(&ps->tok, ',')) {
+      lex(ps);
+    } else if (!is_punct(&ps->tok, ')')) {
+      return perr(ps, &ps->tok, "expected ',' or ')' after an input");
+    }
+  }
+  lex(ps);
+  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '{', "to open the graph body"));
+  g->input_count = nin;
+  g->inputs = kiln_arena_alloc(&g->arena, sizeof(int32_t) * (size_t)(nin + 1));
+  if (!g->inputs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
+  memcpy(g->inputs, inputs, sizeof(int32_t) * (size_t)nin);
+  for (;;) {
+    if (is_ident(&ps->tok, "return")) break;
+    if (ps->tok.kind == TOK_EOF || is_punct(&ps->tok, '}'))
+      return perr(ps, &ps->tok, "expected 'return' before the end of the "
+                                "graph");
+    KILN_RETURN_IF_ERROR_PLAIN(parse_node(ps));
+  }
+  lex(ps);
+  int32_t outs[256];
+  int32_t nout = 0;
+  for (;;) {
+    if (ps->tok.kind != TOK_VALUE)
+      return perr(ps, &ps->tok, "expected a returned value like %%y");
+    if (nout == 256) return perr(ps, &ps->tok, "expected at most 256 outputs");
+    int32_t v = find_value(g, ps->tok.start + 1, ps->tok.length - 1);
+    if (v < 0) return perr(ps, &ps->tok, "return of an undefined value");
+    outs[nout++] = v;
+    lex(ps);
+    if (is_punct(&ps->tok, ',')) {
+      lex(ps);
+      continue;
+    }
+    break;
+  }
+  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '}', "to close the graph"));
+  if (ps->tok.kind != TOK_EOF)
+    return perr(ps, &ps->tok, "expected end of input after the graph");
+  g->output_count = nout;
+  g->outputs = kiln_arena_alloc(&g->arena, sizeof(int32_t) * (size_t)nout);
+  if (!g->outputs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
+  memcpy(g->outputs, outs, sizeof(int32_t) * (size_t)nout);
+  return NULL;
+}
+
+kiln_status_t kiln_graph_parse_text(const char *text, size_t length,
+                                    const char *filename,
+                                    kiln_graph_t **out_graph) {
+  *out_graph = NULL;
+  if (!text)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "graph text is NULL; expected a string");
+  parser_t ps;
+  memset(&ps, 0, sizeof(ps));
+  ps.text = ps.p = text;
+  ps.end = text + length;
+  ps.filename = filename ? filename : "<graph>";
+  ps.line = ps.col = 1;
+  ps.g = calloc(1, sizeof(kiln_graph_t));
+  if (!ps.g) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
+  kiln_arena_init(&ps.g->arena);
+  if (memchr(text, 0, length)) {
+    kiln_graph_free(ps.g);
+    return kiln_make_status(KILN_STATUS_PARSE_ERROR,
+                            "%s: graph text contains a NUL byte",
+                            ps.filename);
+  }
+  kiln_status_t s = parse_graph(&ps);
+  if (!s) s = kiln_graph_verify(ps.g, ps.filename);
+  if (s) {
+    kiln_graph_free(ps.g);
+    return s;
+  }
+  *out_graph = ps.g;
+  return NULL;
+}

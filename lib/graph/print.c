@@ -1,0 +1,106 @@
+// kiln_graph_t → graph text. Parsing the output gives an equal graph: every
+// result carries its type, floats are printed with enough digits to round-trip.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+
+static void print_float(kiln_sbuf_t *b, double f) {
+  if (isnan(f)) {
+    kiln_sbuf_puts(b, "nan");
+  } else if (isinf(f)) {
+    kiln_sbuf_puts(b, f < 0 ? "-inf" : "inf");
+  } else {
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%.17g", f);
+    // Keep it a float token: "2" would re-parse as an integer.
+    if (!strpbrk(buf, ".e")) strcat(buf, ".0");
+    kiln_sbuf_puts(b, buf);
+  }
+}
+
+static void print_type(kiln_sbuf_t *b, const kiln_graph_t *g,
+                       const kiln_type_t *t) {
+  char buf[200];
+  kiln_sbuf_puts(b, kiln_type_str(g, t, buf, sizeof(buf)));
+}
+
+static void print_attr(kiln_sbuf_t *b, const kiln_attr_t *a) {
+  kiln_sbuf_printf(b, "%s = ", a->name);
+  switch (a->kind) {
+    case KILN_ATTR_INT: kiln_sbuf_printf(b, "%lld", (long long)a->i); break;
+    case KILN_ATTR_FLOAT: print_float(b, a->f); break;
+    case KILN_ATTR_BOOL: kiln_sbuf_puts(b, a->i ? "true" : "false"); break;
+    case KILN_ATTR_DTYPE:
+      kiln_sbuf_puts(b, kiln_dtype_name((kiln_dtype_t)a->i));
+      break;
+    case KILN_ATTR_STR: kiln_sbuf_printf(b, "\"%s\"", a->s); break;
+    case KILN_ATTR_LIST:
+      kiln_sbuf_puts(b, "[");
+      for (int i = 0; i < a->count; ++i) {
+        if (i) kiln_sbuf_puts(b, ", ");
+        if (a->is_int) kiln_sbuf_printf(b, "%lld", (long long)a->ints[i]);
+        else print_float(b, a->floats[i]);
+      }
+      kiln_sbuf_puts(b, "]");
+      break;
+  }
+}
+
+kiln_status_t kiln_graph_print_text(const kiln_graph_t *g, char **out_text) {
+  *out_text = NULL;
+  kiln_sbuf_t b;
+  kiln_sbuf_init(&b);
+  kiln_sbuf_printf(&b, "graph @%s(", g->name ? g->name : "main");
+  for (int i = 0; i < g->input_count; ++i) {
+    const kiln_value_t *v = &g->values[g->inputs[i]];
+    kiln_sbuf_printf(&b, "%s%%%s: ", i ? ", " : "", v->name);
+    print_type(&b, g, &v->type);
+  }
+  kiln_sbuf_puts(&b, ") {\n");
+  for (int i = 0; i < g->node_count; ++i) {
+    const kiln_node_t *n = &g->nodes[i];
+    kiln_sbuf_puts(&b, "  ");
+    for (int k = 0; k < n->result_count; ++k)
+      kiln_sbuf_printf(&b, "%s%%%s", k ? ", " : "", g->values[n->results[k]].name);
+    kiln_sbuf_printf(&b, " = %s(", kiln_op_name(n->op));
+    for (int k = 0; k < n->operand_count; ++k) {
+      const kiln_operand_t *o = &n->operands[k];
+      if (k) kiln_sbuf_puts(&b, ", ");
+      switch (o->kind) {
+        case KILN_OPERAND_VALUE:
+          kiln_sbuf_printf(&b, "%%%s", g->values[o->value].name);
+          break;
+        case KILN_OPERAND_INT: kiln_sbuf_printf(&b, "%lld", (long long)o->i); break;
+        case KILN_OPERAND_FLOAT: print_float(&b, o->f); break;
+        case KILN_OPERAND_BOOL: kiln_sbuf_puts(&b, o->i ? "true" : "false"); break;
+        case KILN_OPERAND_NONE: kiln_sbuf_puts(&b, "none"); break;
+      }
+    }
+    kiln_sbuf_puts(&b, ")");
+    if (n->attr_count) {
+      kiln_sbuf_puts(&b, " {");
+      for (int k = 0; k < n->attr_count; ++k) {
+        if (k) kiln_sbuf_puts(&b, ", ");
+        print_attr(&b, &n->attrs[k]);
+      }
+      kiln_sbuf_puts(&b, "}");
+    }
+    kiln_sbuf_puts(&b, " : ");
+    for (int k = 0; k < n->result_count; ++k) {
+      if (k) kiln_sbuf_puts(&b, ", ");
+      print_type(&b, g, &g->values[n->results[k]].type);
+    }
+    kiln_sbuf_puts(&b, "\n");
+  }
+  kiln_sbuf_puts(&b, "  return ");
+  for (int i = 0; i < g->output_count; ++i)
+    kiln_sbuf_printf(&b, "%s%%%s", i ? ", " : "", g->values[g->outputs[i]].name);
+  kiln_sbuf_puts(&b, "\n}\n");
+  char *text = kiln_sbuf_take(&b);
+  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "printing");
+  *out_text = text;
+  return NULL;
+}

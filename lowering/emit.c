@@ -1,0 +1,743 @@
+// Core of the linalg emitter: types, constants, conversions, and the three
+// generic builders (elementwise, reduction, reshape) every op family uses.
+#include "emit.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kiln_emit_fresh(kiln_emitter_t *e, char ssa[24]) {
+  snprintf(ssa, 24, "%%t%d", e->next_id++);
+}
+
+const char *kiln_mlir_elem(kiln_dtype_t t) {
+  switch (t) {
+    case KILN_F32: return "f32";
+    case KILN_F16: return "f16";
+    case KILN_BF16: return "bf16";
+    case KILN_F64: return "f64";
+    case KILN_I32: return "i32";
+    case KILN_I64: return "i64";
+    case KILN_BOOL: return "i1";
+    default: return "?";
+  }
+}
+
+void kiln_mlir_tensor_type(const kiln_type_t *t, char *buf, size_t n) {
+  size_t o = (size_t)snprintf(buf, n, "tensor<");
+  for (int i = 0; i < t->rank && o < n; ++i)
+    o += (size_t)snprintf(buf + o, n - o, "%lldx", (long long)t->dims[i]);
+  if (o < n) snprintf(buf + o, n - o, "%s>", kiln_mlir_elem(t->dtype));
+}
+
+kiln_dtype_t kiln_math_dtype(kiln_dtype_t t) {
+  return (t == KILN_F16 || t == KILN_BF16) ? KILN_F32 : t;
+}
+
+kiln_status_t kiln_emit_error(kiln_emitter_t *e, kiln_status_code_t code,
+                              const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (e->node)
+    return kiln_make_status(code, "%s (line %d): %s", kiln_op_name(e->node->op),
+                            e->node->line, msg);
+  return kiln_make_status(code, "%s", msg);
+}
+
+void kiln_emit_set_result(kiln_emitter_t *e, const kiln_node_t *n, int i,
+                          const kiln_tv_t *tv) {
+  e->values[n->results[i]] = *tv;
+}
+
+kiln_arg_t kiln_arg_tensor(const kiln_tv_t *tv) {
+  kiln_arg_t a;
+  memset(&a, 0, sizeof(a));
+  a.is_tensor = true;
+  a.tv = *tv;
+  return a;
+}
+
+kiln_arg_t kiln_arg_float(double f) {
+  kiln_arg_t a;
+  memset(&a, 0, sizeof(a));
+  a.scalar_kind = KILN_OPERAND_FLOAT;
+  a.f = f;
+  return a;
+}
+
+kiln_arg_t kiln_arg_operand(kiln_emitter_t *e, int i) {
+  const kiln_operand_t *o = &e->node->operands[i];
+  if (o->kind == KILN_OPERAND_VALUE) return kiln_arg_tensor(&e->values[o->value]);
+  kiln_arg_t a;
+  memset(&a, 0, sizeof(a));
+  a.scalar_kind = o->kind;
+  a.f = o->kind == KILN_OPERAND_FLOAT ? o->f : (double)o->i;
+  a.i = o->i;
+  return a;
+}
+
+//===--- scalars ----------------------------------------------------------===//
+
+// Float constants are written as bit patterns so every value (inf, nan,
+// subnormals) round-trips exactly.
+void kiln_emit_scalar_const(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_dtype_t t,
+                            double v, char ssa[24]) {
+  kiln_emit_fresh(e, ssa);
+  switch (t) {
+    case KILN_F64: {
+      uint64_t u;
+      memcpy(&u, &v, 8);
+      kiln_sbuf_printf(b, "    %s = arith.constant 0x%016llX : f64\n", ssa,
+                       (unsigned long long)u);
+      return;
+    }
+    case KILN_F32:
+    case KILN_F16:
+    case KILN_BF16: {
+      float f = (float)v;
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      if (t == KILN_F32) {
+        kiln_sbuf_printf(b, "    %s = arith.constant 0x%08X : f32\n", ssa, u);
+        return;
+      }
+      char wide[24];
+      snprintf(wide, sizeof(wide), "%sw", ssa);
+      kiln_sbuf_printf(b, "    %s = arith.constant 0x%08X : f32\n", wide, u);
+      kiln_sbuf_printf(b, "    %s = arith.truncf %s : f32 to %s\n", ssa, wide,
+                       kiln_mlir_elem(t));
+      return;
+    }
+    case KILN_BOOL:
+      kiln_sbuf_printf(b, "    %s = arith.constant %s\n", ssa,
+                       v != 0 ? "true" : "false");
+      return;
+    default: {
+      double tv = isnan(v) ? 0 : trunc(v);
+      kiln_sbuf_printf(b, "    %s = arith.constant %lld : %s\n", ssa,
+                       (long long)tv, kiln_mlir_elem(t));
+      return;
+    }
+  }
+}
+
+// Converts scalar SSA `x` from `from` to `to` inside a body; writes the name
+// of the converted value to `out` (which may be `x` itself).
+static void conv_scalar(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
+                        kiln_dtype_t from, kiln_dtype_t to, char out[24]) {
+  if (from == to) {
+    snprintf(out, 24, "%s", x);
+    return;
+  }
+  const char *fe = kiln_mlir_elem(from), *te = kiln_mlir_elem(to);
+  bool ff = kiln_dtype_is_float(from), tf = kiln_dtype_is_float(to);
+  if (ff && tf) {
+    if ((from == KILN_F16 && to == KILN_BF16) ||
+        (from == KILN_BF16 && to == KILN_F16)) {
+      char mid[24];
+      conv_scalar(e, b, x, from, KILN_F32, mid);
+      conv_scalar(e, b, mid, KILN_F32, to, out);
+      return;
+    }
+    kiln_emit_fresh(e, out);
+    bool widen = kiln_dtype_size(to) > kiln_dtype_size(from);
+    kiln_sbuf_printf(b, "    %s = arith.%s %s : %s to %s\n", out,
+                     widen ? "extf" : "truncf", x, fe, te);
+    return;
+  }
+  if (to == KILN_BOOL) {
+    char zero[24];
+    kiln_emit_scalar_const(e, b, from, 0, zero);
+    kiln_emit_fresh(e, out);
+    if (ff)
+      kiln_sbuf_printf(b, "    %s = arith.cmpf une, %s, %s : %s\n", out, x,
+                       zero, fe);
+    else
+      kiln_sbuf_printf(b, "    %s = arith.cmpi ne, %s, %s : %s\n", out, x,
+                       zero, fe);
+    return;
+  }
+  kiln_emit_fresh(e, out);
+  if (from == KILN_BOOL) {
+    kiln_sbuf_printf(b, "    %s = arith.%s %s : i1 to %s\n", out,
+                     tf ? "uitofp" : "extui", x, te);
+  } else if (!ff && tf) {
+    kiln_sbuf_printf(b, "    %s = arith.sitofp %s : %s to %s\n", out, x, fe, te);
+  } else if (ff && !tf) {
+    kiln_sbuf_printf(b, "    %s = arith.fptosi %s : %s to %s\n", out, x, fe, te);
+  } else {
+    bool widen = kiln_dtype_size(to) > kiln_dtype_size(from);
+    kiln_sbuf_printf(b, "    %s = arith.%s %s : %s to %s\n", out,
+                     widen ? "extsi" : "trunci", x, fe, te);
+  }
+}
+
+//===--- elementwise bodies -----------------------------------------------===//
+
+// One instruction "%r = <opname> <operands> : <type>".
+static void inst(kiln_emitter_t *e, kiln_sbuf_t *b, char r[24],
+                 const char *opname, const char *a, const char *c,
+                 const char *type) {
+  kiln_emit_fresh(e, r);
+  if (c)
+    kiln_sbuf_printf(b, "    %s = %s %s, %s : %s\n", r, opname, a, c, type);
+  else
+    kiln_sbuf_printf(b, "    %s = %s %s : %s\n", r, opname, a, type);
+}
+
+// Emits `op` on scalars already in math dtype `mt` (compute dtype `ct`).
+// Writes the result name to `r`; *r_dtype says its dtype (mt, or bool).
+static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
+                             kiln_op_id_t op, const kiln_node_t *attrs,
+                             char v[3][24], kiln_dtype_t mt, char r[24],
+                             kiln_dtype_t *r_dtype) {
+  const char *ty = kiln_mlir_elem(mt);
+  bool fl = kiln_dtype_is_float(mt), bo = mt == KILN_BOOL;
+  *r_dtype = mt;
+  char t1[24], t2[24], t3[24], c0[24], c1[24];
+  switch (op) {
+    case KILN_OP_NEG:
+      if (fl) inst(e, b, r, "arith.negf", v[0], NULL, ty);
+      else {
+        kiln_emit_scalar_const(e, b, mt, 0, c0);
+        inst(e, b, r, "arith.subi", c0, v[0], ty);
+      }
+      return NULL;
+    case KILN_OP_ABS:
+      inst(e, b, r, fl ? "math.absf" : "math.absi", v[0], NULL, ty);
+      return NULL;
+    case KILN_OP_RELU:
+      kiln_emit_scalar_const(e, b, mt, 0, c0);
+      inst(e, b, r, fl ? "arith.maximumf" : "arith.maxsi", v[0], c0, ty);
+      return NULL;
+    case KILN_OP_CLONE:
+    case KILN_OP_CONVERT:
+      snprintf(r, 24, "%s", v[0]);
+      return NULL;
+    case KILN_OP_EXP: inst(e, b, r, "math.exp", v[0], NULL, ty); return NULL;
+    case KILN_OP_LOG: inst(e, b, r, "math.log", v[0], NULL, ty); return NULL;
+    case KILN_OP_SQRT: inst(e, b, r, "math.sqrt", v[0], NULL, ty); return NULL;
+    case KILN_OP_RSQRT: inst(e, b, r, "math.rsqrt", v[0], NULL, ty); return NULL;
+    case KILN_OP_TANH: inst(e, b, r, "math.tanh", v[0], NULL, ty); return NULL;
+    case KILN_OP_ERF: inst(e, b, r, "math.erf", v[0], NULL, ty); return NULL;
+    case KILN_OP_SIN: inst(e, b, r, "math.sin", v[0], NULL, ty); return NULL;
+    case KILN_OP_COS: inst(e, b, r, "math.cos", v[0], NULL, ty); return NULL;
+    case KILN_OP_SIGMOID:
+      kiln_emit_scalar_const(e, b, mt, 1, c1);
+      inst(e, b, t1, "arith.negf", v[0], NULL, ty);
+      inst(e, b, t2, "math.exp", t1, NULL, ty);
+      inst(e, b, t3, "arith.addf", c1, t2, ty);
+      inst(e, b, r, "arith.divf", c1, t3, ty);
+      return NULL;
+    case KILN_OP_GELU: {
+      bool tanh_form = attrs && strcmp(kiln_node_attr_str(attrs, "approximate",
+                                                          "none"), "tanh") == 0;
+      char half[24], one[24], inner[24], t4[24];
+      kiln_emit_scalar_const(e, b, mt, 0.5, half);
+      kiln_emit_scalar_const(e, b, mt, 1, one);
+      if (tanh_form) {
+        char k0[24], k1[24];
+        kiln_emit_scalar_const(e, b, mt, sqrt(2.0 / M_PI), k0);
+        kiln_emit_scalar_const(e, b, mt, 0.044715, k1);
+        inst(e, b, t1, "arith.mulf", v[0], v[0], ty);
+        inst(e, b, t2, "arith.mulf", t1, v[0], ty);
+        inst(e, b, t3, "arith.mulf", t2, k1, ty);
+        inst(e, b, t4, "arith.addf", v[0], t3, ty);
+        inst(e, b, t1, "arith.mulf", t4, k0, ty);
+        inst(e, b, inner, "math.tanh", t1, NULL, ty);
+      } else {
+        char k[24];
+        kiln_emit_scalar_const(e, b, mt, M_SQRT1_2, k);
+        inst(e, b, t1, "arith.mulf", v[0], k, ty);
+        inst(e, b, inner, "math.erf", t1, NULL, ty);
+      }
+      inst(e, b, t2, "arith.addf", inner, one, ty);
+      inst(e, b, t3, "arith.mulf", v[0], half, ty);
+      inst(e, b, r, "arith.mulf", t3, t2, ty);
+      return NULL;
+    }
+    case KILN_OP_LOGICAL_NOT:
+      kiln_emit_scalar_const(e, b, mt, 0, c0);
+      kiln_emit_fresh(e, r);
+      kiln_sbuf_printf(b, "    %s = arith.%s %s, %s : %s\n", r,
+                       fl ? "cmpf oeq," : "cmpi eq,", v[0], c0, ty);
+      *r_dtype = KILN_BOOL;
+      return NULL;
+    case KILN_OP_ADD:
+    case KILN_OP_SUB: {
+      const char *rhs = v[1];
+      double alpha = attrs ? kiln_node_attr_float(attrs, "alpha", 1) : 1;
+      if (alpha != 1 && !bo) {
+        kiln_emit_scalar_const(e, b, mt, alpha, c1);
+        inst(e, b, t1, fl ? "arith.mulf" : "arith.muli", v[1], c1, ty);
+        rhs = t1;
+      }
+      if (bo) inst(e, b, r, "arith.ori", v[0], rhs, ty);
+      else if (op == KILN_OP_ADD)
+        inst(e, b, r, fl ? "arith.addf" : "arith.addi", v[0], rhs, ty);
+      else inst(e, b, r, fl ? "arith.subf" : "arith.subi", v[0], rhs, ty);
+      return NULL;
+    }
+    case KILN_OP_MUL:
+      inst(e, b, r, bo ? "arith.andi" : fl ? "arith.mulf" : "arith.muli", v[0],
+           v[1], ty);
+      return NULL;
+    case KILN_OP_MAXIMUM:
+      inst(e, b, r, bo ? "arith.ori" : fl ? "arith.maximumf" : "arith.maxsi",
+           v[0], v[1], ty);
+      return NULL;
+    case KILN_OP_MINIMUM:
+      inst(e, b, r, bo ? "arith.andi" : fl ? "arith.minimumf" : "arith.minsi",
+           v[0], v[1], ty);
+      return NULL;
+    case KILN_OP_DIV: {
+      const char *mode = attrs ? kiln_node_attr_str(attrs, "rounding_mode",
+                                                   NULL) : NULL;
+      bool floor_mode = mode && strcmp(mode, "floor") == 0;
+      if (fl) {
+        inst(e, b, mode ? t1 : r, "arith.divf", v[0], v[1], ty);
+        if (mode) inst(e, b, r, floor_mode ? "math.floor" : "math.trunc", t1,
+                       NULL, ty);
+        return NULL;
+      }
+      if (bo)
+        return kiln_emit_error(e, KILN_STATUS_UNSUPPORTED,
+                               "integer division of bool tensors; expected "
+                               "integer or float operands");
+      // Integer division must never trap inside the user's process: a zero
+      // divisor gives 0 and INT_MIN / -1 wraps, like the reference.
+      char zero[24], one[24], m1[24], isz[24], ism1[24], safe[24], q[24],
+          neg[24], q2[24];
+      kiln_emit_scalar_const(e, b, mt, 0, zero);
+      kiln_emit_scalar_const(e, b, mt, 1, one);
+      kiln_emit_scalar_const(e, b, mt, -1, m1);
+      kiln_emit_fresh(e, isz);
+      kiln_sbuf_printf(b, "    %s = arith.cmpi eq, %s, %s : %s\n", isz, v[1],
+                       zero, ty);
+      kiln_emit_fresh(e, ism1);
+      kiln_sbuf_printf(b, "    %s = arith.cmpi eq, %s, %s : %s\n", ism1, v[1],
+                       m1, ty);
+      char bad[24];
+      inst(e, b, bad, "arith.ori", isz, ism1, "i1");
+      kiln_emit_fresh(e, safe);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", safe, bad,
+                       one, v[1], ty);
+      inst(e, b, q, floor_mode ? "arith.floordivsi" : "arith.divsi", v[0],
+           safe, ty);
+      inst(e, b, neg, "arith.subi", zero, v[0], ty);
+      kiln_emit_fresh(e, q2);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", q2, ism1,
+                       neg, q, ty);
+      kiln_emit_fresh(e, r);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", r, isz,
+                       zero, q2, ty);
+      return NULL;
+    }
+    case KILN_OP_POW: {
+      if (fl) {
+        inst(e, b, r, "math.powf", v[0], v[1], ty);
+        return NULL;
+      }
+      // Integer pow: math.ipowi for exponents >= 0; a negative exponent gives
+      // 0, or +-1 for a base of +-1, without dividing.
+      char zero[24], one[24], m1[24], isneg[24], safe[24], p[24], odd[24],
+          b1[24], bm1[24], sgn[24], negres[24], t5[24];
+      kiln_emit_scalar_const(e, b, mt, 0, zero);
+      kiln_emit_scalar_const(e, b, mt, 1, one);
+      kiln_emit_scalar_const(e, b, mt, -1, m1);
+      kiln_emit_fresh(e, isneg);
+      kiln_sbuf_printf(b, "    %s = arith.cmpi slt, %s, %s : %s\n", isneg,
+                       v[1], zero, ty);
+      kiln_emit_fresh(e, safe);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", safe,
+                       isneg, zero, v[1], ty);
+      inst(e, b, p, "math.ipowi", v[0], safe, ty);
+      inst(e, b, t5, "arith.andi", v[1], one, ty);
+      kiln_emit_fresh(e, odd);
+      kiln_sbuf_printf(b, "    %s = arith.cmpi ne, %s, %s : %s\n", odd, t5,
+                       zero, ty);
+      kiln_emit_fresh(e, b1);
+      kiln_sbuf_printf(b, "    %s = arith.cmpi eq, %s, %s : %s\n", b1, v[0],
+                       one, ty);
+      kiln_emit_fresh(e, bm1);
+      kiln_sbuf_printf(b, "    %s = arith.cmpi eq, %s, %s : %s\n", bm1, v[0],
+                       m1, ty);
+      kiln_emit_fresh(e, sgn);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", sgn, odd,
+                       m1, one, ty);
+      kiln_emit_fresh(e, t1);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", t1, bm1,
+                       sgn, zero, ty);
+      kiln_emit_fresh(e, negres);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", negres,
+                       b1, one, t1, ty);
+      kiln_emit_fresh(e, r);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", r, isneg,
+                       negres, p, ty);
+      return NULL;
+    }
+    case KILN_OP_EQ: case KILN_OP_NE: case KILN_OP_LT:
+    case KILN_OP_LE: case KILN_OP_GT: case KILN_OP_GE: {
+      static const char *fpred[] = {"oeq", "une", "olt", "ole", "ogt", "oge"};
+      static const char *ipred[] = {"eq", "ne", "slt", "sle", "sgt", "sge"};
+      static const char *upred[] = {"eq", "ne", "ult", "ule", "ugt", "uge"};
+      int k = (int)(op - KILN_OP_EQ);
+      kiln_emit_fresh(e, r);
+      if (fl)
+        kiln_sbuf_printf(b, "    %s = arith.cmpf %s, %s, %s : %s\n", r,
+                         fpred[k], v[0], v[1], ty);
+      else
+        kiln_sbuf_printf(b, "    %s = arith.cmpi %s, %s, %s : %s\n", r,
+                         bo ? upred[k] : ipred[k], v[0], v[1], ty);
+      *r_dtype = KILN_BOOL;
+      return NULL;
+    }
+    case KILN_OP_LOGICAL_AND:
+    case KILN_OP_LOGICAL_OR:
+    case KILN_OP_LOGICAL_XOR: {
+      char a1[24], a2[24];
+      conv_scalar(e, b, v[0], mt, KILN_BOOL, a1);
+      conv_scalar(e, b, v[1], mt, KILN_BOOL, a2);
+      inst(e, b, r,
+           op == KILN_OP_LOGICAL_AND  ? "arith.andi"
+           : op == KILN_OP_LOGICAL_OR ? "arith.ori"
+                                      : "arith.xori",
+           a1, a2, "i1");
+      *r_dtype = KILN_BOOL;
+      return NULL;
+    }
+    case KILN_OP_WHERE:
+      kiln_emit_fresh(e, r);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", r, v[0],
+                       v[1], v[2], ty);
+      return NULL;
+    default:
+      return kiln_emit_error(e, KILN_STATUS_INTERNAL,
+                             "no elementwise body for %s", kiln_op_name(op));
+  }
+}
+
+// "affine_map<(d0, d1) -> (d1)>" for a tensor of type `t` broadcast into an
+// iteration space of rank `r` with sizes `out`.
+static void bcast_map(kiln_sbuf_t *b, const kiln_type_t *t,
+                      const kiln_type_t *out) {
+  kiln_sbuf_puts(b, "affine_map<(");
+  for (int i = 0; i < out->rank; ++i) kiln_sbuf_printf(b, "%sd%d", i ? ", " : "", i);
+  kiln_sbuf_puts(b, ") -> (");
+  int off = out->rank - t->rank;
+  for (int i = 0; i < t->rank; ++i) {
+    if (i) kiln_sbuf_puts(b, ", ");
+    if (t->dims[i] == 1 && out->dims[i + off] != 1) kiln_sbuf_puts(b, "0");
+    else kiln_sbuf_printf(b, "d%d", i + off);
+  }
+  kiln_sbuf_puts(b, ")>");
+}
+
+static void iterators(kiln_sbuf_t *b, int rank, const bool *reduced) {
+  kiln_sbuf_puts(b, "iterator_types = [");
+  for (int i = 0; i < rank; ++i)
+    kiln_sbuf_printf(b, "%s\"%s\"", i ? ", " : "",
+                     reduced && reduced[i] ? "reduction" : "parallel");
+  kiln_sbuf_puts(b, "]");
+}
+
+static void emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]) {
+  char ty[256];
+  kiln_mlir_tensor_type(t, ty, sizeof(ty));
+  kiln_emit_fresh(e, ssa);
+  kiln_sbuf_printf(&e->out, "    %s = tensor.empty() : %s\n", ssa, ty);
+}
+
+kiln_status_t kiln_emit_ew(kiln_emitter_t *e, kiln_op_id_t op,
+                           const kiln_node_t *attrs, int n,
+                           const kiln_arg_t *args, const kiln_type_t *out_dims,
+                           kiln_dtype_t ct, kiln_dtype_t out_dtype,
+                           kiln_tv_t *out) {
+  kiln_type_t ot;
+  memset(&ot, 0, sizeof(ot));
+  if (out_dims) {
+    ot = *out_dims;
+  } else {
+    bool any = false;
+    for (int i = 0; i < n; ++i) {
+      if (!args[i].is_tensor) continue;
+      const kiln_type_t *t = &args[i].tv.type;
+      if (!any) {
+        ot = *t;
+        any = true;
+        continue;
+      }
+      int r = ot.rank > t->rank ? ot.rank : t->rank;
+      kiln_type_t res = ot;
+      res.rank = r;
+      for (int k = 0; k < r; ++k) {
+        int ia = k - (r - ot.rank), ib = k - (r - t->rank);
+        int64_t da = ia >= 0 ? ot.dims[ia] : 1, db = ib >= 0 ? t->dims[ib] : 1;
+        res.dims[k] = da == 1 ? db : da;
+      }
+      ot = res;
+    }
+  }
+  ot.dtype = out_dtype;
+  char empty[24];
+  emit_empty(e, &ot, empty);
+  kiln_sbuf_t *b = &e->out;
+  kiln_emit_fresh(e, out->ssa);
+  out->type = ot;
+  char oty[256];
+  kiln_mlir_tensor_type(&ot, oty, sizeof(oty));
+  kiln_sbuf_printf(b, "    %s = linalg.generic {indexing_maps = [", out->ssa);
+  int ntensor = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!args[i].is_tensor) continue;
+    bcast_map(b, &args[i].tv.type, &ot);
+    kiln_sbuf_puts(b, ", ");
+    ntensor++;
+  }
+  bcast_map(b, &ot, &ot);
+  kiln_sbuf_puts(b, "], ");
+  iterators(b, ot.rank, NULL);
+  kiln_sbuf_puts(b, "}");
+  if (ntensor) {
+    kiln_sbuf_puts(b, " ins(");
+    int k = 0;
+    for (int i = 0; i < n; ++i)
+      if (args[i].is_tensor)
+        kiln_sbuf_printf(b, "%s%s", k++ ? ", " : "", args[i].tv.ssa);
+    kiln_sbuf_puts(b, " : ");
+    k = 0;
+    for (int i = 0; i < n; ++i) {
+      if (!args[i].is_tensor) continue;
+      char ty[256];
+      kiln_mlir_tensor_type(&args[i].tv.type, ty, sizeof(ty));
+      kiln_sbuf_printf(b, "%s%s", k++ ? ", " : "", ty);
+    }
+    kiln_sbuf_puts(b, ")");
+  }
+  kiln_sbuf_printf(b, " outs(%s : %s) {\n  ^bb0(", empty, oty);
+  char v[3][24];
+  kiln_dtype_t vdt[3];
+  int bi = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!args[i].is_tensor) continue;
+    snprintf(v[i], 24, "%%in%d_%d", e->next_id, bi++);
+    vdt[i] = args[i].tv.type.dtype;
+    kiln_sbuf_printf(b, "%s: %s, ", v[i], kiln_mlir_elem(vdt[i]));
+  }
+  char outarg[24];
+  snprintf(outarg, 24, "%%out%d", e->next_id++);
+  kiln_sbuf_printf(b, "%s: %s):\n", outarg, kiln_mlir_elem(out_dtype));
+  // Scalars become constants in the compute dtype.
+  for (int i = 0; i < n; ++i) {
+    if (args[i].is_tensor) continue;
+    kiln_emit_scalar_const(e, b, ct, args[i].f, v[i]);
+    vdt[i] = ct;
+  }
+  // Round every operand to the compute dtype, then widen halves for math.
+  kiln_dtype_t mt = kiln_math_dtype(ct);
+  char m[3][24];
+  int first = 0;
+  if (op == KILN_OP_WHERE) {
+    snprintf(m[0], 24, "%s", v[0]);
+    first = 1;
+  }
+  for (int i = first; i < n; ++i) {
+    char r[24];
+    conv_scalar(e, b, v[i], vdt[i], ct, r);
+    conv_scalar(e, b, r, ct, mt, m[i]);
+  }
+  char res[24], fin[24];
+  kiln_dtype_t rdt;
+  KILN_RETURN_IF_ERROR_PLAIN(body_op(e, b, op, attrs, m, mt, res, &rdt));
+  conv_scalar(e, b, res, rdt, out_dtype, fin);
+  kiln_sbuf_printf(b, "    linalg.yield %s : %s\n  } -> %s\n", fin,
+                   kiln_mlir_elem(out_dtype), oty);
+  return NULL;
+}
+
+kiln_status_t kiln_emit_unary(kiln_emitter_t *e, kiln_op_id_t op,
+                              const kiln_tv_t *x, kiln_dtype_t dt,
+                              kiln_tv_t *out) {
+  kiln_arg_t a = kiln_arg_tensor(x);
+  return kiln_emit_ew(e, op, NULL, 1, &a, NULL, dt, dt, out);
+}
+
+kiln_status_t kiln_emit_binary(kiln_emitter_t *e, kiln_op_id_t op,
+                               kiln_arg_t a, kiln_arg_t b, kiln_dtype_t dt,
+                               kiln_tv_t *out) {
+  kiln_arg_t args[2] = {a, b};
+  return kiln_emit_ew(e, op, NULL, 2, args, NULL, dt, dt, out);
+}
+
+kiln_status_t kiln_emit_convert(kiln_emitter_t *e, const kiln_tv_t *x,
+                                kiln_dtype_t to, kiln_tv_t *out) {
+  if (x->type.dtype == to) {
+    *out = *x;
+    return NULL;
+  }
+  kiln_arg_t a = kiln_arg_tensor(x);
+  return kiln_emit_ew(e, KILN_OP_CONVERT, NULL, 1, &a, NULL, x->type.dtype, to,
+                      out);
+}
+
+//===--- fills, reductions, reshapes --------------------------------------===//
+
+kiln_status_t kiln_emit_filled(kiln_emitter_t *e, const kiln_type_t *t,
+                               double value, kiln_tv_t *out) {
+  char empty[24], c[24], ty[256];
+  emit_empty(e, t, empty);
+  kiln_emit_scalar_const(e, &e->out, t->dtype, value, c);
+  kiln_mlir_tensor_type(t, ty, sizeof(ty));
+  kiln_emit_fresh(e, out->ssa);
+  out->type = *t;
+  kiln_sbuf_printf(&e->out, "    %s = linalg.fill ins(%s : %s) outs(%s : %s) -> %s\n",
+                   out->ssa, c, kiln_mlir_elem(t->dtype), empty, ty, ty);
+  return NULL;
+}
+
+kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
+                               const kiln_tv_t *x, const bool *reduced,
+                               bool keepdim, kiln_dtype_t acc, kiln_tv_t *out) {
+  const kiln_type_t *xt = &x->type;
+  kiln_type_t rt;  // without the reduced dims
+  memset(&rt, 0, sizeof(rt));
+  rt.dtype = acc;
+  for (int i = 0; i < xt->rank; ++i)
+    if (!reduced[i]) rt.dims[rt.rank++] = xt->dims[i];
+  bool fl = kiln_dtype_is_float(acc), bo = acc == KILN_BOOL;
+  double init = 0;
+  const char *combine = NULL;
+  switch (op) {
+    case KILN_OP_SUM:
+      combine = bo ? "arith.ori" : fl ? "arith.addf" : "arith.addi";
+      break;
+    case KILN_OP_PROD:
+      init = 1;
+      combine = bo ? "arith.andi" : fl ? "arith.mulf" : "arith.muli";
+      break;
+    case KILN_OP_AMAX:
+      init = fl ? -INFINITY : bo ? 0 : acc == KILN_I32 ? -2147483648.0
+                                                       : -9223372036854775808.0;
+      combine = bo ? "arith.ori" : fl ? "arith.maximumf" : "arith.maxsi";
+      break;
+    case KILN_OP_AMIN:
+      init = fl ? INFINITY : bo ? 1 : acc == KILN_I32 ? 2147483647.0
+                                                      : 9223372036854775807.0;
+      combine = bo ? "arith.andi" : fl ? "arith.minimumf" : "arith.minsi";
+      break;
+    default:
+      return kiln_emit_error(e, KILN_STATUS_INTERNAL, "bad reduction kind");
+  }
+  kiln_tv_t init_tv;
+  if (!fl && !bo && (init > 9.2e18 || init < -9.2e18)) {
+    // i64 extremes do not survive a trip through double: write them exactly.
+    char empty[24], c[24], ty[256];
+    emit_empty(e, &rt, empty);
+    kiln_emit_fresh(e, c);
+    kiln_sbuf_printf(&e->out, "    %s = arith.constant %s : i64\n", c,
+                     init > 0 ? "9223372036854775807" : "-9223372036854775808");
+    kiln_mlir_tensor_type(&rt, ty, sizeof(ty));
+    kiln_emit_fresh(e, init_tv.ssa);
+    init_tv.type = rt;
+    kiln_sbuf_printf(&e->out,
+                     "    %s = linalg.fill ins(%s : i64) outs(%s : %s) -> %s\n",
+                     init_tv.ssa, c, empty, ty, ty);
+  } else {
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &rt, init, &init_tv));
+  }
+  kiln_sbuf_t *b = &e->out;
+  char xty[256], rty[256];
+  kiln_mlir_tensor_type(xt, xty, sizeof(xty));
+  kiln_mlir_tensor_type(&rt, rty, sizeof(rty));
+  kiln_tv_t red;
+  kiln_emit_fresh(e, red.ssa);
+  red.type = rt;
+  kiln_sbuf_printf(b, "    %s = linalg.generic {indexing_maps = [", red.ssa);
+  bcast_map(b, xt, xt);
+  kiln_sbuf_puts(b, ", affine_map<(");
+  for (int i = 0; i < xt->rank; ++i) kiln_sbuf_printf(b, "%sd%d", i ? ", " : "", i);
+  kiln_sbuf_puts(b, ") -> (");
+  for (int i = 0, k = 0; i < xt->rank; ++i)
+    if (!reduced[i]) kiln_sbuf_printf(b, "%sd%d", k++ ? ", " : "", i);
+  kiln_sbuf_puts(b, ")>], ");
+  iterators(b, xt->rank, reduced);
+  char a[24], o[24], xc[24], r[24];
+  snprintf(a, 24, "%%rin%d", e->next_id);
+  snprintf(o, 24, "%%acc%d", e->next_id++);
+  kiln_sbuf_printf(b, "} ins(%s : %s) outs(%s : %s) {\n  ^bb0(%s: %s, %s: %s):\n",
+                   x->ssa, xty, init_tv.ssa, rty, a,
+                   kiln_mlir_elem(xt->dtype), o, kiln_mlir_elem(acc));
+  conv_scalar(e, b, a, xt->dtype, acc, xc);
+  inst(e, b, r, combine, o, xc, kiln_mlir_elem(acc));
+  kiln_sbuf_printf(b, "    linalg.yield %s : %s\n  } -> %s\n", r,
+                   kiln_mlir_elem(acc), rty);
+  if (!keepdim) {
+    *out = red;
+    return NULL;
+  }
+  kiln_type_t kt = *xt;
+  kt.dtype = acc;
+  for (int i = 0; i < xt->rank; ++i)
+    if (reduced[i]) kt.dims[i] = 1;
+  return kiln_emit_reshape(e, &red, &kt, out);
+}
+
+kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
+                                const kiln_type_t *to, kiln_tv_t *out) {
+  kiln_type_t target = *to;
+  target.dtype = x->type.dtype;
+  if (kiln_type_equal(&x->type, &target)) {
+    *out = *x;
+    return NULL;
+  }
+  kiln_sbuf_t *b = &e->out;
+  int64_t n = kiln_type_numel(&x->type);
+  kiln_type_t flat;
+  memset(&flat, 0, sizeof(flat));
+  flat.dtype = x->type.dtype;
+  flat.rank = 1;
+  flat.dims[0] = n;
+  char sty[256], fty[256], tty[256];
+  kiln_mlir_tensor_type(&x->type, sty, sizeof(sty));
+  kiln_mlir_tensor_type(&flat, fty, sizeof(fty));
+  kiln_mlir_tensor_type(&target, tty, sizeof(tty));
+  // Step 1: to rank 1.
+  char cur[24];
+  snprintf(cur, 24, "%s", x->ssa);
+  if (x->type.rank != 1) {
+    char nxt[24];
+    kiln_emit_fresh(e, nxt);
+    if (x->type.rank == 0)
+      kiln_sbuf_printf(b, "    %s = tensor.expand_shape %s [] output_shape [1] "
+                          ": %s into %s\n", nxt, cur, sty, fty);
+    else {
+      kiln_sbuf_printf(b, "    %s = tensor.collapse_shape %s [[", nxt, cur);
+      for (int i = 0; i < x->type.rank; ++i) kiln_sbuf_printf(b, "%s%d", i ? ", " : "", i);
+      kiln_sbuf_printf(b, "]] : %s into %s\n", sty, fty);
+    }
+    snprintf(cur, 24, "%s", nxt);
+  }
+  // Step 2: to the target rank.
+  if (target.rank != 1) {
+    kiln_emit_fresh(e, out->ssa);
+    if (target.rank == 0) {
+      kiln_sbuf_printf(b, "    %s = tensor.collapse_shape %s [] : %s into %s\n",
+                       out->ssa, cur, fty, tty);
+    } else {
+      kiln_sbuf_printf(b, "    %s = tensor.expand_shape %s [[", out->ssa, cur);
+      for (int i = 0; i < target.rank; ++i) kiln_sbuf_printf(b, "%s%d", i ? ", " : "", i);
+      kiln_sbuf_puts(b, "]] output_shape [");
+      for (int i = 0; i < target.rank; ++i)
+        kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)target.dims[i]);
+      kiln_sbuf_printf(b, "] : %s into %s\n", fty, tty);
+    }
+  } else {
+    snprintf(out->ssa, 24, "%s", cur);
+  }
+  out->type = target;
+  return NULL;
+}

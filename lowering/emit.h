@@ -1,0 +1,107 @@
+// The linalg emitter shared by the per-family lowerings in lowering/ops/.
+// It writes MLIR (func, linalg, tensor, arith, math) as text, which
+// lowering/pipeline.c parses through the MLIR C API. Every helper works on
+// static shapes: symbolic graphs are specialized before they are lowered.
+#ifndef KILN_LOWERING_EMIT_H_
+#define KILN_LOWERING_EMIT_H_
+
+#include "lib/graph/graph.h"
+
+// A tensor SSA value and its kiln type.
+typedef struct kiln_tv {
+  char ssa[24];
+  kiln_type_t type;
+} kiln_tv_t;
+
+// An elementwise argument: a tensor or a scalar literal.
+typedef struct kiln_arg {
+  bool is_tensor;
+  kiln_tv_t tv;
+  kiln_operand_kind_t scalar_kind;  // INT, FLOAT or BOOL for scalars
+  double f;
+  int64_t i;
+} kiln_arg_t;
+
+typedef struct kiln_emitter {
+  const kiln_graph_t *g;
+  kiln_sbuf_t out;    // the function body
+  int next_id;
+  kiln_tv_t *values;  // SSA value of each graph value, once emitted
+  const kiln_node_t *node;  // the node being lowered, for error messages
+} kiln_emitter_t;
+
+// Fresh SSA name "%t<N>".
+void kiln_emit_fresh(kiln_emitter_t *e, char ssa[24]);
+// "f32", "i1", ... — the MLIR element type of a dtype.
+const char *kiln_mlir_elem(kiln_dtype_t t);
+// "tensor<4x8xf32>"
+void kiln_mlir_tensor_type(const kiln_type_t *t, char *buf, size_t n);
+// The type arithmetic is done in: f16 and bf16 compute in f32.
+kiln_dtype_t kiln_math_dtype(kiln_dtype_t t);
+
+kiln_arg_t kiln_arg_tensor(const kiln_tv_t *tv);
+kiln_arg_t kiln_arg_float(double f);
+// The argument for operand `i` of the node being lowered.
+kiln_arg_t kiln_arg_operand(kiln_emitter_t *e, int i);
+
+// Elementwise linalg.generic applying `op` (attributes read from `attrs`,
+// which may be NULL for defaults) to `args`, broadcasting tensors to
+// `out_dims` (NULL: the broadcast of the tensor args). Operands are converted
+// to `ct`, the op runs in kiln_math_dtype(ct), the result is converted to
+// `out_dtype`. `op` is an elementwise op id.
+kiln_status_t kiln_emit_ew(kiln_emitter_t *e, kiln_op_id_t op,
+                           const kiln_node_t *attrs, int n,
+                           const kiln_arg_t *args, const kiln_type_t *out_dims,
+                           kiln_dtype_t ct, kiln_dtype_t out_dtype,
+                           kiln_tv_t *out);
+// Shorthands for the composite lowerings (unary/binary in one dtype).
+kiln_status_t kiln_emit_unary(kiln_emitter_t *e, kiln_op_id_t op,
+                              const kiln_tv_t *x, kiln_dtype_t dt,
+                              kiln_tv_t *out);
+kiln_status_t kiln_emit_binary(kiln_emitter_t *e, kiln_op_id_t op,
+                               kiln_arg_t a, kiln_arg_t b, kiln_dtype_t dt,
+                               kiln_tv_t *out);
+kiln_status_t kiln_emit_convert(kiln_emitter_t *e, const kiln_tv_t *x,
+                                kiln_dtype_t to, kiln_tv_t *out);
+
+// Reduction of `x` over the dims marked in `reduced`, accumulating in `acc`
+// (x is converted to it). `op` is SUM, PROD, AMAX or AMIN. With keepdim the
+// reduced dims stay as size 1.
+kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
+                               const kiln_tv_t *x, const bool *reduced,
+                               bool keepdim, kiln_dtype_t acc, kiln_tv_t *out);
+
+// Same elements, new static shape (collapse to 1-D and expand).
+kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
+                                const kiln_type_t *to, kiln_tv_t *out);
+
+// tensor.empty + linalg.fill with a scalar.
+kiln_status_t kiln_emit_filled(kiln_emitter_t *e, const kiln_type_t *t,
+                               double value, kiln_tv_t *out);
+
+// A scalar constant in `t` ("%c" name written to ssa); emitted into `b`.
+void kiln_emit_scalar_const(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_dtype_t t,
+                            double v, char ssa[24]);
+
+// An error about the node being lowered.
+kiln_status_t kiln_emit_error(kiln_emitter_t *e, kiln_status_code_t code,
+                              const char *fmt, ...) KILN_PRINTF(3, 4);
+
+// Lowering functions, one per family, in lowering/ops/*.c. Each reads the
+// node's operands from e->values and writes its results there.
+typedef kiln_status_t (*kiln_lower_fn)(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_elementwise(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_shape(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_create(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n);
+
+// Sets result `i` of the node to `tv`.
+void kiln_emit_set_result(kiln_emitter_t *e, const kiln_node_t *n, int i,
+                          const kiln_tv_t *tv);
+
+#endif  // KILN_LOWERING_EMIT_H_

@@ -1,0 +1,115 @@
+// The op table (op id → lowering function) and the entry-point wrapper.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emit.h"
+#include "lowering.h"
+
+static kiln_lower_fn lowering_for(const kiln_node_t *n) {
+  switch (kiln_op_class(n->op)) {
+    case KILN_CLASS_REDUCE: return kiln_lower_reduce;
+    case KILN_CLASS_MATMUL: return kiln_lower_matmul;
+    case KILN_CLASS_CONV: return kiln_lower_conv;
+    case KILN_CLASS_SHAPE: return kiln_lower_shape;
+    case KILN_CLASS_CREATE: return kiln_lower_create;
+    case KILN_CLASS_NN:
+      switch (n->op) {
+        case KILN_OP_SOFTMAX:
+        case KILN_OP_LOG_SOFTMAX: return kiln_lower_softmax;
+        case KILN_OP_LAYER_NORM: return kiln_lower_layer_norm;
+        case KILN_OP_EMBEDDING: return kiln_lower_embedding;
+        default: return NULL;
+      }
+    default: return kiln_lower_elementwise;
+  }
+}
+
+static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
+  kiln_sbuf_puts(b, "memref<");
+  for (int i = 0; i < t->rank; ++i) kiln_sbuf_printf(b, "%lldx", (long long)t->dims[i]);
+  kiln_sbuf_puts(b, kiln_mlir_elem(t->dtype));
+  if (strided) {
+    kiln_sbuf_puts(b, ", strided<[");
+    for (int i = 0; i < t->rank; ++i) kiln_sbuf_printf(b, "%s?", i ? ", " : "");
+    kiln_sbuf_puts(b, "], offset: ?>");
+  }
+  kiln_sbuf_puts(b, ">");
+}
+
+kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
+                                   const bool *input_strided, char **out_text) {
+  *out_text = NULL;
+  for (int32_t v = 0; v < g->value_count; ++v)
+    if (!kiln_type_is_static(&g->values[v].type)) {
+      char t[160];
+      return kiln_make_status(
+          KILN_STATUS_UNSUPPORTED,
+          "lowering: value %%%s has symbolic type %s; graphs are specialized "
+          "to concrete sizes before lowering",
+          g->values[v].name, kiln_type_str(g, &g->values[v].type, t, sizeof(t)));
+    }
+  kiln_emitter_t e;
+  memset(&e, 0, sizeof(e));
+  e.g = g;
+  kiln_sbuf_init(&e.out);
+  e.values = calloc((size_t)g->value_count + 1, sizeof(kiln_tv_t));
+  if (!e.values) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
+  kiln_sbuf_t head;
+  kiln_sbuf_init(&head);
+  kiln_sbuf_printf(&head, "func.func @%s(", KILN_ENTRY_NAME);
+  for (int i = 0; i < g->input_count; ++i) {
+    const kiln_value_t *v = &g->values[g->inputs[i]];
+    bool strided = input_strided && input_strided[i];
+    kiln_sbuf_printf(&head, "%s%%arg%d: ", i ? ", " : "", i);
+    memref_type(&head, &v->type, strided);
+    kiln_tv_t *tv = &e.values[g->inputs[i]];
+    snprintf(tv->ssa, sizeof(tv->ssa), "%%input%d", i);
+    tv->type = v->type;
+    char tty[256];
+    kiln_mlir_tensor_type(&v->type, tty, sizeof(tty));
+    kiln_sbuf_printf(&e.out, "    %s = bufferization.to_tensor %%arg%d restrict : ",
+                     tv->ssa, i);
+    memref_type(&e.out, &v->type, strided);
+    kiln_sbuf_printf(&e.out, " to %s\n", tty);
+  }
+  for (int i = 0; i < g->output_count; ++i) {
+    kiln_sbuf_printf(&head, "%s%%res%d: ", (i || g->input_count) ? ", " : "", i);
+    memref_type(&head, &g->values[g->outputs[i]].type, false);
+  }
+  kiln_sbuf_puts(&head, ") {\n");
+  kiln_status_t s = NULL;
+  for (int i = 0; i < g->node_count && !s; ++i) {
+    const kiln_node_t *n = &g->nodes[i];
+    e.node = n;
+    kiln_lower_fn fn = lowering_for(n);
+    if (!fn) {
+      s = kiln_emit_error(&e, KILN_STATUS_UNSUPPORTED, "no lowering");
+      break;
+    }
+    s = fn(&e, n);
+  }
+  e.node = NULL;
+  for (int i = 0; i < g->output_count && !s; ++i) {
+    const kiln_tv_t *tv = &e.values[g->outputs[i]];
+    char tty[256];
+    kiln_mlir_tensor_type(&tv->type, tty, sizeof(tty));
+    kiln_sbuf_printf(&e.out, "    bufferization.materialize_in_destination %s in restrict writable %%res%d : (%s, ",
+                     tv->ssa, i, tty);
+    memref_type(&e.out, &tv->type, false);
+    kiln_sbuf_puts(&e.out, ") -> ()\n");
+  }
+  kiln_sbuf_puts(&e.out, "    return\n}\n");
+  free(e.values);
+  if (s) {
+    kiln_sbuf_free(&head);
+    kiln_sbuf_free(&e.out);
+    return s;
+  }
+  kiln_sbuf_append(&head, e.out.data ? e.out.data : "", e.out.length);
+  kiln_sbuf_free(&e.out);
+  char *text = kiln_sbuf_take(&head);
+  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
+  *out_text = text;
+  return NULL;
+}

@@ -1,0 +1,47 @@
+// lowering/: kiln graph → MLIR linalg on tensors → the target pipeline.
+// Knows graphs and MLIR; nothing of the runtime (jit/) or the API.
+#ifndef KILN_LOWERING_LOWERING_H_
+#define KILN_LOWERING_LOWERING_H_
+
+#include <mlir-c/IR.h>
+
+#include "lib/graph/graph.h"
+
+// The name of the entry point every lowered graph defines.
+#define KILN_ENTRY_NAME "kiln_main"
+
+// Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking
+// one memref per input (strided layout where `input_strided[i]`, which may be
+// NULL for all-contiguous) then one contiguous memref per output, with the
+// body in linalg on tensors.
+kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
+                                   const bool *input_strided, char **out_text);
+
+// An MLIR context set up for kiln: every dialect, pass and LLVM translation
+// registered, diagnostics captured for error messages.
+typedef struct kiln_mlir kiln_mlir_t;
+kiln_status_t kiln_mlir_create(kiln_mlir_t **out);
+void kiln_mlir_destroy(kiln_mlir_t *m);
+MlirContext kiln_mlir_context(kiln_mlir_t *m);
+
+typedef struct kiln_pipeline_options {
+  int vectorize;         // run the kernels/ schedules at the VECTORIZED stage
+  const char *dump_dir;  // write the IR after every stage here (NULL: none)
+  const char *dump_tag;  // file name prefix for dumps
+} kiln_pipeline_options_t;
+
+// Parses MLIR text into a module (errors carry MLIR's diagnostics).
+kiln_status_t kiln_mlir_parse(kiln_mlir_t *m, const char *text,
+                              MlirModule *out_module);
+// Runs the CPU pipeline stages after `from` up to and including `to`
+// (from = KILN_STAGE_LINALG runs fusion first).
+kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
+                                kiln_stage_t from, kiln_stage_t to,
+                                const kiln_pipeline_options_t *opts);
+// Prints a module (caller frees with free()).
+kiln_status_t kiln_mlir_print(MlirModule module, char **out_text);
+// Writes `text` to dump_dir/<tag>-<NN>-<stage>.mlir when dumping is on.
+void kiln_pipeline_dump(const kiln_pipeline_options_t *opts, kiln_stage_t stage,
+                        const char *text);
+
+#endif  // KILN_LOWERING_LOWERING_H_

@@ -1,0 +1,79 @@
+// Reductions: linalg.generic with reduction iterators over a filled init.
+// Halves accumulate in f32, integers sum in i64 (as PyTorch), mean and var
+// divide after the sum; var is two passes (mean, then squared deviations).
+#include <string.h>
+
+#include "lowering/emit.h"
+
+static void reduced_dims(const kiln_node_t *n, const kiln_type_t *x,
+                         bool *red) {
+  const kiln_attr_t *a = kiln_node_attr(n, "dims");
+  memset(red, 0, sizeof(bool) * KILN_MAX_RANK);
+  if (!a || a->count == 0) {
+    for (int i = 0; i < x->rank; ++i) red[i] = true;
+    return;
+  }
+  for (int k = 0; k < a->count; ++k) {
+    int32_t d;
+    if (kiln_normalize_dim(a->ints[k], x->rank, &d) && x->rank) red[d] = true;
+  }
+}
+
+kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_tv_t *x = &e->values[n->operands[0].value];
+  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  bool red[KILN_MAX_RANK];
+  reduced_dims(n, &x->type, red);
+  bool keep = kiln_node_attr_int(n, "keepdim", 0) != 0;
+  int64_t count = 1;
+  for (int i = 0; i < x->type.rank; ++i)
+    if (red[i]) count *= x->type.dims[i];
+  // The accumulator: the math dtype of the result (f32 for halves), or of
+  // the input for min/max, which are exact in any wider type.
+  kiln_dtype_t acc = kiln_math_dtype(rt->dtype);
+  kiln_tv_t r, tmp;
+  switch (n->op) {
+    case KILN_OP_SUM:
+    case KILN_OP_PROD:
+    case KILN_OP_AMAX:
+    case KILN_OP_AMIN:
+      KILN_RETURN_IF_ERROR_PLAIN(
+          kiln_emit_reduce(e, n->op, x, red, keep, acc, &r));
+      break;
+    case KILN_OP_MEAN:
+      KILN_RETURN_IF_ERROR_PLAIN(
+          kiln_emit_reduce(e, KILN_OP_SUM, x, red, keep, acc, &tmp));
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
+          e, KILN_OP_DIV, kiln_arg_tensor(&tmp), kiln_arg_float((double)count),
+          acc, &r));
+      break;
+    case KILN_OP_VAR: {
+      kiln_tv_t xs, sum, mean, d, sq, ss;
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, x, acc, &xs));
+      KILN_RETURN_IF_ERROR_PLAIN(
+          kiln_emit_reduce(e, KILN_OP_SUM, &xs, red, true, acc, &sum));
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
+          e, KILN_OP_DIV, kiln_arg_tensor(&sum), kiln_arg_float((double)count),
+          acc, &mean));
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
+          e, KILN_OP_SUB, kiln_arg_tensor(&xs), kiln_arg_tensor(&mean), acc, &d));
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
+          e, KILN_OP_MUL, kiln_arg_tensor(&d), kiln_arg_tensor(&d), acc, &sq));
+      KILN_RETURN_IF_ERROR_PLAIN(
+          kiln_emit_reduce(e, KILN_OP_SUM, &sq, red, keep, acc, &ss));
+      double corr = kiln_node_attr_float(n, "correction", 1);
+      // As PyTorch, the divisor is max(0, N - correction): inf or nan at 0.
+      double denom = (double)count - corr;
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
+          e, KILN_OP_DIV, kiln_arg_tensor(&ss),
+          kiln_arg_float(denom > 0 ? denom : 0), acc, &r));
+      break;
+    }
+    default:
+      return kiln_emit_error(e, KILN_STATUS_INTERNAL, "not a reduction");
+  }
+  kiln_tv_t out;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, rt->dtype, &out));
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}

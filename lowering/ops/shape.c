@@ -1,0 +1,201 @@
+// Data movement: permutes, views, broadcasts, slices, concatenation, and the
+// ops that create tensors (full, constant).
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lowering/emit.h"
+
+static kiln_status_t lower_permute(kiln_emitter_t *e, const kiln_node_t *n,
+                                   const kiln_tv_t *x, const kiln_type_t *rt) {
+  int32_t perm[KILN_MAX_RANK];
+  int rank = x->type.rank;
+  for (int i = 0; i < rank; ++i) perm[i] = i;
+  if (n->op == KILN_OP_PERMUTE) {
+    const kiln_attr_t *a = kiln_node_attr(n, "dims");
+    for (int i = 0; i < rank; ++i) kiln_normalize_dim(a->ints[i], rank, &perm[i]);
+  } else if (rank) {
+    int32_t d0, d1;
+    kiln_normalize_dim(kiln_node_attr_int(n, "dim0", 0), rank, &d0);
+    kiln_normalize_dim(kiln_node_attr_int(n, "dim1", 1), rank, &d1);
+    perm[d0] = d1;
+    perm[d1] = d0;
+  }
+  bool identity = true;
+  for (int i = 0; i < rank; ++i) identity &= perm[i] == i;
+  if (identity) {
+    kiln_emit_set_result(e, n, 0, x);
+    return NULL;
+  }
+  char empty[24], xty[256], oty[256];
+  kiln_tv_t out;
+  kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
+  kiln_mlir_tensor_type(rt, oty, sizeof(oty));
+  kiln_emit_fresh(e, empty);
+  kiln_sbuf_printf(&e->out, "    %s = tensor.empty() : %s\n", empty, oty);
+  kiln_emit_fresh(e, out.ssa);
+  out.type = *rt;
+  kiln_sbuf_printf(&e->out, "    %s = linalg.transpose ins(%s : %s) outs(%s : %s) permutation = [",
+                   out.ssa, x->ssa, xty, empty, oty);
+  for (int i = 0; i < rank; ++i) kiln_sbuf_printf(&e->out, "%s%d", i ? ", " : "", perm[i]);
+  kiln_sbuf_puts(&e->out, "]\n");
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}
+
+static kiln_status_t lower_slice(kiln_emitter_t *e, const kiln_node_t *n,
+                                 const kiln_tv_t *x, const kiln_type_t *rt) {
+  int32_t d;
+  kiln_normalize_dim(kiln_node_attr_int(n, "dim", 0), x->type.rank, &d);
+  int64_t size = x->type.dims[d];
+  int64_t start = kiln_node_attr_int(n, "start", 0);
+  int64_t step = kiln_node_attr_int(n, "step", 1);
+  if (start < 0) start += size;
+  start = start < 0 ? 0 : start > size ? size : start;
+  char xty[256], oty[256];
+  kiln_tv_t out;
+  kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
+  kiln_mlir_tensor_type(rt, oty, sizeof(oty));
+  kiln_emit_fresh(e, out.ssa);
+  out.type = *rt;
+  kiln_sbuf_t *b = &e->out;
+  kiln_sbuf_printf(b, "    %s = tensor.extract_slice %s[", out.ssa, x->ssa);
+  for (int i = 0; i < rt->rank; ++i)
+    kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? start : 0));
+  kiln_sbuf_puts(b, "] [");
+  for (int i = 0; i < rt->rank; ++i)
+    kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)rt->dims[i]);
+  kiln_sbuf_puts(b, "] [");
+  for (int i = 0; i < rt->rank; ++i)
+    kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? step : 1));
+  kiln_sbuf_printf(b, "] : %s to %s\n", xty, oty);
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}
+
+static kiln_status_t lower_cat(kiln_emitter_t *e, const kiln_node_t *n,
+                               const kiln_type_t *rt) {
+  int32_t d;
+  const kiln_type_t *x0 = &e->values[n->operands[0].value].type;
+  kiln_normalize_dim(kiln_node_attr_int(n, "dim", 0), x0->rank, &d);
+  char oty[256], cur[24];
+  kiln_mlir_tensor_type(rt, oty, sizeof(oty));
+  kiln_emit_fresh(e, cur);
+  kiln_sbuf_printf(&e->out, "    %s = tensor.empty() : %s\n", cur, oty);
+  int64_t off = 0;
+  for (int k = 0; k < n->operand_count; ++k) {
+    kiln_tv_t y;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(
+        e, &e->values[n->operands[k].value], rt->dtype, &y));
+    char yty[256], nxt[24];
+    kiln_mlir_tensor_type(&y.type, yty, sizeof(yty));
+    kiln_emit_fresh(e, nxt);
+    kiln_sbuf_t *b = &e->out;
+    kiln_sbuf_printf(b, "    %s = tensor.insert_slice %s into %s[", nxt, y.ssa, cur);
+    for (int i = 0; i < rt->rank; ++i)
+      kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? off : 0));
+    kiln_sbuf_puts(b, "] [");
+    for (int i = 0; i < rt->rank; ++i)
+      kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)y.type.dims[i]);
+    kiln_sbuf_puts(b, "] [");
+    for (int i = 0; i < rt->rank; ++i) kiln_sbuf_printf(b, "%s1", i ? ", " : "");
+    kiln_sbuf_printf(b, "] : %s into %s\n", yty, oty);
+    snprintf(cur, sizeof(cur), "%s", nxt);
+    off += y.type.dims[d];
+  }
+  kiln_tv_t out;
+  snprintf(out.ssa, sizeof(out.ssa), "%s", cur);
+  out.type = *rt;
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}
+
+kiln_status_t kiln_lower_shape(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  if (n->op == KILN_OP_CAT) return lower_cat(e, n, rt);
+  const kiln_tv_t *x = &e->values[n->operands[0].value];
+  kiln_tv_t out;
+  switch (n->op) {
+    case KILN_OP_PERMUTE:
+    case KILN_OP_TRANSPOSE:
+      return lower_permute(e, n, x, rt);
+    case KILN_OP_VIEW:
+    case KILN_OP_RESHAPE:
+    case KILN_OP_SQUEEZE:
+    case KILN_OP_UNSQUEEZE:
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x, rt, &out));
+      break;
+    case KILN_OP_EXPAND: {
+      kiln_arg_t a = kiln_arg_tensor(x);
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_ew(e, KILN_OP_CLONE, NULL, 1, &a, rt,
+                                              rt->dtype, rt->dtype, &out));
+      break;
+    }
+    case KILN_OP_SLICE:
+      return lower_slice(e, n, x, rt);
+    default:
+      return kiln_emit_error(e, KILN_STATUS_INTERNAL, "not a shape op");
+  }
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}
+
+// A dense element in MLIR syntax for dtype `t`.
+static void dense_elem(kiln_sbuf_t *b, kiln_dtype_t t, double v) {
+  if (t == KILN_BOOL) {
+    kiln_sbuf_puts(b, v != 0 ? "true" : "false");
+  } else if (!kiln_dtype_is_float(t)) {
+    kiln_sbuf_printf(b, "%lld", (long long)(isnan(v) ? 0 : trunc(v)));
+  } else if (isnan(v)) {
+    kiln_sbuf_puts(b, "0x7FC00000");
+    (void)0;
+  } else if (isinf(v)) {
+    kiln_sbuf_puts(b, v > 0 ? "0x7F800000" : "0xFF800000");
+  } else {
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%.17e", v);
+    kiln_sbuf_puts(b, buf);
+  }
+}
+
+kiln_status_t kiln_lower_create(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  const kiln_attr_t *v = kiln_node_attr(n, "value");
+  kiln_tv_t out;
+  bool splat = v->kind != KILN_ATTR_LIST || v->count == 1;
+  if (splat) {
+    double x = v->kind == KILN_ATTR_LIST ? v->floats[0]
+               : v->kind == KILN_ATTR_FLOAT ? v->f
+                                            : (double)v->i;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, rt, x, &out));
+    kiln_emit_set_result(e, n, 0, &out);
+    return NULL;
+  }
+  // Non-finite floats use bit patterns, which MLIR reads only for f32; build
+  // such constants in f32 and convert, which is exact for inf and nan.
+  bool nonfinite = false;
+  for (int i = 0; i < v->count; ++i) nonfinite |= !isfinite(v->floats[i]);
+  kiln_type_t ct = *rt;
+  if (nonfinite && kiln_dtype_is_float(rt->dtype)) ct.dtype = KILN_F32;
+  char ty[256];
+  kiln_mlir_tensor_type(&ct, ty, sizeof(ty));
+  kiln_tv_t c;
+  kiln_emit_fresh(e, c.ssa);
+  c.type = ct;
+  kiln_sbuf_t *b = &e->out;
+  kiln_sbuf_printf(b, "    %s = arith.constant dense<[", c.ssa);
+  for (int i = 0; i < v->count; ++i) {
+    if (i) kiln_sbuf_puts(b, ", ");
+    dense_elem(b, ct.dtype, v->floats[i]);
+  }
+  kiln_sbuf_printf(b, "]> : tensor<%lldx%s>\n", (long long)v->count,
+                   kiln_mlir_elem(ct.dtype));
+  // The literal is 1-D; shape it.
+  kiln_tv_t flat = c, shaped;
+  flat.type.rank = 1;
+  flat.type.dims[0] = v->count;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &flat, &ct, &shaped));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &shaped, rt->dtype, &out));
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}

@@ -1,0 +1,17 @@
+# lit configuration for kiln's FileCheck tests.
+import os
+import lit.formats
+
+config.name = "kiln"
+config.test_format = lit.formats.ShTest(execute_external=True)
+config.suffixes = [".kiln", ".mlir"]
+config.test_source_root = os.path.dirname(__file__)
+config.excludes = ["lit.cfg.py"]
+
+build_dir = lit_config.params.get("build_dir",
+                                  os.path.join(config.test_source_root,
+                                               "..", "..", "build"))
+llvm_bin = lit_config.params.get("llvm_bin", "/usr/lib/llvm-22/bin")
+config.test_exec_root = os.path.join(build_dir, "test", "lit")
+config.environment["PATH"] = os.pathsep.join(
+    [os.path.join(build_dir, "tools"), llvm_bin, config.environment.get("PATH", os.environ.get("PATH", ""))])
