@@ -11,6 +11,43 @@ struct kiln_jit {
   MlirExecutionEngine engine;
 };
 
+//===--- runtime symbols --------------------------------------------------===//
+// Functions that MLIR's lowerings call by name and that upstream ships in its
+// runner-utils library (not packaged, and not a dependency kiln wants).
+
+// memref.copy between non-identity layouts lowers to a call of `memrefCopy`
+// with unranked descriptors: {rank, descriptor*}, where the descriptor is
+// {allocated, aligned, offset, sizes[rank], strides[rank]}.
+typedef struct {
+  int64_t rank;
+  void *descriptor;
+} kiln_unranked_memref_t;
+
+static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
+                                kiln_unranked_memref_t *dst) {
+  int64_t rank = src->rank;
+  const int64_t *sd = (const int64_t *)src->descriptor;
+  const int64_t *dd = (const int64_t *)dst->descriptor;
+  const char *sbase = (const char *)(intptr_t)sd[1] + sd[2] * elem_size;
+  char *dbase = (char *)(intptr_t)dd[1] + dd[2] * elem_size;
+  const int64_t *sizes = sd + 3, *sstr = sd + 3 + rank, *dstr = dd + 3 + rank;
+  int64_t total = 1;
+  for (int64_t i = 0; i < rank; ++i) total *= sizes[i];
+  int64_t idx[16] = {0};
+  for (int64_t n = 0; n < total; ++n) {
+    int64_t so = 0, doff = 0;
+    for (int64_t i = 0; i < rank; ++i) {
+      so += idx[i] * sstr[i];
+      doff += idx[i] * dstr[i];
+    }
+    memcpy(dbase + doff * elem_size, sbase + so * elem_size, (size_t)elem_size);
+    for (int64_t i = rank - 1; i >= 0; --i) {
+      if (++idx[i] < sizes[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+
 kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
                               kiln_jit_t **out_jit) {
   *out_jit = NULL;
@@ -27,6 +64,10 @@ kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
                             "LLVM ORC JIT: creating the execution engine "
                             "failed (translation to LLVM IR or codegen)");
   }
+  // Materialization is lazy (at lookup), so registering now is in time.
+  mlirExecutionEngineRegisterSymbol(j->engine,
+                                    mlirStringRefCreateFromCString("memrefCopy"),
+                                    (void *)kiln_rt_memref_copy);
   *out_jit = j;
   return NULL;
 }

@@ -24,11 +24,15 @@ const char *kiln_mlir_elem(kiln_dtype_t t) {
   }
 }
 
+const char *kiln_mlir_storage_elem(kiln_dtype_t t) {
+  return t == KILN_BOOL ? "i8" : kiln_mlir_elem(t);
+}
+
 void kiln_mlir_tensor_type(const kiln_type_t *t, char *buf, size_t n) {
   size_t o = (size_t)snprintf(buf, n, "tensor<");
   for (int i = 0; i < t->rank && o < n; ++i)
     o += (size_t)snprintf(buf + o, n - o, "%lldx", (long long)t->dims[i]);
-  if (o < n) snprintf(buf + o, n - o, "%s>", kiln_mlir_elem(t->dtype));
+  if (o < n) snprintf(buf + o, n - o, "%s>", kiln_mlir_storage_elem(t->dtype));
 }
 
 kiln_dtype_t kiln_math_dtype(kiln_dtype_t t) {
@@ -136,8 +140,12 @@ static void conv_scalar(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   const char *fe = kiln_mlir_elem(from), *te = kiln_mlir_elem(to);
   bool ff = kiln_dtype_is_float(from), tf = kiln_dtype_is_float(to);
   if (ff && tf) {
+    // f16 <-> bf16 goes through f32; so does f64 -> f16/bf16, which LLVM
+    // would otherwise lower to compiler-rt calls (__truncdfhf2) that are not
+    // in any shared library. c10::Half converts doubles through float too.
     if ((from == KILN_F16 && to == KILN_BF16) ||
-        (from == KILN_BF16 && to == KILN_F16)) {
+        (from == KILN_BF16 && to == KILN_F16) ||
+        (from == KILN_F64 && (to == KILN_F16 || to == KILN_BF16))) {
       char mid[24];
       conv_scalar(e, b, x, from, KILN_F32, mid);
       conv_scalar(e, b, mid, KILN_F32, to, out);
@@ -208,7 +216,19 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
       }
       return NULL;
     case KILN_OP_ABS:
-      inst(e, b, r, fl ? "math.absf" : "math.absi", v[0], NULL, ty);
+      if (fl) {
+        inst(e, b, r, "math.absf", v[0], NULL, ty);
+        return NULL;
+      }
+      // math.absi has no LLVM lowering in 22.1: select(x < 0, -x, x).
+      kiln_emit_scalar_const(e, b, mt, 0, c0);
+      inst(e, b, t1, "arith.subi", c0, v[0], ty);
+      kiln_emit_fresh(e, t2);
+      kiln_sbuf_printf(b, "    %s = arith.cmpi slt, %s, %s : %s\n", t2, v[0],
+                       c0, ty);
+      kiln_emit_fresh(e, r);
+      kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", r, t2, t1,
+                       v[0], ty);
       return NULL;
     case KILN_OP_RELU:
       kiln_emit_scalar_const(e, b, mt, 0, c0);
@@ -421,6 +441,24 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
   }
 }
 
+// A bool block argument (i8 storage) to i1, in place of its name.
+static void load_bool(kiln_emitter_t *e, kiln_sbuf_t *b, char name[24]) {
+  char zero[24], r[24];
+  kiln_emit_fresh(e, zero);
+  kiln_sbuf_printf(b, "    %s = arith.constant 0 : i8\n", zero);
+  kiln_emit_fresh(e, r);
+  kiln_sbuf_printf(b, "    %s = arith.cmpi ne, %s, %s : i8\n", r, name, zero);
+  snprintf(name, 24, "%s", r);
+}
+
+// An i1 result to its i8 storage, in place of its name.
+static void store_bool(kiln_emitter_t *e, kiln_sbuf_t *b, char name[24]) {
+  char r[24];
+  kiln_emit_fresh(e, r);
+  kiln_sbuf_printf(b, "    %s = arith.extui %s : i1 to i8\n", r, name);
+  snprintf(name, 24, "%s", r);
+}
+
 // "affine_map<(d0, d1) -> (d1)>" for a tensor of type `t` broadcast into an
 // iteration space of rank `r` with sizes `out`.
 static void bcast_map(kiln_sbuf_t *b, const kiln_type_t *t,
@@ -526,11 +564,14 @@ kiln_status_t kiln_emit_ew(kiln_emitter_t *e, kiln_op_id_t op,
     if (!args[i].is_tensor) continue;
     snprintf(v[i], 24, "%%in%d_%d", e->next_id, bi++);
     vdt[i] = args[i].tv.type.dtype;
-    kiln_sbuf_printf(b, "%s: %s, ", v[i], kiln_mlir_elem(vdt[i]));
+    kiln_sbuf_printf(b, "%s: %s, ", v[i], kiln_mlir_storage_elem(vdt[i]));
   }
   char outarg[24];
   snprintf(outarg, 24, "%%out%d", e->next_id++);
-  kiln_sbuf_printf(b, "%s: %s):\n", outarg, kiln_mlir_elem(out_dtype));
+  kiln_sbuf_printf(b, "%s: %s):\n", outarg, kiln_mlir_storage_elem(out_dtype));
+  // Bools are bytes in memory and i1 in arithmetic.
+  for (int i = 0; i < n; ++i)
+    if (args[i].is_tensor && vdt[i] == KILN_BOOL) load_bool(e, b, v[i]);
   // Scalars become constants in the compute dtype.
   for (int i = 0; i < n; ++i) {
     if (args[i].is_tensor) continue;
@@ -554,8 +595,9 @@ kiln_status_t kiln_emit_ew(kiln_emitter_t *e, kiln_op_id_t op,
   kiln_dtype_t rdt;
   KILN_RETURN_IF_ERROR_PLAIN(body_op(e, b, op, attrs, m, mt, res, &rdt));
   conv_scalar(e, b, res, rdt, out_dtype, fin);
+  if (out_dtype == KILN_BOOL) store_bool(e, b, fin);
   kiln_sbuf_printf(b, "    linalg.yield %s : %s\n  } -> %s\n", fin,
-                   kiln_mlir_elem(out_dtype), oty);
+                   kiln_mlir_storage_elem(out_dtype), oty);
   return NULL;
 }
 
@@ -590,12 +632,17 @@ kiln_status_t kiln_emit_filled(kiln_emitter_t *e, const kiln_type_t *t,
                                double value, kiln_tv_t *out) {
   char empty[24], c[24], ty[256];
   emit_empty(e, t, empty);
-  kiln_emit_scalar_const(e, &e->out, t->dtype, value, c);
+  if (t->dtype == KILN_BOOL) {
+    kiln_emit_fresh(e, c);
+    kiln_sbuf_printf(&e->out, "    %s = arith.constant %d : i8\n", c, value != 0);
+  } else {
+    kiln_emit_scalar_const(e, &e->out, t->dtype, value, c);
+  }
   kiln_mlir_tensor_type(t, ty, sizeof(ty));
   kiln_emit_fresh(e, out->ssa);
   out->type = *t;
   kiln_sbuf_printf(&e->out, "    %s = linalg.fill ins(%s : %s) outs(%s : %s) -> %s\n",
-                   out->ssa, c, kiln_mlir_elem(t->dtype), empty, ty, ty);
+                   out->ssa, c, kiln_mlir_storage_elem(t->dtype), empty, ty, ty);
   return NULL;
 }
 
@@ -670,11 +717,15 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
   snprintf(o, 24, "%%acc%d", e->next_id++);
   kiln_sbuf_printf(b, "} ins(%s : %s) outs(%s : %s) {\n  ^bb0(%s: %s, %s: %s):\n",
                    x->ssa, xty, init_tv.ssa, rty, a,
-                   kiln_mlir_elem(xt->dtype), o, kiln_mlir_elem(acc));
+                   kiln_mlir_storage_elem(xt->dtype), o,
+                   kiln_mlir_storage_elem(acc));
+  if (xt->dtype == KILN_BOOL) load_bool(e, b, a);
+  if (acc == KILN_BOOL) load_bool(e, b, o);
   conv_scalar(e, b, a, xt->dtype, acc, xc);
   inst(e, b, r, combine, o, xc, kiln_mlir_elem(acc));
+  if (acc == KILN_BOOL) store_bool(e, b, r);
   kiln_sbuf_printf(b, "    linalg.yield %s : %s\n  } -> %s\n", r,
-                   kiln_mlir_elem(acc), rty);
+                   kiln_mlir_storage_elem(acc), rty);
   if (!keepdim) {
     *out = red;
     return NULL;

@@ -34,7 +34,10 @@ typedef struct kiln_emitter {
 void kiln_emit_fresh(kiln_emitter_t *e, char ssa[24]);
 // "f32", "i1", ... — the MLIR element type of a dtype.
 const char *kiln_mlir_elem(kiln_dtype_t t);
-// "tensor<4x8xf32>"
+// The element type in memory: bools are stored as i8 (vectors of i1 would be
+// bit-packed, and PyTorch's bool is a byte).
+const char *kiln_mlir_storage_elem(kiln_dtype_t t);
+// "tensor<4x8xf32>" (storage element types)
 void kiln_mlir_tensor_type(const kiln_type_t *t, char *buf, size_t n);
 // The type arithmetic is done in: f16 and bf16 compute in f32.
 kiln_dtype_t kiln_math_dtype(kiln_dtype_t t);

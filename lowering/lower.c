@@ -28,7 +28,7 @@ static kiln_lower_fn lowering_for(const kiln_node_t *n) {
 static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
   kiln_sbuf_puts(b, "memref<");
   for (int i = 0; i < t->rank; ++i) kiln_sbuf_printf(b, "%lldx", (long long)t->dims[i]);
-  kiln_sbuf_puts(b, kiln_mlir_elem(t->dtype));
+  kiln_sbuf_puts(b, kiln_mlir_storage_elem(t->dtype));
   if (strided) {
     kiln_sbuf_puts(b, ", strided<[");
     for (int i = 0; i < t->rank; ++i) kiln_sbuf_printf(b, "%s?", i ? ", " : "");

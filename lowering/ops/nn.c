@@ -114,7 +114,7 @@ kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_sbuf_printf(b, "]} ins(%s : %s) outs(%s : %s) {\n"
                       "  ^bb0(%%i%d: %s, %%o%d: %s):\n",
                    idx->ssa, ity, empty, oty, id, ie, id,
-                   kiln_mlir_elem(rt->dtype));
+                   kiln_mlir_storage_elem(rt->dtype));
   // Indices are clamped into the table: compiled code never reads outside
   // its inputs (the reference interpreter clamps the same way).
   kiln_sbuf_printf(b,

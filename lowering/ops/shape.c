@@ -143,7 +143,7 @@ kiln_status_t kiln_lower_shape(kiln_emitter_t *e, const kiln_node_t *n) {
 // A dense element in MLIR syntax for dtype `t`.
 static void dense_elem(kiln_sbuf_t *b, kiln_dtype_t t, double v) {
   if (t == KILN_BOOL) {
-    kiln_sbuf_puts(b, v != 0 ? "true" : "false");
+    kiln_sbuf_puts(b, v != 0 ? "1" : "0");  // stored as i8
   } else if (!kiln_dtype_is_float(t)) {
     kiln_sbuf_printf(b, "%lld", (long long)(isnan(v) ? 0 : trunc(v)));
   } else if (isnan(v)) {
@@ -189,7 +189,7 @@ kiln_status_t kiln_lower_create(kiln_emitter_t *e, const kiln_node_t *n) {
     dense_elem(b, ct.dtype, v->floats[i]);
   }
   kiln_sbuf_printf(b, "]> : tensor<%lldx%s>\n", (long long)v->count,
-                   kiln_mlir_elem(ct.dtype));
+                   kiln_mlir_storage_elem(ct.dtype));
   // The literal is 1-D; shape it.
   kiln_tv_t flat = c, shaped;
   flat.type.rank = 1;

@@ -1,0 +1,226 @@
+// Differential test of every op and dtype: kiln's compiled code against the
+// reference interpreter on fresh random inputs (a new seed every run, printed
+// for reproduction), contiguous and strided, with outputs poisoned first.
+//   ops_numeric [FAMILY] [--seed=S]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "test_util.h"
+#include "tools/tensor_util.h"
+
+typedef struct {
+  const char *family;
+  const char *dtypes;  // space-separated dtypes substituted for $T
+  const char *text;    // graph text
+} op_case_t;
+
+#define FLOATS "f32 f16 bf16 f64"
+#define NUMERIC "f32 f16 bf16 f64 i32 i64"
+#define ALL "f32 f16 bf16 f64 i32 i64 bool"
+
+static const op_case_t kCases[] = {
+    // Elementwise unary.
+    {"unary", NUMERIC, "graph @t(%x: $T[3,17]) {\n %y = aten.neg(%x)\n return %y\n}"},
+    {"unary", NUMERIC, "graph @t(%x: $T[3,17]) {\n %y = aten.abs(%x)\n return %y\n}"},
+    {"unary", NUMERIC, "graph @t(%x: $T[3,17]) {\n %y = aten.relu(%x)\n return %y\n}"},
+    {"unary", ALL, "graph @t(%x: $T[3,17]) {\n %y = aten.clone(%x)\n return %y\n}"},
+    {"unary", FLOATS " i32", "graph @t(%x: $T[3,17]) {\n %y = aten.exp(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.log(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.sqrt(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.rsqrt(%x)\n return %y\n}"},
+    {"unary", FLOATS " i64", "graph @t(%x: $T[3,17]) {\n %y = aten.tanh(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.sigmoid(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.gelu(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.gelu(%x) {approximate = \"tanh\"}\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.erf(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.sin(%x)\n return %y\n}"},
+    {"unary", FLOATS, "graph @t(%x: $T[3,17]) {\n %y = aten.cos(%x)\n return %y\n}"},
+    {"unary", ALL, "graph @t(%x: $T[3,17]) {\n %y = aten.logical_not(%x)\n return %y\n}"},
+    {"convert", ALL, "graph @t(%x: $T[3,17]) {\n %a = prims.convert_element_type(%x) {dtype = f32}\n"
+                     " %b = prims.convert_element_type(%x) {dtype = i64}\n"
+                     " %c = prims.convert_element_type(%x) {dtype = bool}\n"
+                     " %d = prims.convert_element_type(%x) {dtype = bf16}\n"
+                     " %e = prims.convert_element_type(%x) {dtype = f16}\n"
+                     " %f = prims.convert_element_type(%x) {dtype = i32}\n return %a, %b, %c, %d, %e, %f\n}"},
+    // Elementwise binary, broadcasting both ways and against scalars.
+    {"binary", NUMERIC, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.add(%x, %y)\n return %z\n}"},
+    {"binary", NUMERIC, "graph @t(%x: $T[3,1], %y: $T[1,17]) {\n %z = aten.add(%x, %y) {alpha = 2}\n return %z\n}"},
+    {"binary", "bool", "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.add(%x, %y)\n return %z\n}"},
+    {"binary", NUMERIC, "graph @t(%x: $T[3,17], %y: $T[3,17]) {\n %z = aten.sub(%x, %y)\n return %z\n}"},
+    {"binary", ALL, "graph @t(%x: $T[3,17], %y: $T[3,1]) {\n %z = aten.mul(%x, %y)\n return %z\n}"},
+    {"binary", ALL, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.maximum(%x, %y)\n return %z\n}"},
+    {"binary", ALL, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.minimum(%x, %y)\n return %z\n}"},
+    {"binary", NUMERIC, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.div(%x, %y)\n return %z\n}"},
+    {"binary", NUMERIC, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.div(%x, %y) {rounding_mode = \"trunc\"}\n return %z\n}"},
+    {"binary", NUMERIC, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.div(%x, %y) {rounding_mode = \"floor\"}\n return %z\n}"},
+    {"binary", NUMERIC, "graph @t(%x: $T[3,17]) {\n %z = aten.pow(%x, 2)\n return %z\n}"},
+    {"binary", "i32 i64", "graph @t(%x: $T[3,17], %y: $T[17]) {\n %z = aten.pow(%x, %y)\n return %z\n}"},
+    {"binary", FLOATS, "graph @t(%x: $T[3,17]) {\n %a = aten.abs(%x)\n %z = aten.pow(%a, 0.5)\n return %z\n}"},
+    {"binary", NUMERIC, "graph @t(%x: $T[3,17]) {\n %z = aten.mul(%x, 2.5)\n return %z\n}"},
+    {"compare", ALL, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %a = aten.eq(%x, %y)\n %b = aten.ne(%x, %y)\n"
+                     " %c = aten.lt(%x, %y)\n %d = aten.le(%x, %y)\n %e = aten.gt(%x, %y)\n %f = aten.ge(%x, %y)\n"
+                     " return %a, %b, %c, %d, %e, %f\n}"},
+    {"compare", NUMERIC, "graph @t(%x: $T[3,17]) {\n %a = aten.gt(%x, 0.25)\n return %a\n}"},
+    {"logical", ALL, "graph @t(%x: $T[3,17], %y: $T[17]) {\n %a = aten.logical_and(%x, %y)\n"
+                     " %b = aten.logical_or(%x, %y)\n %c = aten.logical_xor(%x, %y)\n return %a, %b, %c\n}"},
+    {"where", ALL, "graph @t(%c: bool[3,17], %x: $T[3,17], %y: $T[17]) {\n %z = aten.where(%c, %x, %y)\n return %z\n}"},
+    {"where", NUMERIC, "graph @t(%c: bool[3,17], %x: $T[3,17]) {\n %z = aten.where(%c, %x, 0)\n return %z\n}"},
+    // Type promotion across dtypes.
+    {"promote", "f16 bf16 i32", "graph @t(%x: $T[3,17], %y: f32[17]) {\n %z = aten.add(%x, %y)\n return %z\n}"},
+    {"promote", "i32 i64 bool", "graph @t(%x: $T[3,17]) {\n %z = aten.add(%x, 1.5)\n return %z\n}"},
+    {"promote", "f16 bf16", "graph @t(%x: $T[3,17], %y: f32[]) {\n %z = aten.mul(%x, %y)\n return %z\n}"},
+    {"promote", "i32", "graph @t(%x: $T[3,17], %y: i64[17]) {\n %z = aten.mul(%x, %y)\n return %z\n}"},
+    // Reductions.
+    {"reduce", ALL, "graph @t(%x: $T[4,5,7]) {\n %a = aten.sum(%x) {dims = [1]}\n %b = aten.sum(%x) {dims = [0, 2], keepdim = true}\n"
+                    " %c = aten.sum(%x)\n return %a, %b, %c\n}"},
+    {"reduce", NUMERIC, "graph @t(%x: $T[4,5,7]) {\n %a = aten.amax(%x) {dims = [-1]}\n %b = aten.amin(%x) {dims = [0], keepdim = true}\n"
+                        " %c = aten.prod(%x) {dims = [1]}\n return %a, %b, %c\n}"},
+    {"reduce", FLOATS, "graph @t(%x: $T[4,5,7]) {\n %a = aten.mean(%x) {dims = [-1], keepdim = true}\n %b = aten.var(%x) {dims = [1]}\n"
+                       " %c = aten.var(%x) {dims = [0, 2], correction = 0, keepdim = true}\n %d = aten.mean(%x)\n return %a, %b, %c, %d\n}"},
+    {"reduce", "i32", "graph @t(%x: $T[4,5]) {\n %a = aten.mean(%x) {dims = [1], dtype = f32}\n return %a\n}"},
+    // Contractions.
+    {"matmul", NUMERIC, "graph @t(%a: $T[5,7], %b: $T[7,9]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", NUMERIC, "graph @t(%a: $T[2,5,7], %b: $T[2,7,9]) {\n %c = aten.bmm(%a, %b)\n return %c\n}"},
+    {"matmul", FLOATS, "graph @t(%c: $T[9], %a: $T[5,7], %b: $T[7,9]) {\n %d = aten.addmm(%c, %a, %b) {beta = 0.5, alpha = 2.0}\n return %d\n}"},
+    {"matmul", "f32 i64", "graph @t(%c: $T[5,9], %a: $T[5,7], %b: $T[7,9]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
+    {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"conv", FLOATS, "graph @t(%x: $T[2,4,9,9], %w: $T[6,4,3,3], %b: $T[6]) {\n"
+                     " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
+    {"conv", "f32 f64", "graph @t(%x: $T[2,4,9,8], %w: $T[6,2,3,2]) {\n"
+                        " %y = aten.convolution(%x, %w, none) {stride = [1, 2], padding = [2, 0], dilation = [2, 1], groups = 2}\n return %y\n}"},
+    // Data movement.
+    {"shape", ALL, "graph @t(%x: $T[3,4,5]) {\n %a = aten.permute(%x) {dims = [2, 0, 1]}\n %b = aten.transpose(%x) {dim0 = 0, dim1 = -1}\n"
+                   " %c = aten.view(%x) {shape = [12, -1]}\n %d = aten.reshape(%x) {shape = [5, 2, 6]}\n return %a, %b, %c, %d\n}"},
+    {"shape", ALL, "graph @t(%x: $T[3,1], %y: $T[4]) {\n %a = aten.expand(%x) {shape = [3, 4]}\n %b = aten.expand(%y) {shape = [2, 3, -1]}\n"
+                   " %c = aten.squeeze(%x) {dims = [1]}\n %d = aten.unsqueeze(%y) {dim = -1}\n %e = aten.squeeze(%x)\n return %a, %b, %c, %d, %e\n}"},
+    {"shape", ALL, "graph @t(%x: $T[6,10]) {\n %a = aten.slice(%x) {dim = 1, start = 1, end = 9, step = 3}\n"
+                   " %b = aten.slice(%x) {dim = 0, start = -4}\n return %a, %b\n}"},
+    {"shape", ALL, "graph @t(%x: $T[3,4], %y: $T[3,2]) {\n %a = aten.cat(%x, %y) {dim = 1}\n %b = aten.cat(%x, %x, %x) {dim = 0}\n return %a, %b\n}"},
+    {"shape", "f16", "graph @t(%x: $T[3,4], %y: f32[3,2]) {\n %a = aten.cat(%x, %y) {dim = -1}\n return %a\n}"},
+    {"create", ALL, "graph @t(%x: $T[2,3]) {\n %a = aten.full() {shape = [2, 3], value = 1.5, dtype = $T}\n %b = aten.add(%x, %a)\n"
+                    " %c = kiln.constant() {value = [1, 0, -2, 3, 0.5, 7]} : $T[2,3]\n %d = aten.mul(%x, %c)\n return %b, %d\n}"},
+    // Composites.
+    {"softmax", FLOATS, "graph @t(%x: $T[4,33]) {\n %a = aten._softmax(%x) {dim = -1}\n %b = aten._softmax(%x) {dim = 0}\n"
+                        " %c = aten._log_softmax(%x) {dim = 1}\n return %a, %b, %c\n}"},
+    {"softmax", "f16 bf16", "graph @t(%x: $T[4,33]) {\n %a = aten._softmax(%x) {dim = -1, half_to_float = true}\n return %a\n}"},
+    {"layer_norm", FLOATS, "graph @t(%x: $T[3,5,16], %w: $T[16], %b: $T[16]) {\n"
+                           " %y, %m, %r = aten.native_layer_norm(%x, %w, %b) {normalized_shape = [16], eps = 1e-5}\n return %y, %m, %r\n}"},
+    {"layer_norm", "f32 f64", "graph @t(%x: $T[3,5,16]) {\n"
+                              " %y, %m, %r = aten.native_layer_norm(%x, none, none) {normalized_shape = [5, 16], eps = 1e-3}\n return %y, %m, %r\n}"},
+    {"embedding", "f32 bf16 f64 i64", "graph @t(%w: $T[10,4], %i: i64[3,5]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
+    {"embedding", "f32", "graph @t(%w: $T[10,4], %i: i32[7]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
+};
+
+// Replaces every $T with `dt`.
+static void subst(const char *text, const char *dt, char *out, size_t n) {
+  size_t o = 0;
+  for (const char *p = text; *p && o + 8 < n; ++p) {
+    if (p[0] == '$' && p[1] == 'T') {
+      o += (size_t)snprintf(out + o, n - o, "%s", dt);
+      p++;
+    } else {
+      out[o++] = *p;
+    }
+  }
+  out[o] = 0;
+}
+
+#define MAXT 16
+
+// Compiles and runs one case in one layout; returns the number of failures.
+static int run_case(kiln_context_t *ctx, const char *text, const char *dt,
+                    bool strided, uint64_t *seed) {
+  kiln_graph_t *g = NULL;
+  kiln_function_t *fn = NULL;
+  int fails = 0;
+  kiln_status_t s = kiln_graph_parse(ctx, text, strlen(text), "case", &g);
+  if (!s) s = kiln_function_compile(ctx, g, NULL, &fn);
+  if (s) {
+    fprintf(stderr, "FAIL [%s] compile: %s\n%s\n", dt, kiln_status_message(s), text);
+    kiln_status_free(s);
+    kiln_graph_destroy(g);
+    return 1;
+  }
+  size_t nin = kiln_graph_input_count(g), nout = kiln_graph_output_count(g);
+  kt_tensor_t in[MAXT], got[MAXT], want[MAXT];
+  DLTensor in_dl[MAXT], got_dl[MAXT], want_dl[MAXT];
+  for (size_t i = 0; i < nin; ++i) {
+    kiln_tensor_type_t t;
+    kiln_graph_input_type(g, i, &t);
+    kt_alloc(&in[i], &t, strided);
+    kt_fill_random(&in[i], seed);
+    in_dl[i] = in[i].dl;
+  }
+  for (size_t i = 0; i < nout; ++i) {
+    kiln_tensor_type_t t;
+    kiln_graph_output_type(g, i, &t);
+    kt_alloc(&got[i], &t, false);
+    kt_alloc(&want[i], &t, false);
+    kt_poison(&got[i]);
+    got_dl[i] = got[i].dl;
+    want_dl[i] = want[i].dl;
+  }
+  s = kiln_function_call(fn, in_dl, nin, got_dl, nout);
+  if (!s) s = kiln_graph_interpret(g, in_dl, nin, want_dl, nout);
+  if (s) {
+    fprintf(stderr, "FAIL [%s%s] run: %s\n%s\n", dt, strided ? ", strided" : "",
+            kiln_status_message(s), text);
+    kiln_status_free(s);
+    fails++;
+  } else {
+    for (size_t i = 0; i < nout; ++i) {
+      kt_compare_t c;
+      if (!kt_compare(&got[i], &want[i], kt_tolerance_for(got[i].dl.dtype), &c)) {
+        fprintf(stderr,
+                "FAIL [%s%s] output %zu: %lld mismatches, first at %lld: kiln "
+                "%.9g vs reference %.9g (max abs err %.3g)\n%s\n",
+                dt, strided ? ", strided" : "", i, (long long)c.mismatches,
+                (long long)c.first_bad, kt_get(&got[i], c.first_bad),
+                kt_get(&want[i], c.first_bad), c.max_abs_err, text);
+        fails++;
+      }
+    }
+  }
+  for (size_t i = 0; i < nin; ++i) kt_free(&in[i]);
+  for (size_t i = 0; i < nout; ++i) {
+    kt_free(&got[i]);
+    kt_free(&want[i]);
+  }
+  kiln_function_release(fn);
+  kiln_graph_destroy(g);
+  return fails;
+}
+
+int main(int argc, char **argv) {
+  const char *family = NULL;
+  uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+  for (int i = 1; i < argc; ++i) {
+    if (strncmp(argv[i], "--seed=", 7) == 0) seed = strtoull(argv[i] + 7, NULL, 0);
+    else family = argv[i];
+  }
+  printf("ops_numeric: seed %llu (rerun with --seed=%llu)\n",
+         (unsigned long long)seed, (unsigned long long)seed);
+  kiln_context_t *ctx = NULL;
+  CHECK_OK(kiln_context_create(NULL, &ctx));
+  if (!ctx) return 1;
+  int runs = 0;
+  for (size_t c = 0; c < sizeof(kCases) / sizeof(kCases[0]); ++c) {
+    if (family && strcmp(family, kCases[c].family) != 0) continue;
+    char dts[64];
+    snprintf(dts, sizeof(dts), "%s", kCases[c].dtypes);
+    for (char *dt = strtok(dts, " "); dt; dt = strtok(NULL, " ")) {
+      char text[4096];
+      subst(kCases[c].text, dt, text, sizeof(text));
+      for (int strided = 0; strided < 2; ++strided) {
+        kt_failures += run_case(ctx, text, dt, strided, &seed);
+        runs++;
+      }
+    }
+  }
+  kiln_context_destroy(ctx);
+  CHECK(runs > 0);
+  printf("ops_numeric %s: %d runs\n", family ? family : "all", runs);
+  return kt_finish("ops_numeric");
+}
