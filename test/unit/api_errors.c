@@ -1,0 +1,250 @@
+// Bad input never aborts: parser errors carry line:column and what was
+// expected, verifier errors name the op, operand and shapes, and API misuse
+// (wrong dtype, rank, size, NULL, misaligned, overlapping) returns a status
+// and leaves the outputs untouched.
+#include <stdint.h>
+
+#include "test_util.h"
+
+static kiln_context_t *ctx;
+
+static kiln_status_t parse(const char *text, kiln_graph_t **g) {
+  return kiln_graph_parse(ctx, text, strlen(text), "t.kiln", g);
+}
+
+static void expect_parse_error(const char *text, kiln_status_code_t code,
+                               const char *needle) {
+  kiln_graph_t *g = (kiln_graph_t *)1;
+  CHECK_ERR(parse(text, &g), code, needle);
+  CHECK(g == NULL);  // out-parameters are cleared on failure
+}
+
+static void test_parser_errors(void) {
+  expect_parse_error("", KILN_STATUS_PARSE_ERROR, "t.kiln:1:1: expected 'graph'");
+  expect_parse_error("graph @g(%x: f33[2]) {\n return %x\n}",
+                     KILN_STATUS_PARSE_ERROR, "1:14: expected a dtype");
+  expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.frobnicate(%x)\n return %y\n}",
+                     KILN_STATUS_PARSE_ERROR, "2:8: unknown op");
+  expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.neg(%z)\n return %y\n}",
+                     KILN_STATUS_PARSE_ERROR, "2:17: use of undefined value");
+  expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.neg(%x\n return %y\n}",
+                     KILN_STATUS_PARSE_ERROR, "expected ',' or ')' after an operand");
+  expect_parse_error("graph @g(%x: f32[2]) {\n  %x = aten.neg(%x)\n return %x\n}",
+                     KILN_STATUS_PARSE_ERROR, "value redefined");
+  expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.neg(%x) {a = 1, a = 2}\n return %y\n}",
+                     KILN_STATUS_PARSE_ERROR, "attribute given twice");
+  expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.neg(%x)\n}",
+                     KILN_STATUS_PARSE_ERROR, "3:1: expected 'return'");
+  expect_parse_error("graph @g(%x: f32[2]) {\n return %x\n} trailing",
+                     KILN_STATUS_PARSE_ERROR, "expected end of input");
+  expect_parse_error("graph @g(%x: f32[-2]) {\n return %x\n}",
+                     KILN_STATUS_PARSE_ERROR, "expected a size");
+}
+
+static void test_verifier_errors(void) {
+  expect_parse_error("graph @g(%x: f32[4,3], %w: f32[8,16]) {\n  %y = aten.mm(%x, %w)\n  return %y\n}",
+                     KILN_STATUS_VERIFY_ERROR,
+                     "t.kiln:2:8: aten.mm: operand 0 (%x: f32[4,3]) and operand 1 (%w: f32[8,16]): inner dims differ");
+  expect_parse_error("graph @g(%x: f32[4,3], %y: f32[5]) {\n  %z = aten.add(%x, %y)\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "aten.add: operand 1 (%y: f32[5]) does not broadcast with f32[4,3]");
+  expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.add(%x, %x) : f32[4,4]\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "result %z is annotated f32[4,4] but the op produces f32[4,3]");
+  expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.view(%x) {shape = [5, -1]}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "cannot view f32[4,3] as a shape with -1");
+  expect_parse_error("graph @g(%x: i32[4,3]) {\n  %z = aten.mean(%x)\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "expected a floating-point input");
+  expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.sum(%x) {dims = [2]}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "dim 2 is out of range for f32[4,3]");
+  expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.where(%x, %x, %x)\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "expected a bool condition");
+  expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.neg(%x, %x)\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "aten.neg: expected 1 operands, got 2");
+  expect_parse_error("graph @g(%x: f32[1,2,5,5], %w: f32[4,3,3,3]) {\n  %z = aten.convolution(%x, %w, none)\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "expected input channels");
+  expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = kiln.constant() {value = [1, 2]}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "expected a result type annotation");
+}
+
+static void test_roundtrip(void) {
+  const char *text =
+      "graph @g(%x: f32[4,s0], %b: bf16[s0]) {\n"
+      "  %y = aten.add(%x, 2.5) {alpha = -1} : f32[4,s0]\n"
+      "  %m, %mean, %rstd = aten.native_layer_norm(%x, none, none) {normalized_shape = [7], eps = 1e-05}\n"
+      "  %c = kiln.constant() {value = [1.5, -inf, nan]} : f32[3]\n"
+      "  return %y, %c\n}\n";
+  // native_layer_norm over a symbolic dim cannot match normalized_shape = [7].
+  kiln_graph_t *g = NULL;
+  CHECK_ERR(parse(text, &g), KILN_STATUS_VERIFY_ERROR, "normalized_shape");
+  const char *ok =
+      "graph @g(%x: f32[4,s0], %b: bf16[s0]) {\n"
+      "  %y = aten.add(%x, 2.5) {alpha = -1}\n"
+      "  %z = aten.mul(%y, %b)\n"
+      "  %c = kiln.constant() {value = [1.5, -inf, nan]} : f32[3]\n"
+      "  return %z, %c\n}\n";
+  CHECK_OK(parse(ok, &g));
+  if (!g) return;
+  char *p1 = NULL, *p2 = NULL;
+  CHECK_OK(kiln_graph_print(g, &p1));
+  kiln_graph_t *g2 = NULL;
+  CHECK_OK(parse(p1, &g2));
+  if (g2) CHECK_OK(kiln_graph_print(g2, &p2));
+  CHECK(p1 && p2 && strcmp(p1, p2) == 0);
+  CHECK(p1 && strstr(p1, "%z = aten.mul(%y, %b) : f32[4,s0]"));
+  kiln_tensor_type_t t;
+  CHECK_OK(kiln_graph_input_type(g, 0, &t));
+  CHECK(t.rank == 2 && t.shape[0] == 4 && t.shape[1] == KILN_DIM_SYMBOLIC);
+  CHECK_ERR(kiln_graph_input_type(g, 5, &t), KILN_STATUS_INVALID_ARGUMENT,
+            "out of range");
+  kiln_free(p1);
+  kiln_free(p2);
+  kiln_graph_destroy(g2);
+  kiln_graph_destroy(g);
+}
+
+static DLTensor tensor(void *data, int ndim, int64_t *shape, DLDataType dt) {
+  DLTensor t;
+  memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = ndim;
+  t.shape = shape;
+  t.dtype = dt;
+  return t;
+}
+
+static void test_call_errors(void) {
+  const char *text =
+      "graph @g(%x: f32[2,3], %y: f32[3]) {\n"
+      "  %z = aten.add(%x, %y)\n  return %z\n}\n";
+  kiln_graph_t *g = NULL;
+  kiln_function_t *fn = NULL;
+  CHECK_OK(parse(text, &g));
+  if (!g) return;
+  CHECK_OK(kiln_function_compile(ctx, g, NULL, &fn));
+  kiln_graph_destroy(g);  // the function keeps its own copy
+  if (!fn) return;
+  DLDataType f32 = {kDLFloat, 32, 1}, i32 = {kDLInt, 32, 1};
+  float x[6] = {1, 2, 3, 4, 5, 6}, y[3] = {10, 20, 30};
+  float out[8];
+  for (int i = 0; i < 8; ++i) out[i] = -7.0f;
+  int64_t s23[2] = {2, 3}, s3[1] = {3}, s33[2] = {3, 3};
+  DLTensor in[2] = {tensor(x, 2, s23, f32), tensor(y, 1, s3, f32)};
+  DLTensor o = tensor(out, 2, s23, f32);
+
+  CHECK_OK(kiln_function_call(fn, in, 2, &o, 1));
+  CHECK(out[0] == 11 && out[5] == 36);
+  for (int i = 0; i < 8; ++i) out[i] = -7.0f;
+
+  CHECK_ERR(kiln_function_call(fn, in, 1, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "1 inputs given; expected 2");
+  DLTensor bad[2] = {in[0], in[1]};
+  bad[1].dtype = i32;
+  CHECK_ERR(kiln_function_call(fn, bad, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "input 1: dtype i32; expected f32");
+  bad[1] = in[1];
+  bad[0].ndim = 1;
+  CHECK_ERR(kiln_function_call(fn, bad, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "input 0: rank 1; expected f32[2,3] (rank 2)");
+  bad[0] = in[0];
+  bad[0].shape = s33;
+  CHECK_ERR(kiln_function_call(fn, bad, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "input 0: shape [3,3]; expected f32[2,3]");
+  bad[0] = in[0];
+  bad[0].data = NULL;
+  CHECK_ERR(kiln_function_call(fn, bad, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "input 0: data is NULL");
+  bad[0] = in[0];
+  bad[0].byte_offset = 2;
+  CHECK_ERR(kiln_function_call(fn, bad, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "not aligned to its 4-byte elements");
+  bad[0] = in[0];
+  bad[0].device.device_type = kDLCUDA;
+  CHECK_ERR(kiln_function_call(fn, bad, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "expected a CPU tensor");
+  CHECK_ERR(kiln_function_call(fn, NULL, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "inputs is NULL");
+  CHECK_ERR(kiln_function_call(fn, in, 2, NULL, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "outputs is NULL");
+  DLTensor bo = o;
+  bo.dtype = i32;
+  CHECK_ERR(kiln_function_call(fn, in, 2, &bo, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "output 0: dtype i32; expected f32");
+  int64_t ostr[2] = {1, 2};
+  bo = o;
+  bo.strides = ostr;
+  CHECK_ERR(kiln_function_call(fn, in, 2, &bo, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "expected a contiguous");
+  bo = tensor(x, 2, s23, f32);  // output aliases input 0
+  CHECK_ERR(kiln_function_call(fn, in, 2, &bo, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "output 0 overlaps input 0");
+  // No failed call wrote anything.
+  for (int i = 0; i < 8; ++i) CHECK(out[i] == -7.0f);
+  CHECK(x[0] == 1 && x[5] == 6);
+  CHECK_ERR(kiln_function_call(NULL, in, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+            "function is NULL");
+
+  // kiln-allocated outputs.
+  DLManagedTensor *m = NULL;
+  CHECK_OK(kiln_function_call_alloc(fn, in, 2, &m, 1));
+  if (m) {
+    const float *r = (const float *)m->dl_tensor.data;
+    CHECK(m->dl_tensor.ndim == 2 && m->dl_tensor.shape[1] == 3);
+    CHECK(r[0] == 11 && r[4] == 25);
+    CHECK(((uintptr_t)r % 64) == 0);
+    m->deleter(m);
+  }
+  kiln_tensor_type_t ot;
+  CHECK_OK(kiln_function_output_types(fn, in, 2, &ot, 1));
+  CHECK(ot.rank == 2 && ot.shape[0] == 2 && ot.shape[1] == 3 && ot.dtype.bits == 32);
+  kiln_function_release(fn);
+}
+
+static void test_symbolic_and_targets(void) {
+  const char *text =
+      "graph @g(%x: f32[s0,3], %y: f32[3]) {\n"
+      "  %z = aten.mul(%x, %y)\n  %s = aten.sum(%z) {dims = [1]}\n  return %s\n}\n";
+  kiln_graph_t *g = NULL;
+  kiln_function_t *fn = NULL;
+  CHECK_OK(parse(text, &g));
+  if (!g) return;
+  kiln_compile_options_t opts;
+  kiln_compile_options_init(&opts);
+  opts.target = "cuda";
+  CHECK_ERR(kiln_function_compile(ctx, g, &opts, &fn), KILN_STATUS_UNAVAILABLE,
+            "target 'cuda'");
+  opts.target = "tpu";
+  CHECK_ERR(kiln_function_compile(ctx, g, &opts, &fn),
+            KILN_STATUS_INVALID_ARGUMENT, "unknown target 'tpu'");
+  CHECK_OK(kiln_function_compile(ctx, g, NULL, &fn));
+  DLDataType f32 = {kDLFloat, 32, 1};
+  float y[3] = {1, 2, 3};
+  int64_t s3[1] = {3};
+  // One variant per distinct size of s0, each correct.
+  for (int64_t n = 1; n <= 7; n += 3) {
+    float x[21], out[7];
+    for (int i = 0; i < 21; ++i) x[i] = (float)i;
+    int64_t sx[2] = {n, 3}, so[1] = {n};
+    DLTensor in[2] = {tensor(x, 2, sx, f32), tensor(y, 1, s3, f32)};
+    DLTensor o = tensor(out, 1, so, f32);
+    CHECK_OK(kiln_function_call(fn, in, 2, &o, 1));
+    for (int64_t r = 0; r < n; ++r)
+      CHECK(out[r] == x[3 * r] * 1 + x[3 * r + 1] * 2 + x[3 * r + 2] * 3);
+  }
+  kiln_function_release(fn);
+  kiln_graph_destroy(g);
+  kiln_stage_t st;
+  CHECK_ERR(kiln_stage_parse("bogus", &st), KILN_STATUS_INVALID_ARGUMENT,
+            "expected one of graph, linalg");
+}
+
+int main(void) {
+  CHECK_OK(kiln_context_create(NULL, &ctx));
+  if (!ctx) return 1;
+  test_parser_errors();
+  test_verifier_errors();
+  test_roundtrip();
+  test_call_errors();
+  test_symbolic_and_targets();
+  kiln_context_destroy(ctx);
+  return kt_finish("api_errors");
+}

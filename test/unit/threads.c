@@ -1,0 +1,89 @@
+// One compiled function called from several threads at once gives the same
+// results as the reference interpreter in every thread; so does a function
+// whose first calls (which compile a variant) race.
+#include <pthread.h>
+
+#include "test_util.h"
+#include "tools/tensor_util.h"
+
+#define THREADS 4
+#define ITERS 50
+
+static const char *kText =
+    "graph @g(%x: f32[s0,64], %w: f32[64,32], %b: f32[32]) {\n"
+    "  %h = aten.addmm(%b, %x, %w)\n  %y = aten._softmax(%h) {dim = 1}\n"
+    "  return %y\n}\n";
+
+static kiln_context_t *ctx;
+static kiln_graph_t *graph;
+static kiln_function_t *fn;
+
+typedef struct {
+  int id;
+  int failures;
+} worker_t;
+
+static void *worker(void *arg) {
+  worker_t *w = arg;
+  uint64_t seed = 1234 + (uint64_t)w->id;
+  kiln_tensor_type_t tx = {{kDLFloat, 32, 1}, 2, {5 + w->id % 2, 64}};
+  kiln_tensor_type_t tw = {{kDLFloat, 32, 1}, 2, {64, 32}};
+  kiln_tensor_type_t tb = {{kDLFloat, 32, 1}, 1, {32}};
+  kiln_tensor_type_t ty = {{kDLFloat, 32, 1}, 2, {tx.shape[0], 32}};
+  kt_tensor_t x, wt, b, got, want;
+  kt_alloc(&x, &tx, false);
+  kt_alloc(&wt, &tw, false);
+  kt_alloc(&b, &tb, false);
+  kt_alloc(&got, &ty, false);
+  kt_alloc(&want, &ty, false);
+  for (int it = 0; it < ITERS; ++it) {
+    kt_fill_random(&x, &seed);
+    kt_fill_random(&wt, &seed);
+    kt_fill_random(&b, &seed);
+    kt_poison(&got);
+    DLTensor in[3] = {x.dl, wt.dl, b.dl};
+    kiln_status_t s = kiln_function_call(fn, in, 3, &got.dl, 1);
+    if (!s) s = kiln_graph_interpret(graph, in, 3, &want.dl, 1);
+    if (s) {
+      fprintf(stderr, "thread %d: %s\n", w->id, kiln_status_message(s));
+      kiln_status_free(s);
+      w->failures++;
+      break;
+    }
+    kt_compare_t c;
+    if (!kt_compare(&got, &want, kt_tolerance_for(got.dl.dtype), &c)) {
+      fprintf(stderr, "thread %d iteration %d: %lld mismatches\n", w->id, it,
+              (long long)c.mismatches);
+      w->failures++;
+    }
+  }
+  kt_free(&x);
+  kt_free(&wt);
+  kt_free(&b);
+  kt_free(&got);
+  kt_free(&want);
+  return NULL;
+}
+
+int main(void) {
+  CHECK_OK(kiln_context_create(NULL, &ctx));
+  CHECK_OK(kiln_graph_parse(ctx, kText, strlen(kText), "threads", &graph));
+  if (!graph) return 1;
+  CHECK_OK(kiln_function_compile(ctx, graph, NULL, &fn));
+  if (!fn) return 1;
+  pthread_t t[THREADS];
+  worker_t w[THREADS];
+  for (int i = 0; i < THREADS; ++i) {
+    w[i].id = i;
+    w[i].failures = 0;
+    pthread_create(&t[i], NULL, worker, &w[i]);
+  }
+  for (int i = 0; i < THREADS; ++i) {
+    pthread_join(t[i], NULL);
+    kt_failures += w[i].failures;
+  }
+  kiln_function_release(fn);
+  kiln_graph_destroy(graph);
+  kiln_context_destroy(ctx);
+  return kt_finish("threads");
+}
