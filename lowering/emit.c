@@ -236,7 +236,7 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
       return NULL;
     case KILN_OP_CLONE:
     case KILN_OP_CONVERT:
-      snprintf(r, 24, "%s", v[0]);
+      memcpy(r, v[0], 24);
       return NULL;
     case KILN_OP_EXP: inst(e, b, r, "math.exp", v[0], NULL, ty); return NULL;
     case KILN_OP_LOG: inst(e, b, r, "math.log", v[0], NULL, ty); return NULL;

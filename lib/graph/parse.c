@@ -527,7 +527,7 @@ static kiln_status_t parse_node(parser_t *ps) {
       return perr(ps, &ps->tok, "expected %d result types, got %d", nres,
                   ntypes);
   }
-  kiln_node_t *node;
+  kiln_node_t *node = NULL;
   KILN_RETURN_IF_ERROR_PLAIN(add_node(g, &node));
   int32_t node_index = g->node_count - 1;
   node->op = op;

@@ -272,7 +272,7 @@ static kiln_status_t infer_elementwise(const vctx_t *c, kiln_type_t *res) {
       res->dtype = KILN_BOOL;
       break;
     case KILN_CLASS_WHERE: {
-      const kiln_type_t *cond;
+      const kiln_type_t *cond = NULL;
       KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 0, &cond));
       if (cond->dtype != KILN_BOOL)
         return verr(c, "%s: expected a bool condition",
@@ -288,7 +288,7 @@ static kiln_status_t infer_elementwise(const vctx_t *c, kiln_type_t *res) {
 
 static kiln_status_t infer_reduce(const vctx_t *c, kiln_type_t *res) {
   const kiln_node_t *n = c->node;
-  const kiln_type_t *x;
+  const kiln_type_t *x = NULL;
   KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 1, 1));
   KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 0, &x));
   const kiln_attr_t *dims;
@@ -345,7 +345,7 @@ static bool dims_equal(int64_t a, int64_t b) { return a == b; }
 
 static kiln_status_t infer_matmul(const vctx_t *c, kiln_type_t *res) {
   const kiln_node_t *n = c->node;
-  const kiln_type_t *a, *b, *bias = NULL;
+  const kiln_type_t *a = NULL, *b = NULL, *bias = NULL;
   int base = 0;
   char o1[200], o2[200];
   if (n->op == KILN_OP_ADDMM) {
@@ -408,7 +408,7 @@ static kiln_status_t pair_attr(const vctx_t *c, const char *name, int64_t dflt,
 
 static kiln_status_t infer_conv(const vctx_t *c, kiln_type_t *res) {
   const kiln_node_t *n = c->node;
-  const kiln_type_t *x, *w, *bias;
+  const kiln_type_t *x = NULL, *w = NULL, *bias = NULL;
   char o1[200], o2[200];
   KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 2, 3));
   KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 0, &x));
@@ -518,7 +518,7 @@ static kiln_status_t view_shape(const vctx_t *c, const kiln_type_t *x,
 
 static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
   const kiln_node_t *n = c->node;
-  const kiln_type_t *x;
+  const kiln_type_t *x = NULL;
   const kiln_attr_t *a;
   char t[160];
   if (n->op == KILN_OP_CAT) {
@@ -532,7 +532,7 @@ static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
                   kiln_type_str(c->g, x, t, sizeof(t)));
     *res = *x;
     for (int i = 1; i < n->operand_count; ++i) {
-      const kiln_type_t *y;
+      const kiln_type_t *y = NULL;
       KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, i, &y));
       char o[200];
       if (y->rank != x->rank)
@@ -722,7 +722,7 @@ static kiln_status_t infer_create(const vctx_t *c, kiln_type_t *res,
 
 static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
   const kiln_node_t *n = c->node;
-  const kiln_type_t *x;
+  const kiln_type_t *x = NULL;
   char t[160], o[200];
   switch (n->op) {
     case KILN_OP_SOFTMAX:
@@ -763,7 +763,7 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
                          "of %s",
                       kiln_type_str(c->g, x, t, sizeof(t)));
       for (int k = 1; k < 3; ++k) {
-        const kiln_type_t *p;
+        const kiln_type_t *p = NULL;
         KILN_RETURN_IF_ERROR_PLAIN(opt_tensor(c, k, &p));
         if (!p) continue;
         bool ok = p->rank == ns->count && p->dtype == x->dtype;
@@ -781,7 +781,7 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
       return NULL;
     }
     case KILN_OP_EMBEDDING: {
-      const kiln_type_t *w, *idx;
+      const kiln_type_t *w = NULL, *idx = NULL;
       KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 2, 2));
       KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 0, &w));
       KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 1, &idx));

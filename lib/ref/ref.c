@@ -321,10 +321,13 @@ static kiln_status_t run_reduce(ref_t *r, const kiln_node_t *n, rt_t *out) {
     cnt[o] += 1;
     switch (n->op) {
       case KILN_OP_PROD: acc[o] *= v; break;
-      case KILN_OP_AMAX: acc[o] = (isnan(v) || v > acc[o]) ? v : acc[o];
-        if (isnan(v)) acc[o] = NAN; break;
-      case KILN_OP_AMIN: acc[o] = (isnan(v) || v < acc[o]) ? v : acc[o];
-        if (isnan(v)) acc[o] = NAN; break;
+      // NaN propagates: once the accumulator is NaN it stays NaN.
+      case KILN_OP_AMAX:
+        acc[o] = (isnan(v) || isnan(acc[o])) ? NAN : v > acc[o] ? v : acc[o];
+        break;
+      case KILN_OP_AMIN:
+        acc[o] = (isnan(v) || isnan(acc[o])) ? NAN : v < acc[o] ? v : acc[o];
+        break;
       default: acc[o] += v; break;
     }
   }
@@ -621,7 +624,7 @@ kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
     s = alloc_rt(t, &g->values[g->inputs[i]].type);
     if (s) break;
     const DLTensor *in = &inputs[i];
-    int64_t idx[KILN_MAX_RANK];
+    int64_t idx[KILN_MAX_RANK] = {0};
     int64_t total = numel(&t->type);
     const char *base = (const char *)in->data + in->byte_offset;
     for (int64_t e = 0; e < total; ++e) {
