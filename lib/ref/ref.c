@@ -444,7 +444,7 @@ static void run_conv(ref_t *r, const kiln_node_t *n, rt_t *out) {
 static void run_shape(ref_t *r, const kiln_node_t *n, rt_t *out) {
   const rt_t *x = &r->vals[n->operands[0].value];
   int64_t total = numel(&out->type);
-  int64_t idx[KILN_MAX_RANK], src[KILN_MAX_RANK];
+  int64_t idx[KILN_MAX_RANK] = {0}, src[KILN_MAX_RANK] = {0};
   switch (n->op) {
     case KILN_OP_VIEW:
     case KILN_OP_RESHAPE:
