@@ -203,6 +203,54 @@ const char *kiln_node_attr_str(const kiln_node_t *n, const char *name,
   return (a && a->kind == KILN_ATTR_STR) ? a->s : dflt;
 }
 
+void kiln_node_reduced_dims(const kiln_node_t *n, const kiln_type_t *x,
+                            bool reduced[KILN_MAX_RANK]) {
+  const kiln_attr_t *a = kiln_node_attr(n, "dims");
+  memset(reduced, 0, sizeof(bool) * KILN_MAX_RANK);
+  if (!a || a->count == 0) {
+    for (int i = 0; i < x->rank; ++i) reduced[i] = true;
+    return;
+  }
+  for (int k = 0; k < a->count; ++k) {
+    int32_t d;
+    if (kiln_normalize_dim(a->ints[k], x->rank, &d) && x->rank) reduced[d] = true;
+  }
+}
+
+void kiln_node_attr_pair(const kiln_node_t *n, const char *name, int64_t dflt,
+                         int64_t out[2]) {
+  const kiln_attr_t *a = kiln_node_attr(n, name);
+  out[0] = out[1] = dflt;
+  if (a && a->kind == KILN_ATTR_LIST && a->count >= 1) {
+    out[0] = a->ints[0];
+    out[1] = a->count > 1 ? a->ints[1] : a->ints[0];
+  } else if (a && a->kind == KILN_ATTR_INT) {
+    out[0] = out[1] = a->i;
+  }
+}
+
+void kiln_node_permutation(const kiln_node_t *n, int32_t rank,
+                           int32_t perm[KILN_MAX_RANK]) {
+  for (int i = 0; i < rank; ++i) perm[i] = i;
+  if (n->op == KILN_OP_PERMUTE) {
+    const kiln_attr_t *a = kiln_node_attr(n, "dims");
+    for (int i = 0; a && i < rank && i < a->count; ++i)
+      kiln_normalize_dim(a->ints[i], rank, &perm[i]);
+  } else if (rank) {
+    int32_t d0 = 0, d1 = 0;
+    kiln_normalize_dim(kiln_node_attr_int(n, "dim0", 0), rank, &d0);
+    kiln_normalize_dim(kiln_node_attr_int(n, "dim1", 1), rank, &d1);
+    perm[d0] = d1;
+    perm[d1] = d0;
+  }
+}
+
+int64_t kiln_node_slice_start(const kiln_node_t *n, int64_t size) {
+  int64_t start = kiln_node_attr_int(n, "start", 0);
+  if (start < 0) start += size;
+  return start < 0 ? 0 : start > size ? size : start;
+}
+
 bool kiln_normalize_dim(int64_t dim, int32_t rank, int32_t *out) {
   int64_t r = rank == 0 ? 1 : rank;  // as PyTorch: dim 0/-1 of a scalar
   if (dim < -r || dim >= r) return false;

@@ -212,6 +212,22 @@ kiln_dtype_t kiln_result_type(const kiln_graph_t *g, const kiln_operand_t *ops,
 kiln_dtype_t kiln_node_compute_dtype(const kiln_graph_t *g,
                                      const kiln_node_t *n);
 
+// Marks in `reduced` the dims of `x` a reduction node reduces (its `dims`
+// attribute; absent or empty: all).
+void kiln_node_reduced_dims(const kiln_node_t *n, const kiln_type_t *x,
+                            bool reduced[KILN_MAX_RANK]);
+// A verified 1-or-2-integer attribute (stride, padding, dilation) as a pair.
+void kiln_node_attr_pair(const kiln_node_t *n, const char *name, int64_t dflt,
+                         int64_t out[2]);
+
+// The permutation of a verified permute/transpose node: result dim i is input
+// dim perm[i].
+void kiln_node_permutation(const kiln_node_t *n, int32_t rank,
+                           int32_t perm[KILN_MAX_RANK]);
+// The first index a verified slice node reads along its dim of size `size`
+// (negative starts count from the end; clamped like Python).
+int64_t kiln_node_slice_start(const kiln_node_t *n, int64_t size);
+
 // Normalizes a dim index against `rank` (negative counts from the end).
 bool kiln_normalize_dim(int64_t dim, int32_t rank, int32_t *out);
 

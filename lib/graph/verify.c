@@ -658,14 +658,12 @@ static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
                                 "%s:%d:%d: aten.slice: symbolic sliced dim; "
                                 "expected a static size",
                                 c->filename, n->line, n->col);
-      int64_t start = kiln_node_attr_int(n, "start", 0);
+      int64_t start = kiln_node_slice_start(n, size);
       int64_t end = kiln_node_attr_int(n, "end", INT64_MAX);
       int64_t step = kiln_node_attr_int(n, "step", 1);
       if (step < 1) return verr(c, "'step' is %lld; expected >= 1",
                                 (long long)step);
-      if (start < 0) start += size;
       if (end < 0) end += size;
-      start = start < 0 ? 0 : start > size ? size : start;
       end = end < start ? start : end > size ? size : end;
       res->dims[d] = (end - start + step - 1) / step;
       return NULL;

@@ -266,21 +266,6 @@ static void run_elementwise(ref_t *r, const kiln_node_t *n, rt_t *out) {
 
 //===--- reductions -------------------------------------------------------===//
 
-// Marks the reduced dims of `x` per the node's `dims` attribute.
-static void reduced_dims(const kiln_node_t *n, const kiln_type_t *x,
-                         bool *red) {
-  const kiln_attr_t *a = kiln_node_attr(n, "dims");
-  memset(red, 0, sizeof(bool) * KILN_MAX_RANK);
-  if (!a || a->count == 0) {
-    for (int i = 0; i < x->rank; ++i) red[i] = true;
-    return;
-  }
-  for (int k = 0; k < a->count; ++k) {
-    int32_t d;
-    if (kiln_normalize_dim(a->ints[k], x->rank, &d) && x->rank) red[d] = true;
-  }
-}
-
 // Maps an input multi-index to the linear index of the (keepdim or not)
 // reduced output.
 static int64_t reduced_offset(const kiln_type_t *x, const bool *red,
@@ -298,7 +283,7 @@ static int64_t reduced_offset(const kiln_type_t *x, const bool *red,
 static kiln_status_t run_reduce(ref_t *r, const kiln_node_t *n, rt_t *out) {
   const rt_t *x = &r->vals[n->operands[0].value];
   bool red[KILN_MAX_RANK];
-  reduced_dims(n, &x->type, red);
+  kiln_node_reduced_dims(n, &x->type, red);
   int64_t on = numel(&out->type), xn = numel(&x->type);
   double *acc = calloc((size_t)(on ? on : 1), sizeof(double));
   double *cnt = calloc((size_t)(on ? on : 1), sizeof(double));
@@ -388,18 +373,6 @@ static void run_matmul(ref_t *r, const kiln_node_t *n, rt_t *out) {
       }
 }
 
-static void pair(const kiln_node_t *n, const char *name, int64_t dflt,
-                 int64_t out[2]) {
-  const kiln_attr_t *a = kiln_node_attr(n, name);
-  out[0] = out[1] = dflt;
-  if (a && a->kind == KILN_ATTR_LIST && a->count >= 1) {
-    out[0] = a->ints[0];
-    out[1] = a->count > 1 ? a->ints[1] : a->ints[0];
-  } else if (a && a->kind == KILN_ATTR_INT) {
-    out[0] = out[1] = a->i;
-  }
-}
-
 static void run_conv(ref_t *r, const kiln_node_t *n, rt_t *out) {
   const rt_t *x = &r->vals[n->operands[0].value];
   const rt_t *w = &r->vals[n->operands[1].value];
@@ -408,9 +381,9 @@ static void run_conv(ref_t *r, const kiln_node_t *n, rt_t *out) {
                          ? &r->vals[n->operands[2].value]
                          : NULL;
   int64_t st[2], pd[2], dl[2];
-  pair(n, "stride", 1, st);
-  pair(n, "padding", 0, pd);
-  pair(n, "dilation", 1, dl);
+  kiln_node_attr_pair(n, "stride", 1, st);
+  kiln_node_attr_pair(n, "padding", 0, pd);
+  kiln_node_attr_pair(n, "dilation", 1, dl);
   int64_t G = kiln_node_attr_int(n, "groups", 1);
   int64_t N = x->type.dims[0], C = x->type.dims[1], H = x->type.dims[2],
           W = x->type.dims[3];
@@ -462,18 +435,7 @@ static void run_shape(ref_t *r, const kiln_node_t *n, rt_t *out) {
     case KILN_OP_TRANSPOSE: {
       int32_t perm[KILN_MAX_RANK];
       int rank = x->type.rank;
-      for (int i = 0; i < rank; ++i) perm[i] = i;
-      if (n->op == KILN_OP_PERMUTE) {
-        const kiln_attr_t *a = kiln_node_attr(n, "dims");
-        for (int i = 0; i < rank; ++i)
-          kiln_normalize_dim(a->ints[i], rank, &perm[i]);
-      } else if (rank) {
-        int32_t d0, d1;
-        kiln_normalize_dim(kiln_node_attr_int(n, "dim0", 0), rank, &d0);
-        kiln_normalize_dim(kiln_node_attr_int(n, "dim1", 1), rank, &d1);
-        perm[d0] = d1;
-        perm[d1] = d0;
-      }
+      kiln_node_permutation(n, rank, perm);
       for (int64_t i = 0; i < total; ++i) {
         unravel(&out->type, i, idx);
         for (int k = 0; k < rank; ++k) src[perm[k]] = idx[k];
@@ -485,10 +447,8 @@ static void run_shape(ref_t *r, const kiln_node_t *n, rt_t *out) {
       int32_t d;
       kiln_normalize_dim(kiln_node_attr_int(n, "dim", 0), x->type.rank, &d);
       int64_t size = x->type.dims[d];
-      int64_t start = kiln_node_attr_int(n, "start", 0);
+      int64_t start = kiln_node_slice_start(n, size);
       int64_t step = kiln_node_attr_int(n, "step", 1);
-      if (start < 0) start += size;
-      start = start < 0 ? 0 : start > size ? size : start;
       for (int64_t i = 0; i < total; ++i) {
         unravel(&out->type, i, idx);
         memcpy(src, idx, sizeof(idx));

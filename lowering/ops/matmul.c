@@ -56,25 +56,15 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   return NULL;
 }
 
-static void pair(const kiln_node_t *n, const char *name, int64_t dflt,
-                 int64_t out[2]) {
-  const kiln_attr_t *a = kiln_node_attr(n, name);
-  out[0] = out[1] = dflt;
-  if (a && a->kind == KILN_ATTR_LIST && a->count >= 1) {
-    out[0] = a->ints[0];
-    out[1] = a->count > 1 ? a->ints[1] : a->ints[0];
-  }
-}
-
 kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_tv_t x = e->values[n->operands[0].value];
   kiln_tv_t w = e->values[n->operands[1].value];
   const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
   kiln_dtype_t acc = kiln_math_dtype(rt->dtype);
   int64_t st[2], pd[2], dl[2];
-  pair(n, "stride", 1, st);
-  pair(n, "padding", 0, pd);
-  pair(n, "dilation", 1, dl);
+  kiln_node_attr_pair(n, "stride", 1, st);
+  kiln_node_attr_pair(n, "padding", 0, pd);
+  kiln_node_attr_pair(n, "dilation", 1, dl);
   int64_t G = kiln_node_attr_int(n, "groups", 1);
   kiln_sbuf_t *b = &e->out;
   if (pd[0] || pd[1]) {

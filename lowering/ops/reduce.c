@@ -5,25 +5,11 @@
 
 #include "lowering/emit.h"
 
-static void reduced_dims(const kiln_node_t *n, const kiln_type_t *x,
-                         bool *red) {
-  const kiln_attr_t *a = kiln_node_attr(n, "dims");
-  memset(red, 0, sizeof(bool) * KILN_MAX_RANK);
-  if (!a || a->count == 0) {
-    for (int i = 0; i < x->rank; ++i) red[i] = true;
-    return;
-  }
-  for (int k = 0; k < a->count; ++k) {
-    int32_t d;
-    if (kiln_normalize_dim(a->ints[k], x->rank, &d) && x->rank) red[d] = true;
-  }
-}
-
 kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_tv_t *x = &e->values[n->operands[0].value];
   const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
   bool red[KILN_MAX_RANK];
-  reduced_dims(n, &x->type, red);
+  kiln_node_reduced_dims(n, &x->type, red);
   bool keep = kiln_node_attr_int(n, "keepdim", 0) != 0;
   int64_t count = 1;
   for (int i = 0; i < x->type.rank; ++i)

@@ -10,17 +10,7 @@ static kiln_status_t lower_permute(kiln_emitter_t *e, const kiln_node_t *n,
                                    const kiln_tv_t *x, const kiln_type_t *rt) {
   int32_t perm[KILN_MAX_RANK];
   int rank = x->type.rank;
-  for (int i = 0; i < rank; ++i) perm[i] = i;
-  if (n->op == KILN_OP_PERMUTE) {
-    const kiln_attr_t *a = kiln_node_attr(n, "dims");
-    for (int i = 0; i < rank; ++i) kiln_normalize_dim(a->ints[i], rank, &perm[i]);
-  } else if (rank) {
-    int32_t d0, d1;
-    kiln_normalize_dim(kiln_node_attr_int(n, "dim0", 0), rank, &d0);
-    kiln_normalize_dim(kiln_node_attr_int(n, "dim1", 1), rank, &d1);
-    perm[d0] = d1;
-    perm[d1] = d0;
-  }
+  kiln_node_permutation(n, rank, perm);
   bool identity = true;
   for (int i = 0; i < rank; ++i) identity &= perm[i] == i;
   if (identity) {
@@ -48,10 +38,8 @@ static kiln_status_t lower_slice(kiln_emitter_t *e, const kiln_node_t *n,
   int32_t d;
   kiln_normalize_dim(kiln_node_attr_int(n, "dim", 0), x->type.rank, &d);
   int64_t size = x->type.dims[d];
-  int64_t start = kiln_node_attr_int(n, "start", 0);
+  int64_t start = kiln_node_slice_start(n, size);
   int64_t step = kiln_node_attr_int(n, "step", 1);
-  if (start < 0) start += size;
-  start = start < 0 ? 0 : start > size ? size : start;
   char xty[256], oty[256];
   kiln_tv_t out;
   kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
