@@ -95,23 +95,24 @@ int main(int argc, char **argv) {
             ninput_files, nin);
     return 2;
   }
-  // Input types: symbolic dims come from --dim, in order of appearance.
+  // Input types: symbolic dims take their sizes from --dim NAME=SIZE.
   static kt_tensor_t in[MAX_TENSORS], got[MAX_TENSORS], want[MAX_TENSORS];
   DLTensor in_dl[MAX_TENSORS], got_dl[MAX_TENSORS], want_dl[MAX_TENSORS];
-  int sym_used = 0;
   for (size_t i = 0; i < nin; ++i) {
     kiln_tensor_type_t t;
     kiln_graph_input_type(g, i, &t);
-    for (int k = 0; k < t.rank; ++k)
-      if (t.shape[k] == KILN_DIM_SYMBOLIC) {
-        if (sym_used >= ndims) {
-          fprintf(stderr, "kiln-run: input %zu has a symbolic dim; give its "
-                          "size with --dim NAME=SIZE\n", i);
-          return 2;
-        }
-        t.shape[k] = dim_values[sym_used < ndims ? sym_used : 0];
-        (void)dim_names;
+    for (int k = 0; k < t.rank; ++k) {
+      const char *sym = kiln_graph_input_dim_symbol(g, i, k);
+      if (!sym) continue;
+      int d = 0;
+      while (d < ndims && strcmp(dim_names[d], sym) != 0) d++;
+      if (d == ndims) {
+        fprintf(stderr, "kiln-run: input %zu has symbolic size '%s'; give it "
+                        "with --dim %s=SIZE\n", i, sym, sym);
+        return 2;
       }
+      t.shape[k] = dim_values[d];
+    }
     if (!kt_alloc(&in[i], &t, strided && !ninput_files)) {
       fprintf(stderr, "kiln-run: out of memory\n");
       return 1;

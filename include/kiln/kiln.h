@@ -145,6 +145,12 @@ KILN_API kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph,
                                               size_t i,
                                               kiln_tensor_type_t *out_type);
 
+// The name of the symbolic size in dim `dim` of input `i` ("s0"), borrowed
+// from the graph; NULL when that size is static or the indices are out of
+// range.
+KILN_API const char *kiln_graph_input_dim_symbol(const kiln_graph_t *graph,
+                                                 size_t i, int32_t dim);
+
 // Runs `graph` with the reference interpreter: plain loops, accumulating in
 // double. Slow and obviously correct; it is the oracle for tests. Inputs may
 // be strided; outputs must be contiguous CPU tensors of the output types.

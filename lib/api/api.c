@@ -142,6 +142,14 @@ kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph, size_t i,
   return NULL;
 }
 
+const char *kiln_graph_input_dim_symbol(const kiln_graph_t *graph, size_t i,
+                                        int32_t dim) {
+  if (!graph || i >= (size_t)graph->input_count) return NULL;
+  const kiln_type_t *t = &graph->values[graph->inputs[i]].type;
+  if (dim < 0 || dim >= t->rank || !KILN_IS_SYM(t->dims[dim])) return NULL;
+  return graph->symbols[KILN_SYM_ID(t->dims[dim])];
+}
+
 //===--- argument checking ------------------------------------------------===//
 
 static const char *dl_dtype_str(DLDataType d, char *buf, size_t n) {

@@ -136,7 +136,6 @@ static void dense_elem(kiln_sbuf_t *b, kiln_dtype_t t, double v) {
     kiln_sbuf_printf(b, "%lld", (long long)(isnan(v) ? 0 : trunc(v)));
   } else if (isnan(v)) {
     kiln_sbuf_puts(b, "0x7FC00000");
-    (void)0;
   } else if (isinf(v)) {
     kiln_sbuf_puts(b, v > 0 ? "0x7F800000" : "0xFF800000");
   } else {
