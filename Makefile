@@ -6,7 +6,9 @@ BUILD_ASAN ?= build-asan
 LLVM_BIN   ?= /usr/lib/llvm-22/bin
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build demo check check-unit check-lit check-asan clean
+PYTHON     ?= python3
+
+.PHONY: all deps build demo check check-unit check-lit check-asan check-python python-install clean
 
 all: build
 
@@ -22,13 +24,22 @@ build: deps $(BUILD)/build.ninja
 demo: build
 	$(BUILD)/tools/kiln-run --iters=50 examples/mlp.kiln
 
-check: check-unit check-lit check-asan
+check: check-unit check-lit check-python check-asan
 
 check-unit: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 check-lit: build
 	$(LLVM_BIN)/lit -sv test/lit --param build_dir=$(abspath $(BUILD))
+
+# The Python package (python/): libkiln built by scikit-build-core into
+# build/python (incremental) and installed with the torch_dynamo_backends
+# entry point, so backend="kiln" works with no import.
+python-install: build
+	@$(PYTHON) -m pip install -q --no-build-isolation ./python
+
+check-python: python-install
+	$(PYTHON) -m pytest -q test/python
 
 $(BUILD_ASAN)/build.ninja:
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON

@@ -39,3 +39,17 @@ if ! apt-cache policy libmlir-22-dev 2>/dev/null | grep -q "Installed: 1:22"; th
     exit 1
   fi
 fi
+
+# Python side: PyTorch pinned to the CPU build that lies on this machine's
+# disk (2.13.0), the test runner, and the build backend of python/.
+PY=${PYTHON:-python3}
+pymissing=()
+$PY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" \
+  2>/dev/null || pymissing+=("torch==2.13.0")
+$PY -c "import pytest" 2>/dev/null || pymissing+=("pytest")
+$PY -c "import numpy" 2>/dev/null || pymissing+=("numpy")
+$PY -c "import scikit_build_core" 2>/dev/null || pymissing+=("scikit-build-core")
+if [ ${#pymissing[@]} -gt 0 ]; then
+  echo "setup-deps: pip installing ${pymissing[*]}"
+  $PY -m pip install -q "${pymissing[@]}"
+fi

@@ -6,7 +6,7 @@ config.name = "kiln"
 config.test_format = lit.formats.ShTest(execute_external=True)
 config.suffixes = [".kiln", ".mlir"]
 config.test_source_root = os.path.dirname(__file__)
-config.excludes = ["lit.cfg.py"]
+config.excludes = ["lit.cfg.py", "Inputs"]
 
 build_dir = lit_config.params.get("build_dir",
                                   os.path.join(config.test_source_root,

@@ -79,6 +79,10 @@ static const op_case_t kCases[] = {
                         " %c = aten.prod(%x) {dims = [1]}\n return %a, %b, %c\n}"},
     {"reduce", FLOATS, "graph @t(%x: $T[4,5,7]) {\n %a = aten.mean(%x) {dims = [-1], keepdim = true}\n %b = aten.var(%x) {dims = [1]}\n"
                        " %c = aten.var(%x) {dims = [0, 2], correction = 0, keepdim = true}\n %d = aten.mean(%x)\n return %a, %b, %c, %d\n}"},
+    // Two outputs whose reductions start from identical fills: each must land
+    // in its own output (a shared init once made them alias).
+    {"reduce", "f32 bf16", "graph @t(%x: $T[4,7,48], %y: $T[4,7,48]) {\n %m = aten.mul(%x, %y)\n"
+                           " %s = aten.sum(%m) {dims = [0, 1]}\n %t = aten.sum(%x) {dims = [0, 1]}\n return %s, %t\n}"},
     {"reduce", "i32", "graph @t(%x: $T[4,5]) {\n %a = aten.mean(%x) {dims = [1], dtype = f32}\n return %a\n}"},
     // Contractions.
     {"matmul", NUMERIC, "graph @t(%a: $T[5,7], %b: $T[7,9]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},

@@ -1,0 +1,169 @@
+"""ctypes bindings to libkiln's public C API (include/kiln/kiln.h).
+
+Only the public API is used. The library is found, in order, at
+$KILN_LIBRARY, next to this module (pip install), or in the repository's
+build directory (a source checkout).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class KilnError(RuntimeError):
+    """A failed kiln status: `code` is the status code name."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+KILN_MAX_RANK = 8
+KILN_DIM_SYMBOLIC = -(2 ** 63)
+
+
+class TensorType(ctypes.Structure):
+    _fields_ = [("dtype", DLDataType), ("rank", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * KILN_MAX_RANK)]
+
+
+class CompileOptions(ctypes.Structure):
+    _fields_ = [("target", ctypes.c_char_p), ("opt_level", ctypes.c_int),
+                ("vectorize", ctypes.c_int)]
+
+
+def _find_library() -> str:
+    env = os.environ.get("KILN_LIBRARY")
+    if env:
+        return env
+    for pattern in ("libkiln.so", "libkiln.so.*"):
+        hits = sorted(glob.glob(os.path.join(_HERE, pattern)))
+        if hits:
+            return hits[0]
+    repo_build = os.path.join(_HERE, "..", "..", "build", "libkiln.so")
+    if os.path.exists(repo_build):
+        return repo_build
+    raise ImportError("libkiln not found: install the kiln package with pip, "
+                      "or set KILN_LIBRARY to the path of libkiln.so")
+
+
+_lib = ctypes.CDLL(_find_library())
+_status = ctypes.c_void_p
+_P = ctypes.c_void_p
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(_lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+kiln_status_code = _fn("kiln_status_code", ctypes.c_int, _status)
+kiln_status_message = _fn("kiln_status_message", ctypes.c_char_p, _status)
+kiln_status_code_name = _fn("kiln_status_code_name", ctypes.c_char_p, ctypes.c_int)
+kiln_status_free = _fn("kiln_status_free", None, _status)
+kiln_free = _fn("kiln_free", None, _P)
+kiln_context_create = _fn("kiln_context_create", _status, _P, ctypes.POINTER(_P))
+kiln_context_destroy = _fn("kiln_context_destroy", None, _P)
+kiln_graph_parse = _fn("kiln_graph_parse", _status, _P, ctypes.c_char_p,
+                       ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(_P))
+kiln_graph_destroy = _fn("kiln_graph_destroy", None, _P)
+kiln_compile_options_init = _fn("kiln_compile_options_init", None,
+                                ctypes.POINTER(CompileOptions))
+kiln_function_compile = _fn("kiln_function_compile", _status, _P, _P,
+                            ctypes.POINTER(CompileOptions), ctypes.POINTER(_P))
+kiln_function_release = _fn("kiln_function_release", None, _P)
+kiln_function_call = _fn("kiln_function_call", _status, _P,
+                         ctypes.POINTER(DLTensor), ctypes.c_size_t,
+                         ctypes.POINTER(DLTensor), ctypes.c_size_t)
+kiln_function_output_types = _fn("kiln_function_output_types", _status, _P,
+                                 ctypes.POINTER(DLTensor), ctypes.c_size_t,
+                                 ctypes.POINTER(TensorType), ctypes.c_size_t)
+
+
+def check(status) -> None:
+    """Raises KilnError for a failed status (and frees it)."""
+    if not status:
+        return
+    code = kiln_status_code_name(kiln_status_code(status)).decode()
+    msg = kiln_status_message(status).decode(errors="replace")
+    kiln_status_free(status)
+    raise KilnError(code, msg)
+
+
+class Context:
+    """Owns a kiln_context_t; process-wide by default (see `default`)."""
+
+    _default = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self.handle = _P()
+        check(kiln_context_create(None, ctypes.byref(self.handle)))
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            kiln_context_destroy(self.handle)
+            self.handle = None
+
+    @classmethod
+    def default(cls) -> "Context":
+        with cls._lock:
+            if cls._default is None:
+                cls._default = Context()
+            return cls._default
+
+
+class Function:
+    """A compiled kiln graph (kiln_function_t)."""
+
+    def __init__(self, ctx: Context, text: str, name: str = "graph",
+                 opt_level: int = 3, vectorize: bool = True):
+        self.ctx = ctx  # keeps the context alive
+        graph = _P()
+        data = text.encode()
+        check(kiln_graph_parse(ctx.handle, data, len(data), name.encode(),
+                               ctypes.byref(graph)))
+        opts = CompileOptions()
+        kiln_compile_options_init(ctypes.byref(opts))
+        opts.opt_level = opt_level
+        opts.vectorize = 1 if vectorize else 0
+        self.handle = _P()
+        try:
+            check(kiln_function_compile(ctx.handle, graph, ctypes.byref(opts),
+                                        ctypes.byref(self.handle)))
+        finally:
+            kiln_graph_destroy(graph)
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            kiln_function_release(self.handle)
+            self.handle = None

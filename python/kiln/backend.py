@@ -1,0 +1,236 @@
+"""The torch.compile backend: `torch.compile(model, backend="kiln")`.
+
+Dynamo hands over an FX graph; AOTAutograd (with core ATen decompositions)
+splits it into forward and backward graphs; each is partitioned into maximal
+subgraphs kiln supports, which kiln compiles, while the rest runs in PyTorch.
+Tensors cross as DLTensors over the tensors' own memory (no copies): inputs
+as they are, outputs allocated by torch and filled by kiln.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+import threading
+import time
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from . import _capi
+from .translate import DTYPES, Unsupported, support_reason, translate
+
+log = logging.getLogger("kiln")
+
+MODES = (None, "default", "max-autotune", "reduce-overhead")
+OPTIONS = {
+    "fallback": ("partition", "error"),  # unsupported nodes run in PyTorch, or raise
+    "opt_level": (0, 1, 2, 3),           # LLVM optimization level
+    "vectorize": (True, False),          # the kernels/ vectorization schedule
+}
+
+_DL_CODES = {
+    torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16),
+    torch.float64: (2, 64), torch.int32: (0, 32), torch.int64: (0, 64),
+    torch.bool: (6, 8),
+}
+
+
+def _log_enabled(topic: str) -> bool:
+    return topic in os.environ.get("KILN_LOG", "").split(",")
+
+
+def _note(topic: str, msg: str) -> None:
+    if _log_enabled(topic):
+        print(f"[kiln {topic}] {msg}", file=sys.stderr)
+    log.debug("%s: %s", topic, msg)
+
+
+class KilnFallbackError(RuntimeError):
+    """Raised with options={"fallback": "error"} when a node falls back."""
+
+
+def parse_options(mode, options) -> dict:
+    if mode not in MODES:
+        raise ValueError(f"kiln: unknown mode {mode!r}; valid modes: "
+                         f"{', '.join(repr(m) for m in MODES)}")
+    opts = {"fallback": "partition", "opt_level": 3, "vectorize": True,
+            "mode": mode or "default"}
+    for k, v in (options or {}).items():
+        if k not in OPTIONS:
+            raise ValueError(f"kiln: unknown option {k!r}; valid options: "
+                             f"{', '.join(sorted(OPTIONS))}")
+        if v not in OPTIONS[k]:
+            raise ValueError(f"kiln: option {k!r} is {v!r}; expected one of "
+                             f"{OPTIONS[k]}")
+        opts[k] = v
+    return opts
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self):
+        self.reasons: dict[str, str] = {}
+
+    def is_node_supported(self, submodules, node) -> bool:
+        if node.op != "call_function":
+            return False  # placeholders, outputs, attributes: not ops to move
+        reason = support_reason(node)
+        if reason is not None:
+            self.reasons[node.name] = f"{node.target}: {reason}"
+        return reason is None
+
+
+class CompiledSubgraph(torch.nn.Module):
+    """A partition compiled by kiln; called like the submodule it replaces."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, opts: dict):
+        super().__init__()
+        text, out_nodes = translate(gm, name)
+        self.text = text
+        self.fn = _capi.Function(_capi.Context.default(), text, name,
+                                 opt_level=opts["opt_level"],
+                                 vectorize=opts["vectorize"])
+        self.in_dtypes = [n.meta["val"].dtype for n in gm.graph.nodes if n.op == "placeholder"]
+        vals = [o.meta["val"] for o in out_nodes]
+        self.out_dtypes = [v.dtype for v in vals]
+        self.static_out = all(all(isinstance(d, int) for d in v.shape) for v in vals)
+        self.out_shapes = [tuple(v.shape) for v in vals] if self.static_out else None
+        # PyTorch code after a partition was traced with the output strides
+        # of the original ops (a permute's output is a transposed view) and
+        # some kernels rely on them (the SDPA backward does). kiln writes
+        # contiguous outputs; those that must be strided are restrided.
+        self.out_strides = [
+            tuple(v.stride()) if self.static_out and not v.is_contiguous() else None
+            for v in vals]
+        out = [n for n in gm.graph.nodes if n.op == "output"][0]
+        self.tuple_out = isinstance(out.args[0], (tuple, list))
+        self.n_in, self.n_out = len(self.in_dtypes), len(vals)
+        self._tls = threading.local()
+
+    def _arg_structs(self):
+        # Per-thread argument structs: calls may come from several threads.
+        tls = self._tls
+        if not hasattr(tls, "ins"):
+            tls.ins = (_capi.DLTensor * max(self.n_in, 1))()
+            tls.outs = (_capi.DLTensor * max(self.n_out, 1))()
+            tls.shapes = [(ctypes.c_int64 * _capi.KILN_MAX_RANK)() for _ in range(self.n_in + self.n_out)]
+            tls.strides = [(ctypes.c_int64 * _capi.KILN_MAX_RANK)() for _ in range(self.n_in)]
+        return tls
+
+    @staticmethod
+    def _fill(dl, t, shape_buf, stride_buf):
+        dl.data = t.data_ptr()
+        dl.device.device_type = 1  # kDLCPU
+        dl.device.device_id = 0
+        dl.ndim = t.dim()
+        code, bits = _DL_CODES[t.dtype]
+        dl.dtype.code, dl.dtype.bits, dl.dtype.lanes = code, bits, 1
+        for i, s in enumerate(t.shape):
+            shape_buf[i] = s
+        dl.shape = ctypes.cast(shape_buf, ctypes.POINTER(ctypes.c_int64))
+        if stride_buf is not None and not t.is_contiguous():
+            for i, s in enumerate(t.stride()):
+                stride_buf[i] = s
+            dl.strides = ctypes.cast(stride_buf, ctypes.POINTER(ctypes.c_int64))
+        else:
+            dl.strides = None
+        dl.byte_offset = 0
+
+    def forward(self, *args):
+        b = self._arg_structs()
+        for k, t in enumerate(args):
+            if t.dtype not in _DL_CODES or t.device.type != "cpu":
+                raise _capi.KilnError("INVALID_ARGUMENT",
+                                      f"input {k}: {t.dtype} on {t.device}")
+            if any(s < 0 for s in t.stride()):
+                t = t.contiguous()
+            self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
+        if self.static_out:
+            outs = [torch.empty(s, dtype=d) for s, d in zip(self.out_shapes, self.out_dtypes)]
+        else:
+            types = (_capi.TensorType * self.n_out)()
+            _capi.check(_capi.kiln_function_output_types(self.fn.handle, b.ins, self.n_in,
+                                                         types, self.n_out))
+            outs = [torch.empty(tuple(tt.shape[i] for i in range(tt.rank)), dtype=d)
+                    for tt, d in zip(types, self.out_dtypes)]
+        for k, t in enumerate(outs):
+            self._fill(b.outs[k], t, b.shapes[self.n_in + k], None)
+        _capi.check(_capi.kiln_function_call(self.fn.handle, b.ins, self.n_in,
+                                             b.outs, self.n_out))
+        for k, stride in enumerate(self.out_strides):
+            if stride is not None:
+                outs[k] = torch.empty_strided(outs[k].shape, stride,
+                                              dtype=outs[k].dtype).copy_(outs[k])
+        return tuple(outs) if self.tuple_out else outs[0]
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
+                  kind: str = "graph") -> torch.fx.GraphModule:
+    """Partitions `gm`, compiles the supported parts with kiln, returns the
+    rewritten GraphModule (callable with the same arguments)."""
+    t0 = time.perf_counter()
+    support = _Support()
+    partitioner = CapabilityBasedPartitioner(gm, support,
+                                             allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    for name, why in support.reasons.items():
+        _note("fallbacks", f"{kind}: {name} runs in PyTorch: {why}")
+        if opts["fallback"] == "error":
+            raise KilnFallbackError(f"kiln: {kind} node {name} would fall back to "
+                                    f"PyTorch: {why}")
+    fused = partitioner.fuse_partitions(partitions)
+    compiled = 0
+    for name, sub in list(fused.named_children()):
+        if not name.startswith("fused_"):
+            continue
+        try:
+            setattr(fused, name, CompiledSubgraph(sub, f"{kind}_{name}", opts))
+            compiled += 1
+        except (Unsupported, _capi.KilnError) as ex:
+            _note("fallbacks", f"{kind}: partition {name} runs in PyTorch: {ex}")
+            if opts["fallback"] == "error":
+                raise KilnFallbackError(f"kiln: {kind} partition {name} failed to "
+                                        f"compile: {ex}") from ex
+    fused.recompile()
+    _note("stats", f"{kind}: {compiled} kiln partition(s), "
+                   f"{len(support.reasons)} node(s) in PyTorch, "
+                   f"{(time.perf_counter() - t0) * 1e3:.1f} ms")
+    return fused
+
+
+def _decompositions():
+    """Core ATen decompositions, less those that change results: with torch
+    2.13 the decomposition of the CPU flash-attention op gives wrong input
+    gradients under AOTAutograd (checked with identity compilers, no kiln
+    involved), so SDPA stays one op and runs in PyTorch."""
+    table = dict(core_aten_decompositions())
+    table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    return table
+
+
+def kiln_backend(gm: torch.fx.GraphModule, example_inputs, mode=None,
+                 options=None, **kwargs):
+    """The `torch_dynamo_backends` entry point named "kiln"."""
+    if kwargs:
+        raise ValueError(f"kiln: unexpected arguments {sorted(kwargs)}; valid: "
+                         "mode, options")
+    opts = parse_options(mode, options)
+
+    def fw(g, ex):
+        return _boxed(compile_graph(g, ex, opts, "forward"))
+
+    def bw(g, ex):
+        return _boxed(compile_graph(g, ex, opts, "backward"))
+
+    return aot_autograd(fw_compiler=fw, bw_compiler=bw,
+                        decompositions=_decompositions())(gm, example_inputs)
+
+
+def _boxed(gm):
+    from torch._functorch.aot_autograd import make_boxed_func
+    return make_boxed_func(gm.forward)

@@ -1,0 +1,519 @@
+"""FX graph (core ATen) → kiln graph text.
+
+One translator per ATen overload. A translator gets the node and an emitter
+and returns the kiln value name(s) of its result; it raises Unsupported with
+the reason when kiln cannot take the node, which the partitioner turns into a
+fallback to PyTorch. Some backward ops are written here as a few kiln ops
+(threshold_backward is a compare and a select), the way decompositions are.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+
+import torch
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+DTYPES = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.float64: "f64", torch.int32: "i32", torch.int64: "i64",
+    torch.bool: "bool",
+}
+MAX_RANK = 8
+INT64_MAX = 2 ** 63 - 1
+
+
+class Unsupported(Exception):
+    """kiln cannot take this node; the message says why."""
+
+
+_SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _dim(d) -> str:
+    if isinstance(d, int):
+        return str(d)
+    if isinstance(d, torch.SymInt):
+        s = str(d)
+        if _SYMBOL.match(s):
+            return s
+        raise Unsupported(f"size expression {s} (kiln takes plain symbols)")
+    raise Unsupported(f"size {d!r}")
+
+
+def tensor_type(val) -> str:
+    """kiln type text of a (fake) tensor, or Unsupported."""
+    if not isinstance(val, torch.Tensor):
+        raise Unsupported(f"value of type {type(val).__name__} is not a tensor")
+    if val.dtype not in DTYPES:
+        raise Unsupported(f"dtype {val.dtype}")
+    if val.device.type != "cpu":
+        raise Unsupported(f"device {val.device} (this kiln build targets cpu)")
+    if val.dim() > MAX_RANK:
+        raise Unsupported(f"rank {val.dim()} > {MAX_RANK}")
+    if val.is_sparse or val.is_quantized:
+        raise Unsupported("sparse or quantized tensor")
+    return f"{DTYPES[val.dtype]}[{','.join(_dim(d) for d in val.shape)}]"
+
+
+def _static_int(x, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise Unsupported(f"{what} is {x!r}; expected a static integer")
+    return x
+
+
+def _int_list(xs, what: str) -> str:
+    if isinstance(xs, int):
+        xs = [xs]
+    return "[" + ", ".join(str(_static_int(x, what)) for x in xs) + "]"
+
+
+def _scalar(x) -> str:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        r = repr(x)
+        return r if ("." in r or "e" in r) else r + ".0"
+    raise Unsupported(f"scalar {x!r} ({type(x).__name__})")
+
+
+class Emitter:
+    """Collects kiln statements; maps FX nodes to kiln value names."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.names: dict[torch.fx.Node, object] = {}
+        self.counter = 0
+
+    def fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"%{base}_{self.counter}"
+
+    def operand(self, x) -> str:
+        if isinstance(x, torch.fx.Node):
+            if x not in self.names:
+                raise Unsupported(f"operand {x.name} is not available to kiln")
+            name = self.names[x]
+            if isinstance(name, list):
+                raise Unsupported(f"operand {x.name} is a tuple")
+            return name
+        if x is None:
+            return "none"
+        return _scalar(x)
+
+    def op(self, op: str, operands, attrs: dict | None = None,
+           nresults: int = 1):
+        results = [self.fresh("v") for _ in range(nresults)]
+        text = f"  {', '.join(results)} = {op}({', '.join(operands)})"
+        if attrs:
+            text += " {" + ", ".join(f"{k} = {v}" for k, v in attrs.items()) + "}"
+        self.lines.append(text)
+        return results[0] if nresults == 1 else results
+
+
+def _arg(node, i, name, default=None):
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+# --- translators ---------------------------------------------------------
+
+def _unary(kop):
+    def tr(e, n):
+        return e.op(kop, [e.operand(n.args[0])])
+    return tr
+
+
+def _binary(kop):
+    def tr(e, n):
+        attrs = {}
+        alpha = n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1)
+        if alpha != 1:
+            attrs["alpha"] = _scalar(alpha)
+        return e.op(kop, [e.operand(n.args[0]), e.operand(n.args[1])], attrs)
+    return tr
+
+
+def _div_mode(e, n):
+    mode = n.kwargs.get("rounding_mode", _arg(n, 2, "rounding_mode"))
+    attrs = {"rounding_mode": f'"{mode}"'} if mode else {}
+    return e.op("aten.div", [e.operand(n.args[0]), e.operand(n.args[1])], attrs)
+
+
+def _gelu(e, n):
+    approx = n.kwargs.get("approximate", "none")
+    return e.op("aten.gelu", [e.operand(n.args[0])], {"approximate": f'"{approx}"'})
+
+
+def _where(e, n):
+    return e.op("aten.where", [e.operand(a) for a in n.args[:3]])
+
+
+def _convert(e, n):
+    dtype = n.args[1] if n.target is prims.convert_element_type.default else n.kwargs.get("dtype")
+    return _convert_to(e, n, dtype)
+
+
+def _convert_to(e, n, dtype):
+    if dtype is not None and dtype not in DTYPES:
+        raise Unsupported(f"dtype {dtype}")
+    x = e.operand(n.args[0])
+    if dtype is None:
+        return e.op("aten.clone", [x])
+    return e.op("prims.convert_element_type", [x], {"dtype": DTYPES[dtype]})
+
+
+def _to_copy(e, n):
+    for k, v in n.kwargs.items():
+        if k == "dtype":
+            continue
+        if k == "device" and v is not None and torch.device(v).type != "cpu":
+            raise Unsupported(f"_to_copy to device {v}")
+        if k in ("layout",) and v not in (None, torch.strided):
+            raise Unsupported(f"_to_copy with layout {v}")
+    return _convert_to(e, n, n.kwargs.get("dtype"))
+
+
+def _reduce(kop, dims_index=1, has_keepdim=True):
+    def tr(e, n):
+        attrs = {}
+        dims = _arg(n, dims_index, "dim") if dims_index is not None else None
+        if dims is not None and dims != []:
+            attrs["dims"] = _int_list(dims, "dim")
+        if has_keepdim and _arg(n, dims_index + 1, "keepdim", False):
+            attrs["keepdim"] = "true"
+        dtype = n.kwargs.get("dtype")
+        if dtype is not None:
+            if dtype not in DTYPES:
+                raise Unsupported(f"dtype {dtype}")
+            attrs["dtype"] = DTYPES[dtype]
+        return e.op(kop, [e.operand(n.args[0])], attrs)
+    return tr
+
+
+def _var(e, n):
+    attrs = {}
+    dims = _arg(n, 1, "dim")
+    if dims:
+        attrs["dims"] = _int_list(dims, "dim")
+    corr = n.kwargs.get("correction")
+    attrs["correction"] = _scalar(1 if corr is None else corr)
+    if n.kwargs.get("keepdim", False):
+        attrs["keepdim"] = "true"
+    return e.op("aten.var", [e.operand(n.args[0])], attrs)
+
+
+def _addmm(e, n):
+    attrs = {}
+    for k in ("beta", "alpha"):
+        v = n.kwargs.get(k, 1)
+        if v != 1:
+            attrs[k] = _scalar(v)
+    return e.op("aten.addmm", [e.operand(a) for a in n.args[:3]], attrs)
+
+
+def _conv(e, n):
+    x, w, b, stride, padding, dilation, transposed, _, groups = n.args[:9]
+    if transposed:
+        raise Unsupported("transposed convolution")
+    if len(w.meta["val"].shape) != 4:
+        raise Unsupported(f"{len(w.meta['val'].shape) - 2}-D convolution (kiln has 2-D)")
+    return e.op("aten.convolution", [e.operand(x), e.operand(w), e.operand(b)],
+                {"stride": _int_list(stride, "stride"),
+                 "padding": _int_list(padding, "padding"),
+                 "dilation": _int_list(dilation, "dilation"),
+                 "groups": str(_static_int(groups, "groups"))})
+
+
+def _permute(e, n):
+    return e.op("aten.permute", [e.operand(n.args[0])], {"dims": _int_list(n.args[1], "dims")})
+
+
+def _t(e, n):
+    rank = n.args[0].meta["val"].dim()
+    if rank < 2:
+        return e.op("aten.clone", [e.operand(n.args[0])])
+    return e.op("aten.permute", [e.operand(n.args[0])], {"dims": "[1, 0]"})
+
+
+def _transpose(e, n):
+    return e.op("aten.transpose", [e.operand(n.args[0])],
+                {"dim0": str(_static_int(n.args[1], "dim0")),
+                 "dim1": str(_static_int(n.args[2], "dim1"))})
+
+
+def _view(e, n):
+    return e.op("aten.view", [e.operand(n.args[0])], {"shape": _int_list(n.args[1], "shape")})
+
+
+def _expand(e, n):
+    return e.op("aten.expand", [e.operand(n.args[0])], {"shape": _int_list(n.args[1], "shape")})
+
+
+def _squeeze(e, n):
+    attrs = {}
+    if len(n.args) > 1:
+        attrs["dims"] = _int_list(n.args[1], "dim")
+    return e.op("aten.squeeze", [e.operand(n.args[0])], attrs)
+
+
+def _unsqueeze(e, n):
+    return e.op("aten.unsqueeze", [e.operand(n.args[0])], {"dim": str(_static_int(n.args[1], "dim"))})
+
+
+def _slice(e, n):
+    dim = _arg(n, 1, "dim", 0)
+    start = _arg(n, 2, "start", None)
+    end = _arg(n, 3, "end", None)
+    step = _arg(n, 4, "step", 1)
+    attrs = {"dim": str(_static_int(dim, "dim"))}
+    attrs["start"] = str(_static_int(0 if start is None else start, "start"))
+    end = INT64_MAX if end is None else min(_static_int(end, "end"), INT64_MAX)
+    attrs["end"] = str(end)
+    attrs["step"] = str(_static_int(step, "step"))
+    return e.op("aten.slice", [e.operand(n.args[0])], attrs)
+
+
+def _cat(e, n):
+    tensors = list(n.args[0])
+    dim = _arg(n, 1, "dim", 0)
+    # cat skips legacy empty 1-D tensors; kiln does not.
+    for t in tensors:
+        v = t.meta["val"]
+        if v.dim() == 1 and v.shape[0] == 0:
+            raise Unsupported("cat with an empty 1-D tensor")
+    return e.op("aten.cat", [e.operand(t) for t in tensors], {"dim": str(_static_int(dim, "dim"))})
+
+
+def _full(e, n):
+    size, value = n.args[0], n.args[1]
+    return e.op("aten.full", [], {"shape": _int_list(size, "size"), "value": _scalar(value),
+                                  "dtype": DTYPES[n.meta["val"].dtype]})
+
+
+def _scalar_tensor(e, n):
+    return e.op("aten.full", [], {"shape": "[]", "value": _scalar(n.args[0]),
+                                  "dtype": DTYPES[n.meta["val"].dtype]})
+
+
+def _softmax(kop):
+    def tr(e, n):
+        return e.op(kop, [e.operand(n.args[0])],
+                    {"dim": str(_static_int(n.args[1], "dim")),
+                     "half_to_float": "true" if n.args[2] else "false"})
+    return tr
+
+
+def _layer_norm(e, n):
+    x, shape, w, b, eps = n.args[:5]
+    names = e.op("aten.native_layer_norm", [e.operand(x), e.operand(w), e.operand(b)],
+                 {"normalized_shape": _int_list(shape, "normalized_shape"),
+                  "eps": _scalar(float(eps))}, nresults=3)
+    return names
+
+
+def _embedding(e, n):
+    return e.op("aten.embedding", [e.operand(n.args[0]), e.operand(n.args[1])])
+
+
+def _threshold_backward(e, n):
+    grad, x, thr = n.args[:3]
+    mask = e.op("aten.le", [e.operand(x), _scalar(thr)])
+    return e.op("aten.where", [mask, "0", e.operand(grad)])
+
+
+def _softmax_backward(e, n):
+    grad, out, dim = n.args[:3]
+    g, o = e.operand(grad), e.operand(out)
+    d = str(_static_int(dim, "dim"))
+    go = e.op("aten.mul", [g, o])
+    s = e.op("aten.sum", [go], {"dims": f"[{d}]", "keepdim": "true"})
+    t = e.op("aten.sub", [g, s])
+    return e.op("aten.mul", [o, t])
+
+
+def _log_softmax_backward(e, n):
+    grad, out, dim = n.args[:3]
+    g, o = e.operand(grad), e.operand(out)
+    d = str(_static_int(dim, "dim"))
+    s = e.op("aten.sum", [g], {"dims": f"[{d}]", "keepdim": "true"})
+    p = e.op("aten.exp", [o])
+    q = e.op("aten.mul", [p, s])
+    return e.op("aten.sub", [g, q])
+
+
+def _sigmoid_backward(e, n):
+    g, o = e.operand(n.args[0]), e.operand(n.args[1])
+    one_minus = e.op("aten.sub", ["1", o])
+    t = e.op("aten.mul", [o, one_minus])
+    return e.op("aten.mul", [g, t])
+
+
+def _tanh_backward(e, n):
+    g, o = e.operand(n.args[0]), e.operand(n.args[1])
+    sq = e.op("aten.mul", [o, o])
+    one_minus = e.op("aten.sub", ["1", sq])
+    return e.op("aten.mul", [g, one_minus])
+
+
+TRANSLATORS = {
+    aten.neg.default: _unary("aten.neg"),
+    aten.abs.default: _unary("aten.abs"),
+    aten.relu.default: _unary("aten.relu"),
+    aten.clone.default: _unary("aten.clone"),
+    aten.alias.default: _unary("aten.clone"),
+    aten.exp.default: _unary("aten.exp"),
+    aten.log.default: _unary("aten.log"),
+    aten.sqrt.default: _unary("aten.sqrt"),
+    aten.rsqrt.default: _unary("aten.rsqrt"),
+    aten.tanh.default: _unary("aten.tanh"),
+    aten.sigmoid.default: _unary("aten.sigmoid"),
+    aten.erf.default: _unary("aten.erf"),
+    aten.sin.default: _unary("aten.sin"),
+    aten.cos.default: _unary("aten.cos"),
+    aten.logical_not.default: _unary("aten.logical_not"),
+    aten.gelu.default: _gelu,
+    aten.add.Tensor: _binary("aten.add"),
+    aten.add.Scalar: _binary("aten.add"),
+    aten.sub.Tensor: _binary("aten.sub"),
+    aten.sub.Scalar: _binary("aten.sub"),
+    aten.rsub.Scalar: lambda e, n: e.op("aten.sub", [e.operand(n.args[1]), e.operand(n.args[0])]),
+    aten.mul.Tensor: _binary("aten.mul"),
+    aten.mul.Scalar: _binary("aten.mul"),
+    aten.div.Tensor: _binary("aten.div"),
+    aten.div.Scalar: _binary("aten.div"),
+    aten.div.Tensor_mode: _div_mode,
+    aten.pow.Tensor_Scalar: _binary("aten.pow"),
+    aten.pow.Tensor_Tensor: _binary("aten.pow"),
+    aten.maximum.default: _binary("aten.maximum"),
+    aten.minimum.default: _binary("aten.minimum"),
+    aten.where.self: _where,
+    prims.convert_element_type.default: _convert,
+    aten._to_copy.default: _to_copy,
+    aten.sum.dim_IntList: _reduce("aten.sum"),
+    aten.sum.default: _reduce("aten.sum", dims_index=None, has_keepdim=False),
+    aten.mean.dim: _reduce("aten.mean"),
+    aten.mean.default: _reduce("aten.mean", dims_index=None, has_keepdim=False),
+    aten.amax.default: _reduce("aten.amax"),
+    aten.amin.default: _reduce("aten.amin"),
+    aten.prod.dim_int: _reduce("aten.prod"),
+    aten.prod.default: _reduce("aten.prod", dims_index=None, has_keepdim=False),
+    aten.var.correction: _var,
+    aten.mm.default: lambda e, n: e.op("aten.mm", [e.operand(a) for a in n.args[:2]]),
+    aten.bmm.default: lambda e, n: e.op("aten.bmm", [e.operand(a) for a in n.args[:2]]),
+    aten.addmm.default: _addmm,
+    aten.convolution.default: _conv,
+    aten.permute.default: _permute,
+    aten.t.default: _t,
+    aten.transpose.int: _transpose,
+    aten.view.default: _view,
+    aten._unsafe_view.default: _view,
+    aten.reshape.default: _view,
+    aten.expand.default: _expand,
+    aten.squeeze.dims: _squeeze,
+    aten.squeeze.dim: _squeeze,
+    aten.squeeze.default: _squeeze,
+    aten.unsqueeze.default: _unsqueeze,
+    aten.slice.Tensor: _slice,
+    aten.cat.default: _cat,
+    aten.full.default: _full,
+    aten.scalar_tensor.default: _scalar_tensor,
+    aten._softmax.default: _softmax("aten._softmax"),
+    aten._log_softmax.default: _softmax("aten._log_softmax"),
+    aten.native_layer_norm.default: _layer_norm,
+    aten.embedding.default: _embedding,
+    aten.threshold_backward.default: _threshold_backward,
+    aten._softmax_backward_data.default: _softmax_backward,
+    aten._log_softmax_backward_data.default: _log_softmax_backward,
+    aten.sigmoid_backward.default: _sigmoid_backward,
+    aten.tanh_backward.default: _tanh_backward,
+}
+for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
+    for _ovl in ("Tensor", "Scalar"):
+        TRANSLATORS[getattr(getattr(aten, _name), _ovl)] = _binary(f"aten.{_name}")
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    TRANSLATORS[getattr(aten, _name).default] = _binary(f"aten.{_name}")
+
+
+def _result_types(node) -> list[str]:
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        return [tensor_type(v) for v in val]
+    return [tensor_type(val)]
+
+
+def support_reason(node) -> str | None:
+    """None when kiln takes `node`, else why not."""
+    if node.op != "call_function":
+        return f"{node.op} node"
+    if node.target is operator.getitem:
+        src = node.args[0]
+        if isinstance(src, torch.fx.Node) and src.target is aten.native_layer_norm.default:
+            return support_reason(src)
+        return "getitem of a node kiln does not produce"
+    tr = TRANSLATORS.get(node.target)
+    if tr is None:
+        return f"no kiln lowering for {node.target}"
+    try:
+        _result_types(node)
+        for a in node.all_input_nodes:
+            if isinstance(a.meta.get("val"), torch.Tensor):
+                tensor_type(a.meta["val"])
+            elif a.target is not aten.native_layer_norm.default:
+                return f"operand {a.name} is not a tensor"
+        # Dry run: translate with placeholder names for the operands.
+        e = Emitter()
+        for a in node.all_input_nodes:
+            e.names[a] = f"%{a.name}"
+        tr(e, node)
+    except Unsupported as ex:
+        return str(ex)
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as ex:
+        return f"cannot translate: {type(ex).__name__}: {ex}"
+    return None
+
+
+def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]:
+    """kiln text for a GraphModule of supported nodes, and its output nodes."""
+    e = Emitter()
+    inputs = []
+    out_nodes = []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            kname = f"%in{len(inputs)}"
+            e.names[n] = kname
+            inputs.append(f"{kname}: {tensor_type(n.meta['val'])}")
+        elif n.op == "call_function":
+            if n.target is operator.getitem:
+                e.names[n] = e.names[n.args[0]][n.args[1]]
+                continue
+            reason = None if n.target in TRANSLATORS else f"no lowering for {n.target}"
+            if reason:
+                raise Unsupported(reason)
+            res = TRANSLATORS[n.target](e, n)
+            # Annotate the last statement with PyTorch's types: kiln's verifier
+            # then checks that both agree.
+            types = _result_types(n)
+            e.lines[-1] += " : " + ", ".join(types)
+            e.names[n] = res
+        elif n.op == "output":
+            outs = n.args[0]
+            out_nodes = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        else:
+            raise Unsupported(f"{n.op} node {n.name}")
+    rets = [e.operand(o) for o in out_nodes]
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
+            f"\n  return {', '.join(rets)}\n}}\n")
+    return text, out_nodes

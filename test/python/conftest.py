@@ -1,0 +1,28 @@
+import os
+import random
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    """Each test starts with a clean Dynamo cache and a fresh, printed seed,
+    so random inputs differ from run to run and a failure can be replayed
+    with KILN_TEST_SEED."""
+    torch._dynamo.reset()
+    seed = int(os.environ.get("KILN_TEST_SEED", random.randrange(2 ** 31)))
+    torch.manual_seed(seed)
+    print(f"seed {seed}")
+    yield
+    torch._dynamo.reset()
+
+
+# Tolerances per dtype for model outputs against eager: kiln and PyTorch
+# accumulate in different orders, and half types round every op.
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float64: dict(atol=1e-10, rtol=1e-9),
+    torch.bfloat16: dict(atol=5e-2, rtol=5e-2),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+}

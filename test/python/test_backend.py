@@ -1,0 +1,90 @@
+"""Backend behaviour: registration, options, fallback and its reporting,
+fullgraph, threads."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from conftest import TOL
+
+
+def test_registered_entry_point():
+    assert "kiln" in torch._dynamo.list_backends()
+
+
+def test_fullgraph():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    x = torch.randn(3, 8)
+    got = torch.compile(model, backend="kiln", fullgraph=True)(x)
+    torch.testing.assert_close(got, model(x), **TOL[torch.float32])
+
+
+class WithCumsum(nn.Module):
+    """torch.cumsum has no kiln lowering: it must run in PyTorch."""
+
+    def forward(self, x):
+        return torch.cumsum(torch.relu(x) * 2, dim=1).exp()
+
+
+def test_fallback_runs_and_is_reported(capfd, monkeypatch):
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+    x = torch.randn(4, 5)
+    got = torch.compile(WithCumsum(), backend="kiln")(x)
+    torch.testing.assert_close(got, WithCumsum()(x), **TOL[torch.float32])
+    err = capfd.readouterr().err
+    assert "[kiln fallbacks] forward: cumsum runs in PyTorch" in err
+    assert "no kiln lowering for aten.cumsum.default" in err
+
+
+def test_fallback_error_option():
+    x = torch.randn(4, 5)
+    compiled = torch.compile(WithCumsum(), backend="kiln",
+                             options={"fallback": "error"})
+    with pytest.raises(Exception, match="cumsum would fall back to PyTorch"):
+        compiled(x)
+
+
+def test_unknown_option_lists_valid_ones():
+    compiled = torch.compile(nn.ReLU(), backend="kiln", options={"bogus": 1})
+    with pytest.raises(Exception, match="unknown option 'bogus'; valid options: "
+                                        "fallback, opt_level, vectorize"):
+        compiled(torch.randn(2))
+
+
+def test_modes_reach_the_backend():
+    for mode in ("default", "max-autotune", "reduce-overhead"):
+        torch._dynamo.reset()
+        x = torch.randn(3, 4)
+        got = torch.compile(nn.Softplus(), backend="kiln", mode=mode)(x)
+        torch.testing.assert_close(got, nn.Softplus()(x), **TOL[torch.float32])
+    with pytest.raises(ValueError, match="unknown mode 'fastest'"):
+        kiln.backend.parse_options("fastest", None)
+
+
+def test_two_threads_share_one_compiled_model():
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
+    compiled = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        compiled(torch.randn(4, 16))  # compile once, before the threads
+    errors = []
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(30):
+                x = torch.randn(4, 16, generator=g)
+                with torch.no_grad():
+                    torch.testing.assert_close(compiled(x), model(x),
+                                               **TOL[torch.float32])
+        except Exception as ex:  # reported below
+            errors.append(ex)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
