@@ -69,6 +69,9 @@ def parse_options(mode, options) -> dict:
             raise ValueError(f"kiln: option {k!r} is {v!r}; expected one of "
                              f"{OPTIONS[k]}")
         opts[k] = v
+    # "max-autotune" will pick measured tile sizes (the autotuner issue) and
+    # "reduce-overhead" CUDA graphs (the GPU issue); until then both compile
+    # exactly like "default".
     return opts
 
 
@@ -148,6 +151,8 @@ class CompiledSubgraph(torch.nn.Module):
                 raise _capi.KilnError("INVALID_ARGUMENT",
                                       f"input {k}: {t.dtype} on {t.device}")
             if any(s < 0 for s in t.stride()):
+                _note("layout", f"input {k} {tuple(t.shape)} has negative strides "
+                                f"{t.stride()}; passing a contiguous copy")
                 t = t.contiguous()
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         if self.static_out:
