@@ -367,7 +367,71 @@ def _tanh_backward(e, n):
     return e.op("aten.mul", [g, one_minus])
 
 
+def _clamp(e, n):
+    x = e.operand(n.args[0])
+    lo = _arg(n, 1, "min")
+    hi = _arg(n, 2, "max")
+    if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
+        raise Unsupported("clamp with tensor bounds")
+    if lo is None and hi is None:
+        return e.op("aten.clone", [x])
+    if lo is not None:
+        x = e.op("aten.maximum", [x, _scalar(lo)])
+    if hi is not None:
+        x = e.op("aten.minimum", [x, _scalar(hi)])
+    return x
+
+
+def _bool_only(kop):
+    """bitwise ops equal the logical ones on bools (kiln has no integer
+    bitwise ops yet)."""
+    def tr(e, n):
+        for a in n.args[:2]:
+            if isinstance(a, torch.fx.Node) and a.meta["val"].dtype != torch.bool:
+                raise Unsupported(f"{n.target} on {a.meta['val'].dtype} (kiln: bool only)")
+        return e.op(kop, [e.operand(a) for a in n.args[:2] if a is not None])
+    return tr
+
+
+def _full_like(e, n):
+    val = n.meta["val"]
+    return e.op("aten.full", [], {"shape": _int_list(list(val.shape), "size"),
+                                  "value": _scalar(n.args[1]),
+                                  "dtype": DTYPES[val.dtype]})
+
+
+def _any_dim(e, n):
+    x = e.operand(n.args[0])
+    attrs = {"dims": _int_list(_arg(n, 1, "dim"), "dim")}
+    if _arg(n, 2, "keepdim", False):
+        attrs["keepdim"] = "true"
+    b = e.op("prims.convert_element_type", [x], {"dtype": "bool"})
+    return e.op("aten.amax", [b], attrs)
+
+
+def _select(e, n):
+    x, dim, index = n.args[:3]
+    dim = _static_int(dim, "dim")
+    index = _static_int(index, "index")
+    size = x.meta["val"].shape[dim]
+    if not isinstance(size, int):
+        raise Unsupported("select along a symbolic dim")
+    if index < 0:
+        index += size
+    s = e.op("aten.slice", [e.operand(x)], {"dim": str(dim), "start": str(index),
+                                           "end": str(index + 1), "step": "1"})
+    return e.op("aten.squeeze", [s], {"dims": f"[{dim}]"})
+
+
 TRANSLATORS = {
+    aten.clamp.default: _clamp,
+    aten.bitwise_and.Tensor: _bool_only("aten.logical_and"),
+    aten.bitwise_or.Tensor: _bool_only("aten.logical_or"),
+    aten.bitwise_xor.Tensor: _bool_only("aten.logical_xor"),
+    aten.bitwise_not.default: _bool_only("aten.logical_not"),
+    aten.full_like.default: _full_like,
+    aten.any.dim: _any_dim,
+    aten.select.int: _select,
     aten.neg.default: _unary("aten.neg"),
     aten.abs.default: _unary("aten.abs"),
     aten.relu.default: _unary("aten.relu"),
