@@ -423,7 +423,37 @@ def _select(e, n):
     return e.op("aten.squeeze", [s], {"dims": f"[{dim}]"})
 
 
+class _ArangeDefault:
+    """aten.arange.default(end) seen as arange.start_step(0, end, 1)."""
+
+    def __init__(self, n):
+        self.meta = n.meta
+        self.args = (0, n.args[0], 1)
+        self.kwargs = {}
+
+
+def _arange(e, n):
+    """arange with static bounds is a compile-time constant."""
+    val = n.meta["val"]
+    start = _arg(n, 0, "start", 0)
+    end = _arg(n, 1, "end")
+    step = _arg(n, 2, "step", 1)
+    for v in (start, end, step):
+        if isinstance(v, (torch.SymInt, torch.fx.Node)):
+            raise Unsupported("arange with symbolic bounds")
+    count = val.shape[0]
+    if not isinstance(count, int) or count > 65536:
+        raise Unsupported(f"arange of {count} elements (kiln folds up to 65536)")
+    values = [start + i * step for i in range(count)]
+    if count == 0:
+        return e.op("aten.full", [], {"shape": "[0]", "value": "0",
+                                      "dtype": DTYPES[val.dtype]})
+    return e.op("kiln.constant", [], {"value": "[" + ", ".join(_scalar(v) for v in values) + "]"})
+
+
 TRANSLATORS = {
+    aten.arange.start_step: _arange,
+    aten.arange.default: lambda e, n: _arange(e, _ArangeDefault(n)),
     aten.clamp.default: _clamp,
     aten.bitwise_and.Tensor: _bool_only("aten.logical_and"),
     aten.bitwise_or.Tensor: _bool_only("aten.logical_or"),

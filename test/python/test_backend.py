@@ -118,3 +118,12 @@ def test_backward_helpers_match_eager():
     x.grad = None
     f(x).pow(2).sum().backward()
     torch.testing.assert_close(gk, x.grad, **TOL[torch.float32])
+
+
+def test_arange_folds_to_a_constant():
+    def f(x):
+        return x * torch.arange(2, 2 + 3 * x.shape[1], 3, dtype=torch.float32) + torch.arange(x.shape[1])
+
+    x = torch.randn(3, 6)
+    got = torch.compile(f, backend="kiln", options={"fallback": "error"})(x)
+    torch.testing.assert_close(got, f(x))
