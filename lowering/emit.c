@@ -30,8 +30,12 @@ const char *kiln_mlir_storage_elem(kiln_dtype_t t) {
 
 void kiln_mlir_tensor_type(const kiln_type_t *t, char *buf, size_t n) {
   size_t o = (size_t)snprintf(buf, n, "tensor<");
-  for (int i = 0; i < t->rank && o < n; ++i)
-    o += (size_t)snprintf(buf + o, n - o, "%lldx", (long long)t->dims[i]);
+  for (int i = 0; i < t->rank && o < n; ++i) {
+    if (KILN_IS_SYM(t->dims[i]))
+      o += (size_t)snprintf(buf + o, n - o, "?x");
+    else
+      o += (size_t)snprintf(buf + o, n - o, "%lldx", (long long)t->dims[i]);
+  }
   if (o < n) snprintf(buf + o, n - o, "%s>", kiln_mlir_storage_elem(t->dtype));
 }
 
@@ -483,11 +487,70 @@ static void iterators(kiln_sbuf_t *b, int rank, const bool *reduced) {
   kiln_sbuf_puts(b, "]");
 }
 
-static void emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]) {
+void kiln_emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]) {
   char ty[256];
   kiln_mlir_tensor_type(t, ty, sizeof(ty));
   kiln_emit_fresh(e, ssa);
-  kiln_sbuf_printf(&e->out, "    %s = tensor.empty() : %s\n", ssa, ty);
+  kiln_sbuf_printf(&e->out, "    %s = tensor.empty(", ssa);
+  int k = 0;
+  for (int i = 0; i < t->rank; ++i)
+    if (KILN_IS_SYM(t->dims[i]))
+      kiln_sbuf_printf(&e->out, "%s%s", k++ ? ", " : "",
+                       e->sym_ssa[KILN_SYM_ID(t->dims[i])]);
+  kiln_sbuf_printf(&e->out, ") : %s\n", ty);
+}
+
+void kiln_emit_size_operand(kiln_emitter_t *e, const kiln_type_t *t, int d,
+                            char out[24]) {
+  if (KILN_IS_SYM(t->dims[d]))
+    snprintf(out, 24, "%s", e->sym_ssa[KILN_SYM_ID(t->dims[d])]);
+  else
+    snprintf(out, 24, "%lld", (long long)t->dims[d]);
+}
+
+kiln_arg_t kiln_emit_count(kiln_emitter_t *e, const kiln_type_t *t,
+                           const bool *dims, kiln_dtype_t dt, double minus) {
+  double stat = 1;
+  bool dynamic = false;
+  for (int i = 0; i < t->rank; ++i) {
+    if (!dims[i]) continue;
+    if (KILN_IS_SYM(t->dims[i])) dynamic = true;
+    else stat *= (double)t->dims[i];
+  }
+  if (!dynamic) {
+    double c = stat - minus;
+    return kiln_arg_float(c > 0 ? c : 0);
+  }
+  // count = max(0, static * sym... - minus), computed in index then cast.
+  kiln_sbuf_t *b = &e->out;
+  char acc[24], nxt[24];
+  kiln_emit_fresh(e, acc);
+  kiln_sbuf_printf(b, "    %s = arith.constant %lld : index\n", acc,
+                   (long long)stat);
+  for (int i = 0; i < t->rank; ++i) {
+    if (!dims[i] || !KILN_IS_SYM(t->dims[i])) continue;
+    kiln_emit_fresh(e, nxt);
+    kiln_sbuf_printf(b, "    %s = arith.muli %s, %s : index\n", nxt, acc,
+                     e->sym_ssa[KILN_SYM_ID(t->dims[i])]);
+    memcpy(acc, nxt, 24);
+  }
+  char i64[24], fl[24], m[24], z[24], r[24];
+  kiln_emit_fresh(e, i64);
+  kiln_sbuf_printf(b, "    %s = arith.index_cast %s : index to i64\n", i64, acc);
+  kiln_emit_fresh(e, fl);
+  kiln_sbuf_printf(b, "    %s = arith.sitofp %s : i64 to %s\n", fl, i64,
+                   kiln_mlir_elem(dt));
+  kiln_emit_scalar_const(e, b, dt, minus, m);
+  kiln_emit_scalar_const(e, b, dt, 0, z);
+  kiln_emit_fresh(e, nxt);
+  kiln_sbuf_printf(b, "    %s = arith.subf %s, %s : %s\n", nxt, fl, m,
+                   kiln_mlir_elem(dt));
+  kiln_emit_fresh(e, r);
+  kiln_sbuf_printf(b, "    %s = arith.maximumf %s, %s : %s\n", r, nxt, z,
+                   kiln_mlir_elem(dt));
+  kiln_arg_t a = kiln_arg_float(0);
+  memcpy(a.ssa, r, 24);
+  return a;
 }
 
 kiln_status_t kiln_emit_ew(kiln_emitter_t *e, kiln_op_id_t op,
@@ -522,7 +585,7 @@ kiln_status_t kiln_emit_ew(kiln_emitter_t *e, kiln_op_id_t op,
   }
   ot.dtype = out_dtype;
   char empty[24];
-  emit_empty(e, &ot, empty);
+  kiln_emit_empty(e, &ot, empty);
   kiln_sbuf_t *b = &e->out;
   kiln_emit_fresh(e, out->ssa);
   out->type = ot;
@@ -575,7 +638,8 @@ kiln_status_t kiln_emit_ew(kiln_emitter_t *e, kiln_op_id_t op,
   // Scalars become constants in the compute dtype.
   for (int i = 0; i < n; ++i) {
     if (args[i].is_tensor) continue;
-    kiln_emit_scalar_const(e, b, ct, args[i].f, v[i]);
+    if (args[i].ssa[0]) memcpy(v[i], args[i].ssa, 24);  // captured from above
+    else kiln_emit_scalar_const(e, b, ct, args[i].f, v[i]);
     vdt[i] = ct;
   }
   // Round every operand to the compute dtype, then widen halves for math.
@@ -631,7 +695,7 @@ kiln_status_t kiln_emit_convert(kiln_emitter_t *e, const kiln_tv_t *x,
 kiln_status_t kiln_emit_filled(kiln_emitter_t *e, const kiln_type_t *t,
                                double value, kiln_tv_t *out) {
   char empty[24], c[24], ty[256];
-  emit_empty(e, t, empty);
+  kiln_emit_empty(e, t, empty);
   if (t->dtype == KILN_BOOL) {
     kiln_emit_fresh(e, c);
     kiln_sbuf_printf(&e->out, "    %s = arith.constant %d : i8\n", c, value != 0);
@@ -683,7 +747,7 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
   if (!fl && !bo && (init > 9.2e18 || init < -9.2e18)) {
     // i64 extremes do not survive a trip through double: write them exactly.
     char empty[24], c[24], ty[256];
-    emit_empty(e, &rt, empty);
+    kiln_emit_empty(e, &rt, empty);
     kiln_emit_fresh(e, c);
     kiln_sbuf_printf(&e->out, "    %s = arith.constant %s : i64\n", c,
                      init > 0 ? "9223372036854775807" : "-9223372036854775808");
@@ -746,12 +810,13 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
     return NULL;
   }
   kiln_sbuf_t *b = &e->out;
-  int64_t n = kiln_type_numel(&x->type);
+  // The flat size: static when every dim is, else "?".
   kiln_type_t flat;
   memset(&flat, 0, sizeof(flat));
   flat.dtype = x->type.dtype;
   flat.rank = 1;
-  flat.dims[0] = n;
+  flat.dims[0] = kiln_type_is_static(&x->type) ? kiln_type_numel(&x->type)
+                                               : KILN_SYM(0);
   char sty[256], fty[256], tty[256];
   kiln_mlir_tensor_type(&x->type, sty, sizeof(sty));
   kiln_mlir_tensor_type(&flat, fty, sizeof(fty));
@@ -771,6 +836,8 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
       kiln_sbuf_printf(b, "]] : %s into %s\n", sty, fty);
     }
     snprintf(cur, 24, "%s", nxt);
+  } else if (KILN_IS_SYM(x->type.dims[0]) != KILN_IS_SYM(flat.dims[0])) {
+    snprintf(fty, sizeof(fty), "%s", sty);
   }
   // Step 2: to the target rank.
   if (target.rank != 1) {
@@ -782,10 +849,19 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
       kiln_sbuf_printf(b, "    %s = tensor.expand_shape %s [[", out->ssa, cur);
       for (int i = 0; i < target.rank; ++i) kiln_sbuf_printf(b, "%s%d", i ? ", " : "", i);
       kiln_sbuf_puts(b, "]] output_shape [");
-      for (int i = 0; i < target.rank; ++i)
-        kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)target.dims[i]);
+      for (int i = 0; i < target.rank; ++i) {
+        char sz[24];
+        kiln_emit_size_operand(e, &target, i, sz);
+        kiln_sbuf_printf(b, "%s%s", i ? ", " : "", sz);
+      }
       kiln_sbuf_printf(b, "] : %s into %s\n", fty, tty);
     }
+  } else if (x->type.rank != 1 && !kiln_type_is_static(&x->type) &&
+             kiln_type_is_static(&target)) {
+    // A dynamic flat tensor into a static rank-1 target.
+    kiln_emit_fresh(e, out->ssa);
+    kiln_sbuf_printf(b, "    %s = tensor.cast %s : %s to %s\n", out->ssa, cur,
+                     fty, tty);
   } else {
     snprintf(out->ssa, 24, "%s", cur);
   }

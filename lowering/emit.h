@@ -20,6 +20,9 @@ typedef struct kiln_arg {
   kiln_operand_kind_t scalar_kind;  // INT, FLOAT or BOOL for scalars
   double f;
   int64_t i;
+  // A scalar computed at run time (a count over symbolic dims): an SSA value
+  // already in the compute dtype, used as is. Empty for literals.
+  char ssa[24];
 } kiln_arg_t;
 
 typedef struct kiln_emitter {
@@ -28,6 +31,7 @@ typedef struct kiln_emitter {
   int next_id;
   kiln_tv_t *values;  // SSA value of each graph value, once emitted
   const kiln_node_t *node;  // the node being lowered, for error messages
+  char (*sym_ssa)[24];      // index SSA value of each symbolic size
 } kiln_emitter_t;
 
 // Fresh SSA name "%t<N>".
@@ -37,7 +41,7 @@ const char *kiln_mlir_elem(kiln_dtype_t t);
 // The element type in memory: bools are stored as i8 (vectors of i1 would be
 // bit-packed, and PyTorch's bool is a byte).
 const char *kiln_mlir_storage_elem(kiln_dtype_t t);
-// "tensor<4x8xf32>" (storage element types)
+// "tensor<4x?xf32>" (storage element types; symbolic sizes print as ?)
 void kiln_mlir_tensor_type(const kiln_type_t *t, char *buf, size_t n);
 // The type arithmetic is done in: f16 and bf16 compute in f32.
 kiln_dtype_t kiln_math_dtype(kiln_dtype_t t);
@@ -77,6 +81,18 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
 // Same elements, new static shape (collapse to 1-D and expand).
 kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
                                 const kiln_type_t *to, kiln_tv_t *out);
+
+// tensor.empty of type `t`, with the SSA sizes of its symbolic dims.
+void kiln_emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]);
+// The index SSA value (or "N" literal is not allowed in operand lists, so a
+// constant is emitted) of dim `d` of type `t`, for offsets/sizes lists:
+// writes either the integer or the symbol's SSA name into `out`.
+void kiln_emit_size_operand(kiln_emitter_t *e, const kiln_type_t *t, int d,
+                            char out[24]);
+// The number of elements of the dims marked in `dims` as a scalar argument of
+// dtype `dt` (a literal when static, an SSA value when symbolic).
+kiln_arg_t kiln_emit_count(kiln_emitter_t *e, const kiln_type_t *t,
+                           const bool *dims, kiln_dtype_t dt, double minus);
 
 // tensor.empty + linalg.fill with a scalar.
 kiln_status_t kiln_emit_filled(kiln_emitter_t *e, const kiln_type_t *t,

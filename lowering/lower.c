@@ -27,7 +27,10 @@ static kiln_lower_fn lowering_for(const kiln_node_t *n) {
 
 static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
   kiln_sbuf_puts(b, "memref<");
-  for (int i = 0; i < t->rank; ++i) kiln_sbuf_printf(b, "%lldx", (long long)t->dims[i]);
+  for (int i = 0; i < t->rank; ++i) {
+    if (KILN_IS_SYM(t->dims[i])) kiln_sbuf_puts(b, "?x");
+    else kiln_sbuf_printf(b, "%lldx", (long long)t->dims[i]);
+  }
   kiln_sbuf_puts(b, kiln_mlir_storage_elem(t->dtype));
   if (strided) {
     kiln_sbuf_puts(b, ", strided<[");
@@ -40,21 +43,49 @@ static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
 kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
                                    const bool *input_strided, char **out_text) {
   *out_text = NULL;
-  for (int32_t v = 0; v < g->value_count; ++v)
-    if (!kiln_type_is_static(&g->values[v].type)) {
-      char t[160];
-      return kiln_make_status(
-          KILN_STATUS_UNSUPPORTED,
-          "lowering: value %%%s has symbolic type %s; graphs are specialized "
-          "to concrete sizes before lowering",
-          g->values[v].name, kiln_type_str(g, &g->values[v].type, t, sizeof(t)));
-    }
   kiln_emitter_t e;
   memset(&e, 0, sizeof(e));
   e.g = g;
   kiln_sbuf_init(&e.out);
   e.values = calloc((size_t)g->value_count + 1, sizeof(kiln_tv_t));
-  if (!e.values) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
+  e.sym_ssa = calloc((size_t)g->symbol_count + 1, sizeof(*e.sym_ssa));
+  if (!e.values || !e.sym_ssa) {
+    free(e.values);
+    free(e.sym_ssa);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
+  }
+  // Every symbolic size is read once, from the first input that has it:
+  // one compiled function then serves every value of that size.
+  for (int i = 0; i < g->input_count; ++i) {
+    const kiln_type_t *t = &g->values[g->inputs[i]].type;
+    for (int d = 0; d < t->rank; ++d) {
+      if (!KILN_IS_SYM(t->dims[d])) continue;
+      int32_t id = KILN_SYM_ID(t->dims[d]);
+      if (e.sym_ssa[id][0]) continue;
+      snprintf(e.sym_ssa[id], 24, "%%sym%d", id);
+      kiln_sbuf_printf(&e.out, "    %%symdim%d = arith.constant %d : index\n"
+                               "    %s = memref.dim %%arg%d, %%symdim%d : ",
+                       id, d, e.sym_ssa[id], i, id);
+      memref_type(&e.out, t, input_strided && input_strided[i]);
+      kiln_sbuf_puts(&e.out, "\n");
+    }
+  }
+  for (int32_t v = 0; v < g->value_count; ++v) {
+    const kiln_type_t *t = &g->values[v].type;
+    int id = -1;
+    for (int d = 0; d < t->rank && id < 0; ++d)
+      if (KILN_IS_SYM(t->dims[d]) && !e.sym_ssa[KILN_SYM_ID(t->dims[d])][0])
+        id = KILN_SYM_ID(t->dims[d]);
+    if (id >= 0) {
+      kiln_sbuf_free(&e.out);
+      free(e.values);
+      free(e.sym_ssa);
+      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                              "lowering: symbolic size '%s' appears in no "
+                              "input of graph @%s; expected every symbol to be "
+                              "an input size", g->symbols[id], g->name);
+    }
+  }
   kiln_sbuf_t head;
   kiln_sbuf_init(&head);
   kiln_sbuf_printf(&head, "func.func @%s(", KILN_ENTRY_NAME);
@@ -101,6 +132,7 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   }
   kiln_sbuf_puts(&e.out, "    return\n}\n");
   free(e.values);
+  free(e.sym_ssa);
   if (s) {
     kiln_sbuf_free(&head);
     kiln_sbuf_free(&e.out);

@@ -180,6 +180,18 @@ KILN_API const char *kiln_stage_name(kiln_stage_t stage);
 KILN_API kiln_status_t kiln_stage_parse(const char *name,
                                         kiln_stage_t *out_stage);
 
+// How a graph with symbolic sizes is compiled.
+typedef enum kiln_dynamic_e {
+  // Specialize the first sizes seen; when a symbol is seen with a second
+  // value, compile a variant where it stays symbolic (serving every later
+  // value). Past `max_variants`, only fully symbolic variants are made.
+  KILN_DYNAMIC_AUTO = 0,
+  // One symbolic variant from the first call (torch's dynamic=True).
+  KILN_DYNAMIC_ALWAYS = 1,
+  // A specialized variant per distinct set of sizes, up to `max_variants`.
+  KILN_DYNAMIC_NEVER = 2,
+} kiln_dynamic_t;
+
 typedef struct kiln_compile_options_t {
   // "cpu" (the default when NULL). "cuda" is reserved for the GPU target and
   // answers KILN_STATUS_UNAVAILABLE until it exists.
@@ -188,6 +200,11 @@ typedef struct kiln_compile_options_t {
   int opt_level;
   // Vectorize with the kernel schedules in kernels/ (default 1).
   int vectorize;
+  // Policy for symbolic sizes (default KILN_DYNAMIC_AUTO).
+  kiln_dynamic_t dynamic;
+  // Variants one function may hold (default 8); past it only fully symbolic
+  // variants are compiled, so a call never fails for lack of room.
+  int max_variants;
 } kiln_compile_options_t;
 
 KILN_API void kiln_compile_options_init(kiln_compile_options_t *options);
@@ -196,9 +213,10 @@ KILN_API void kiln_compile_options_init(kiln_compile_options_t *options);
 typedef struct kiln_function kiln_function_t;
 
 // Compiles `graph` for `options->target`. Graphs with only static sizes are
-// compiled now; a graph with symbolic sizes is compiled on first call for the
-// sizes it is called with (one variant per distinct binding). The function
-// keeps what it needs of `graph`; the graph may be destroyed afterwards.
+// compiled now; a graph with symbolic sizes is compiled on first call, with
+// later variants as `options->dynamic` says. KILN_LOG=recompiles prints every
+// new variant with the guard that failed. The function keeps what it needs of
+// `graph`; the graph may be destroyed afterwards.
 KILN_API kiln_status_t kiln_function_compile(
     kiln_context_t *context, const kiln_graph_t *graph,
     const kiln_compile_options_t *options, kiln_function_t **out_function);
@@ -225,6 +243,9 @@ KILN_API kiln_status_t kiln_function_call(kiln_function_t *function,
 // Calls `function` and allocates its outputs. On success `out_outputs[i]`
 // holds a tensor the caller owns; release it with its `deleter`
 // (`out_outputs[i]->deleter(out_outputs[i])`). Thread-safe.
+// Number of compiled variants (for tests and statistics).
+KILN_API int kiln_function_variant_count(kiln_function_t *function);
+
 KILN_API kiln_status_t kiln_function_call_alloc(
     kiln_function_t *function, const DLTensor *inputs, size_t input_count,
     DLManagedTensor **out_outputs, size_t output_count);

@@ -15,6 +15,7 @@
 struct kiln_context {
   pthread_mutex_t lock;  // guards `mlir`: an MLIR context is single-threaded
   kiln_mlir_t *mlir;
+  bool log_recompiles;   // KILN_LOG contains "recompiles"
   char *dump_dir;
   int dump_counter;
 };
@@ -41,6 +42,8 @@ kiln_status_t kiln_context_create(const kiln_context_options_t *options,
       return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "context");
     }
   }
+  const char *log = getenv("KILN_LOG");
+  c->log_recompiles = log && strstr(log, "recompiles");
   kiln_status_t s = kiln_mlir_create(&c->mlir);
   if (s) {
     free(c->dump_dir);
@@ -280,10 +283,11 @@ static void dl_extent(const DLTensor *t, uintptr_t *lo, uintptr_t *hi) {
 
 //===--- functions and variants -------------------------------------------===//
 
-// One compiled specialization: fixed sizes and input layouts.
+// One compiled specialization: sizes (exact or symbolic) and input layouts.
 typedef struct kiln_variant {
   struct kiln_variant *next;
-  int64_t *binding;  // symbol values
+  int64_t *binding;  // symbol values; -1 = symbolic in this variant
+  int symbolic;      // how many symbols stay symbolic
   uint64_t strided_mask;
   kiln_graph_t *graph;  // specialized graph (static)
   kiln_jit_t *jit;
@@ -297,9 +301,11 @@ struct kiln_function {
   kiln_graph_t *graph;  // owned copy of the graph as compiled
   kiln_compile_options_t options;
   char target[16];
-  pthread_mutex_t lock;  // guards `variants`
+  pthread_mutex_t lock;  // guards `variants`, `first_seen`, `dynamic`
   kiln_variant_t *variants;
   int variant_count;
+  int64_t *first_seen;  // per symbol: the first value called with (-1: none)
+  bool *dynamic;        // per symbol: seen with a second value
 };
 
 void kiln_compile_options_init(kiln_compile_options_t *options) {
@@ -307,6 +313,8 @@ void kiln_compile_options_init(kiln_compile_options_t *options) {
   options->target = "cpu";
   options->opt_level = 3;
   options->vectorize = 1;
+  options->dynamic = KILN_DYNAMIC_AUTO;
+  options->max_variants = 8;
 }
 
 static kiln_status_t check_target(const kiln_compile_options_t *o) {
@@ -344,6 +352,7 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   }
   if (g->symbol_count)
     memcpy(v->binding, binding, sizeof(int64_t) * (size_t)g->symbol_count);
+  for (int i = 0; i < g->symbol_count; ++i) v->symbolic += v->binding[i] < 0;
   kiln_status_t s = kiln_graph_specialize(g, v->binding, &v->graph);
   bool strided[256] = {0};
   for (int i = 0; i < g->input_count && i < 64; ++i)
@@ -428,8 +437,16 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   snprintf(f->target, sizeof(f->target), "%s", opts.target ? opts.target : "cpu");
   f->options.target = f->target;
   pthread_mutex_init(&f->lock, NULL);
+  if (opts.max_variants < 1) opts.max_variants = 1;
+  f->options.max_variants = opts.max_variants;
+  f->first_seen = malloc(sizeof(int64_t) * ((size_t)graph->symbol_count + 1));
+  f->dynamic = calloc((size_t)graph->symbol_count + 1, sizeof(bool));
+  for (int i = 0; f->first_seen && i < graph->symbol_count; ++i)
+    f->first_seen[i] = -1;
   // Own a copy of the graph: the caller may destroy theirs.
-  int64_t *unbound = calloc((size_t)graph->symbol_count + 1, sizeof(int64_t));
+  int64_t *unbound = (f->first_seen && f->dynamic)
+                         ? calloc((size_t)graph->symbol_count + 1, sizeof(int64_t))
+                         : NULL;
   char *text = NULL;
   kiln_status_t s = unbound ? kiln_graph_print_text(graph, &text)
                             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "f");
@@ -467,6 +484,8 @@ void kiln_function_release(kiln_function_t *function) {
     v = next;
   }
   kiln_graph_free(function->graph);
+  free(function->first_seen);
+  free(function->dynamic);
   pthread_mutex_destroy(&function->lock);
   free(function);
 }
@@ -495,29 +514,105 @@ static kiln_status_t bind_inputs(kiln_function_t *f, const DLTensor *inputs,
   return NULL;
 }
 
+// The most specialized variant serving `binding` (fewest symbolic sizes).
+static kiln_variant_t *match_variant(kiln_function_t *f, const int64_t *binding,
+                                     uint64_t mask) {
+  int nsym = f->graph->symbol_count;
+  kiln_variant_t *best = NULL;
+  for (kiln_variant_t *v = __atomic_load_n(&f->variants, __ATOMIC_ACQUIRE); v;
+       v = v->next) {
+    if (v->strided_mask != mask) continue;
+    bool ok = true;
+    for (int i = 0; ok && i < nsym; ++i)
+      ok = v->binding[i] < 0 || v->binding[i] == binding[i];
+    if (ok && (!best || v->symbolic < best->symbolic)) best = v;
+  }
+  return best;
+}
+
+// On a miss, the policy picks which symbols the new variant keeps symbolic.
+static void choose_binding(kiln_function_t *f, const int64_t *binding,
+                           int64_t *out, char *why, size_t why_len) {
+  const kiln_graph_t *g = f->graph;
+  bool all_symbolic = f->options.dynamic == KILN_DYNAMIC_ALWAYS ||
+                      f->variant_count >= f->options.max_variants;
+  size_t o = 0;
+  why[0] = 0;
+  for (int i = 0; i < g->symbol_count; ++i) {
+    if (f->first_seen[i] < 0) f->first_seen[i] = binding[i];
+    if (f->first_seen[i] != binding[i] && !f->dynamic[i] &&
+        f->options.dynamic == KILN_DYNAMIC_AUTO) {
+      f->dynamic[i] = true;
+      o += (size_t)snprintf(why + o, o < why_len ? why_len - o : 0,
+                            "%s%s was %lld, now %lld", o ? "; " : "",
+                            g->symbols[i], (long long)f->first_seen[i],
+                            (long long)binding[i]);
+    }
+    out[i] = (all_symbolic || f->dynamic[i]) ? -1 : binding[i];
+  }
+  if (!why[0])
+    snprintf(why, why_len, "%s",
+             f->variant_count == 0 ? "first call"
+             : f->variant_count >= f->options.max_variants
+                 ? "variant limit reached"
+                 : "sizes or layout not covered");
+}
+
 static kiln_status_t find_variant(kiln_function_t *f, const int64_t *binding,
                                   uint64_t mask, kiln_variant_t **out) {
-  size_t nsym = (size_t)f->graph->symbol_count;
+  kiln_variant_t *v = match_variant(f, binding, mask);
+  if (v) {
+    *out = v;
+    return NULL;
+  }
+  // Compile under the function lock; the variant list only grows (new ones
+  // are published with a release store), so readers never need the lock.
   pthread_mutex_lock(&f->lock);
-  for (kiln_variant_t *v = f->variants; v; v = v->next)
-    if (v->strided_mask == mask &&
-        (nsym == 0 || memcmp(v->binding, binding, nsym * sizeof(int64_t)) == 0)) {
-      pthread_mutex_unlock(&f->lock);
-      *out = v;
-      return NULL;
-    }
-  // Compiling under the function lock serializes first calls of one shape;
-  // the variant list only grows, so found variants stay valid unlocked.
-  kiln_variant_t *v = NULL;
-  kiln_status_t s = compile_variant(f, binding, mask, &v);
+  v = match_variant(f, binding, mask);
+  if (v) {
+    pthread_mutex_unlock(&f->lock);
+    *out = v;
+    return NULL;
+  }
+  const kiln_graph_t *g = f->graph;
+  int64_t chosen[256];
+  char why[512];
+  choose_binding(f, binding, chosen, why, sizeof(why));
+  kiln_status_t s = compile_variant(f, chosen, mask, &v);
   if (!s) {
     v->next = f->variants;
     __atomic_store_n(&f->variants, v, __ATOMIC_RELEASE);
     f->variant_count++;
     *out = v;
+    if (f->context->log_recompiles) {
+      char sizes[512];
+      size_t o = 0;
+      sizes[0] = 0;
+      for (int i = 0; i < g->symbol_count; ++i) {
+        if (chosen[i] < 0)
+          o += (size_t)snprintf(sizes + o, o < sizeof(sizes) ? sizeof(sizes) - o : 0,
+                                "%s%s=?", i ? " " : "", g->symbols[i]);
+        else
+          o += (size_t)snprintf(sizes + o, o < sizeof(sizes) ? sizeof(sizes) - o : 0,
+                                "%s%s=%lld", i ? " " : "", g->symbols[i],
+                                (long long)chosen[i]);
+      }
+      fprintf(stderr, "[kiln recompiles] graph @%s: variant %d (%s; strided "
+                      "inputs 0x%llx): %s\n",
+              g->name, f->variant_count, sizes[0] ? sizes : "static",
+              (unsigned long long)mask, why);
+    }
   }
   pthread_mutex_unlock(&f->lock);
   return s;
+}
+
+int kiln_function_variant_count(kiln_function_t *function) {
+  if (!function) return 0;
+  pthread_mutex_lock(&function->lock);
+  int n = function->variant_count;
+  pthread_mutex_unlock(&function->lock);
+  return n;
 }
 
 static void fill_memref(kiln_memref_t *m, const DLTensor *t) {
@@ -597,12 +692,13 @@ kiln_status_t kiln_function_call(kiln_function_t *function,
   kiln_variant_t *v;
   KILN_RETURN_IF_ERROR_PLAIN(find_variant(function, binding, mask, &v));
   for (size_t i = 0; i < output_count; ++i) {
+    // Output sizes follow from the call's binding (every symbol is bound by
+    // the inputs; the lowering rejects graphs where one is not).
     int64_t scratch[256];
-    memcpy(scratch, v->binding, sizeof(int64_t) * (size_t)g->symbol_count);
+    memcpy(scratch, binding, sizeof(int64_t) * (size_t)g->symbol_count);
     KILN_RETURN_IF_ERROR(
-        check_tensor(v->graph, "output", i, &outputs[i],
-                     &v->graph->values[v->graph->outputs[i]].type, scratch,
-                     true),
+        check_tensor(g, "output", i, &outputs[i],
+                     &g->values[g->outputs[i]].type, scratch, true),
         "graph @%s", g->name);
     uintptr_t olo, ohi;
     dl_extent(&outputs[i], &olo, &ohi);
@@ -660,7 +756,11 @@ kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
   DLTensor outs[512];
   kiln_status_t s = NULL;
   for (size_t i = 0; i < output_count && !s; ++i) {
-    const kiln_type_t *t = &v->graph->values[v->graph->outputs[i]].type;
+    kiln_type_t resolved = g->values[g->outputs[i]].type;
+    for (int k = 0; k < resolved.rank; ++k)
+      if (KILN_IS_SYM(resolved.dims[k]))
+        resolved.dims[k] = binding[KILN_SYM_ID(resolved.dims[k])];
+    const kiln_type_t *t = &resolved;
     kiln_owned_tensor_t *o = calloc(1, sizeof(*o));
     size_t bytes = (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype);
     // 64-byte alignment: a cache line, and enough for any vector load.

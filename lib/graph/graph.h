@@ -194,8 +194,9 @@ void kiln_graph_free(kiln_graph_t *g);
 const char *kiln_type_str(const kiln_graph_t *g, const kiln_type_t *t,
                           char *buf, size_t n);
 
-// A copy of `g` with every symbolic dim replaced by `binding[symbol]`,
-// re-verified. Used to specialize a variant to concrete sizes.
+// A copy of `g` with every symbolic dim replaced by `binding[symbol]` (a
+// negative entry keeps that symbol), re-verified. Used to specialize a
+// variant to concrete sizes.
 kiln_status_t kiln_graph_specialize(const kiln_graph_t *g,
                                     const int64_t *binding,
                                     kiln_graph_t **out_graph);

@@ -861,7 +861,8 @@ kiln_status_t kiln_graph_specialize(const kiln_graph_t *g,
       continue;
     }
     for (int i = 0; i < t->rank; ++i)
-      if (KILN_IS_SYM(t->dims[i])) t->dims[i] = binding[KILN_SYM_ID(t->dims[i])];
+      if (KILN_IS_SYM(t->dims[i]) && binding[KILN_SYM_ID(t->dims[i])] >= 0)
+        t->dims[i] = binding[KILN_SYM_ID(t->dims[i])];
   }
   // Constants must keep their annotated type.
   for (int32_t i = 0; i < copy->node_count; ++i) {

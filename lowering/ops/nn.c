@@ -93,8 +93,11 @@ kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_mlir_tensor_type(rt, oty, sizeof(oty));
   kiln_mlir_tensor_type(&idx->type, ity, sizeof(ity));
   kiln_mlir_tensor_type(&w->type, wty, sizeof(wty));
-  kiln_emit_fresh(e, empty);
-  kiln_sbuf_printf(b, "    %s = tensor.empty() : %s\n", empty, oty);
+  if (KILN_IS_SYM(w->type.dims[0]))
+    return kiln_emit_error(e, KILN_STATUS_UNSUPPORTED,
+                           "symbolic number of rows in the embedding table; "
+                           "expected a static size");
+  kiln_emit_empty(e, rt, empty);
   kiln_tv_t out;
   kiln_emit_fresh(e, out.ssa);
   out.type = *rt;

@@ -11,9 +11,6 @@ kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n) {
   bool red[KILN_MAX_RANK];
   kiln_node_reduced_dims(n, &x->type, red);
   bool keep = kiln_node_attr_int(n, "keepdim", 0) != 0;
-  int64_t count = 1;
-  for (int i = 0; i < x->type.rank; ++i)
-    if (red[i]) count *= x->type.dims[i];
   // The accumulator: the math dtype of the result (f32 for halves), or of
   // the input for min/max, which are exact in any wider type.
   kiln_dtype_t acc = kiln_math_dtype(rt->dtype);
@@ -30,8 +27,8 @@ kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n) {
       KILN_RETURN_IF_ERROR_PLAIN(
           kiln_emit_reduce(e, KILN_OP_SUM, x, red, keep, acc, &tmp));
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
-          e, KILN_OP_DIV, kiln_arg_tensor(&tmp), kiln_arg_float((double)count),
-          acc, &r));
+          e, KILN_OP_DIV, kiln_arg_tensor(&tmp),
+          kiln_emit_count(e, &x->type, red, acc, 0), acc, &r));
       break;
     case KILN_OP_VAR: {
       kiln_tv_t xs, sum, mean, d, sq, ss;
@@ -39,8 +36,8 @@ kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n) {
       KILN_RETURN_IF_ERROR_PLAIN(
           kiln_emit_reduce(e, KILN_OP_SUM, &xs, red, true, acc, &sum));
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
-          e, KILN_OP_DIV, kiln_arg_tensor(&sum), kiln_arg_float((double)count),
-          acc, &mean));
+          e, KILN_OP_DIV, kiln_arg_tensor(&sum),
+          kiln_emit_count(e, &x->type, red, acc, 0), acc, &mean));
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
           e, KILN_OP_SUB, kiln_arg_tensor(&xs), kiln_arg_tensor(&mean), acc, &d));
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
@@ -49,10 +46,9 @@ kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n) {
           kiln_emit_reduce(e, KILN_OP_SUM, &sq, red, keep, acc, &ss));
       double corr = kiln_node_attr_float(n, "correction", 1);
       // As PyTorch, the divisor is max(0, N - correction): inf or nan at 0.
-      double denom = (double)count - corr;
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
           e, KILN_OP_DIV, kiln_arg_tensor(&ss),
-          kiln_arg_float(denom > 0 ? denom : 0), acc, &r));
+          kiln_emit_count(e, &x->type, red, acc, corr), acc, &r));
       break;
     }
     default:

@@ -21,8 +21,7 @@ static kiln_status_t lower_permute(kiln_emitter_t *e, const kiln_node_t *n,
   kiln_tv_t out;
   kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
   kiln_mlir_tensor_type(rt, oty, sizeof(oty));
-  kiln_emit_fresh(e, empty);
-  kiln_sbuf_printf(&e->out, "    %s = tensor.empty() : %s\n", empty, oty);
+  kiln_emit_empty(e, rt, empty);
   kiln_emit_fresh(e, out.ssa);
   out.type = *rt;
   kiln_sbuf_printf(&e->out, "    %s = linalg.transpose ins(%s : %s) outs(%s : %s) permutation = [",
@@ -51,8 +50,11 @@ static kiln_status_t lower_slice(kiln_emitter_t *e, const kiln_node_t *n,
   for (int i = 0; i < rt->rank; ++i)
     kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? start : 0));
   kiln_sbuf_puts(b, "] [");
-  for (int i = 0; i < rt->rank; ++i)
-    kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)rt->dims[i]);
+  for (int i = 0; i < rt->rank; ++i) {
+    char sz[24];
+    kiln_emit_size_operand(e, rt, i, sz);
+    kiln_sbuf_printf(b, "%s%s", i ? ", " : "", sz);
+  }
   kiln_sbuf_puts(b, "] [");
   for (int i = 0; i < rt->rank; ++i)
     kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? step : 1));
@@ -68,8 +70,7 @@ static kiln_status_t lower_cat(kiln_emitter_t *e, const kiln_node_t *n,
   kiln_normalize_dim(kiln_node_attr_int(n, "dim", 0), x0->rank, &d);
   char oty[256], cur[24];
   kiln_mlir_tensor_type(rt, oty, sizeof(oty));
-  kiln_emit_fresh(e, cur);
-  kiln_sbuf_printf(&e->out, "    %s = tensor.empty() : %s\n", cur, oty);
+  kiln_emit_empty(e, rt, cur);
   int64_t off = 0;
   for (int k = 0; k < n->operand_count; ++k) {
     kiln_tv_t y;
@@ -83,8 +84,11 @@ static kiln_status_t lower_cat(kiln_emitter_t *e, const kiln_node_t *n,
     for (int i = 0; i < rt->rank; ++i)
       kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? off : 0));
     kiln_sbuf_puts(b, "] [");
-    for (int i = 0; i < rt->rank; ++i)
-      kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)y.type.dims[i]);
+    for (int i = 0; i < rt->rank; ++i) {
+      char sz[24];
+      kiln_emit_size_operand(e, &y.type, i, sz);
+      kiln_sbuf_printf(b, "%s%s", i ? ", " : "", sz);
+    }
     kiln_sbuf_puts(b, "] [");
     for (int i = 0; i < rt->rank; ++i) kiln_sbuf_printf(b, "%s1", i ? ", " : "");
     kiln_sbuf_printf(b, "] : %s into %s\n", yty, oty);
