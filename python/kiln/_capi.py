@@ -56,7 +56,11 @@ class TensorType(ctypes.Structure):
 
 class CompileOptions(ctypes.Structure):
     _fields_ = [("target", ctypes.c_char_p), ("opt_level", ctypes.c_int),
-                ("vectorize", ctypes.c_int)]
+                ("vectorize", ctypes.c_int), ("dynamic", ctypes.c_int),
+                ("max_variants", ctypes.c_int)]
+
+
+DYNAMIC_AUTO, DYNAMIC_ALWAYS, DYNAMIC_NEVER = 0, 1, 2
 
 
 def _find_library() -> str:
@@ -104,6 +108,7 @@ kiln_function_release = _fn("kiln_function_release", None, _P)
 kiln_function_call = _fn("kiln_function_call", _status, _P,
                          ctypes.POINTER(DLTensor), ctypes.c_size_t,
                          ctypes.POINTER(DLTensor), ctypes.c_size_t)
+kiln_function_variant_count = _fn("kiln_function_variant_count", ctypes.c_int, _P)
 kiln_function_output_types = _fn("kiln_function_output_types", _status, _P,
                                  ctypes.POINTER(DLTensor), ctypes.c_size_t,
                                  ctypes.POINTER(TensorType), ctypes.c_size_t)
@@ -146,7 +151,8 @@ class Function:
     """A compiled kiln graph (kiln_function_t)."""
 
     def __init__(self, ctx: Context, text: str, name: str = "graph",
-                 opt_level: int = 3, vectorize: bool = True):
+                 opt_level: int = 3, vectorize: bool = True,
+                 dynamic: int = DYNAMIC_AUTO, max_variants: int = 8):
         self.ctx = ctx  # keeps the context alive
         graph = _P()
         data = text.encode()
@@ -156,6 +162,8 @@ class Function:
         kiln_compile_options_init(ctypes.byref(opts))
         opts.opt_level = opt_level
         opts.vectorize = 1 if vectorize else 0
+        opts.dynamic = dynamic
+        opts.max_variants = max_variants
         self.handle = _P()
         try:
             check(kiln_function_compile(ctx.handle, graph, ctypes.byref(opts),

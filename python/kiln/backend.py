@@ -32,6 +32,7 @@ OPTIONS = {
     "fallback": ("partition", "error"),  # unsupported nodes run in PyTorch, or raise
     "opt_level": (0, 1, 2, 3),           # LLVM optimization level
     "vectorize": (True, False),          # the kernels/ vectorization schedule
+    "max_variants": tuple(range(1, 65)),  # variants per compiled graph
 }
 
 _DL_CODES = {
@@ -60,7 +61,7 @@ def parse_options(mode, options) -> dict:
         raise ValueError(f"kiln: unknown mode {mode!r}; valid modes: "
                          f"{', '.join(repr(m) for m in MODES)}")
     opts = {"fallback": "partition", "opt_level": 3, "vectorize": True,
-            "mode": mode or "default"}
+            "max_variants": 8, "mode": mode or "default"}
     for k, v in (options or {}).items():
         if k not in OPTIONS:
             raise ValueError(f"kiln: unknown option {k!r}; valid options: "
@@ -95,9 +96,17 @@ class CompiledSubgraph(torch.nn.Module):
         super().__init__()
         text, out_nodes = translate(gm, name)
         self.text = text
+        # Graphs that arrive with SymInts (dynamic=True, mark_dynamic) are
+        # symbolic from the start; static ones let kiln's policy decide.
+        symbolic = any(not isinstance(d, int)
+                       for n in gm.graph.nodes if n.op == "placeholder"
+                       for d in n.meta["val"].shape)
         self.fn = _capi.Function(_capi.Context.default(), text, name,
                                  opt_level=opts["opt_level"],
-                                 vectorize=opts["vectorize"])
+                                 vectorize=opts["vectorize"],
+                                 dynamic=_capi.DYNAMIC_ALWAYS if symbolic
+                                 else _capi.DYNAMIC_AUTO,
+                                 max_variants=opts["max_variants"])
         self.in_dtypes = [n.meta["val"].dtype for n in gm.graph.nodes if n.op == "placeholder"]
         vals = [o.meta["val"] for o in out_nodes]
         self.out_dtypes = [v.dtype for v in vals]

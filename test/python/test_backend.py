@@ -50,7 +50,7 @@ def test_fallback_error_option():
 def test_unknown_option_lists_valid_ones():
     compiled = torch.compile(nn.ReLU(), backend="kiln", options={"bogus": 1})
     with pytest.raises(Exception, match="unknown option 'bogus'; valid options: "
-                                        "fallback, opt_level, vectorize"):
+                                        "fallback, max_variants, opt_level, vectorize"):
         compiled(torch.randn(2))
 
 
@@ -127,3 +127,19 @@ def test_arange_folds_to_a_constant():
     x = torch.randn(3, 6)
     got = torch.compile(f, backend="kiln", options={"fallback": "error"})(x)
     torch.testing.assert_close(got, f(x))
+
+
+def test_dynamic_batch_compiles_once(capfd, monkeypatch):
+    """dynamic=True graphs reach kiln with symbolic sizes; one kiln variant
+    serves every batch size."""
+    monkeypatch.setenv("KILN_LOG", "fallbacks,recompiles")
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    with torch.no_grad():
+        for n in (3, 1, 7, 64, 13):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(compiled(x), model(x), **TOL[torch.float32])
+    err = capfd.readouterr().err
+    # One symbolic variant per kiln partition, compiled on its first call.
+    recompiles = [l for l in err.splitlines() if l.startswith("[kiln recompiles]")]
+    assert recompiles and all("=?" in l and "first call" in l for l in recompiles), err
