@@ -15,7 +15,6 @@
 struct kiln_context {
   pthread_mutex_t lock;  // guards `mlir`: an MLIR context is single-threaded
   kiln_mlir_t *mlir;
-  bool log_recompiles;   // KILN_LOG contains "recompiles"
   char *dump_dir;
   int dump_counter;
 };
@@ -42,8 +41,6 @@ kiln_status_t kiln_context_create(const kiln_context_options_t *options,
       return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "context");
     }
   }
-  const char *log = getenv("KILN_LOG");
-  c->log_recompiles = log && strstr(log, "recompiles");
   kiln_status_t s = kiln_mlir_create(&c->mlir);
   if (s) {
     free(c->dump_dir);
@@ -584,7 +581,9 @@ static kiln_status_t find_variant(kiln_function_t *f, const int64_t *binding,
     __atomic_store_n(&f->variants, v, __ATOMIC_RELEASE);
     f->variant_count++;
     *out = v;
-    if (f->context->log_recompiles) {
+    // Read at each compile (not per call), so a process can turn it on late.
+    const char *log = getenv("KILN_LOG");
+    if (log && strstr(log, "recompiles")) {
       char sizes[512];
       size_t o = 0;
       sizes[0] = 0;
