@@ -1,14 +1,27 @@
 // The ORC JIT (through MLIR's ExecutionEngine) and libffi calls.
 #include <ffi.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
 #include <mlir-c/ExecutionEngine.h>
 
 #include "jit.h"
 
+// Either an MLIR ExecutionEngine (compiled here) or a bare LLJIT holding an
+// object loaded from the compile cache.
 struct kiln_jit {
   MlirExecutionEngine engine;
+  LLVMOrcLLJITRef lljit;
+  bool keep_object;
 };
 
 //===--- runtime symbols --------------------------------------------------===//
@@ -49,15 +62,17 @@ static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
 }
 
 kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
-                              kiln_jit_t **out_jit) {
+                              bool keep_object, kiln_jit_t **out_jit) {
   *out_jit = NULL;
   kiln_jit_t *j = calloc(1, sizeof(*j));
   if (!j) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "JIT");
   if (opt_level < 0) opt_level = 0;
   if (opt_level > 3) opt_level = 3;
+  j->keep_object = keep_object;
+  // PIC when the object may be cached: it is then linked at another address.
   j->engine = mlirExecutionEngineCreate(module, opt_level, 0, NULL,
-                                        /*enableObjectDump=*/false,
-                                        /*enablePIC=*/false);
+                                        /*enableObjectDump=*/keep_object,
+                                        /*enablePIC=*/keep_object);
   if (mlirExecutionEngineIsNull(j->engine)) {
     free(j);
     return kiln_make_status(KILN_STATUS_COMPILE_ERROR,
@@ -74,13 +89,143 @@ kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
 
 void kiln_jit_destroy(kiln_jit_t *jit) {
   if (!jit) return;
-  mlirExecutionEngineDestroy(jit->engine);
+  if (jit->lljit) LLVMOrcDisposeLLJIT(jit->lljit);
+  else mlirExecutionEngineDestroy(jit->engine);
   free(jit);
 }
 
 void *kiln_jit_lookup(kiln_jit_t *jit, const char *name) {
+  if (jit->lljit) {
+    LLVMOrcExecutorAddress addr = 0;
+    LLVMErrorRef err = LLVMOrcLLJITLookup(jit->lljit, &addr, name);
+    if (err) {
+      LLVMConsumeError(err);
+      return NULL;
+    }
+    return (void *)(uintptr_t)addr;
+  }
   return mlirExecutionEngineLookup(jit->engine,
                                    mlirStringRefCreateFromCString(name));
+}
+
+kiln_status_t kiln_jit_object(kiln_jit_t *jit, void **out_data,
+                              size_t *out_size) {
+  *out_data = NULL;
+  *out_size = 0;
+  if (!jit->keep_object || !jit->engine.ptr)
+    return kiln_make_status(KILN_STATUS_INTERNAL,
+                            "JIT: no object code kept for this function");
+  // The C API writes the object to a file; a private temporary one.
+  const char *tmpdir = getenv("TMPDIR");
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/kiln-obj-XXXXXX",
+           tmpdir && tmpdir[0] ? tmpdir : "/tmp");
+  int fd = mkstemp(path);
+  if (fd < 0)
+    return kiln_make_status(KILN_STATUS_INTERNAL,
+                            "JIT: cannot create a temporary file in %s",
+                            tmpdir ? tmpdir : "/tmp");
+  close(fd);
+  mlirExecutionEngineDumpToObjectFile(jit->engine,
+                                      mlirStringRefCreateFromCString(path));
+  FILE *f = fopen(path, "rb");
+  kiln_status_t s = NULL;
+  if (!f) {
+    s = kiln_make_status(KILN_STATUS_INTERNAL, "JIT: object dump failed");
+  } else {
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = n > 0 ? malloc((size_t)n) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+      free(buf);
+      s = kiln_make_status(KILN_STATUS_INTERNAL,
+                           "JIT: object dump is empty or unreadable");
+    } else {
+      *out_data = buf;
+      *out_size = (size_t)n;
+    }
+    fclose(f);
+  }
+  unlink(path);
+  return s;
+}
+
+static pthread_once_t native_once = PTHREAD_ONCE_INIT;
+static void init_native(void) {
+  LLVMInitializeNativeTarget();
+  LLVMInitializeNativeAsmPrinter();
+}
+
+static kiln_status_t llvm_error(LLVMErrorRef err, const char *what) {
+  char *msg = LLVMGetErrorMessage(err);
+  kiln_status_t s = kiln_make_status(KILN_STATUS_COMPILE_ERROR, "%s: %s", what,
+                                     msg ? msg : "(no message)");
+  LLVMDisposeErrorMessage(msg);
+  return s;
+}
+
+kiln_status_t kiln_jit_load_object(const void *data, size_t size,
+                                   kiln_jit_t **out_jit) {
+  *out_jit = NULL;
+  pthread_once(&native_once, init_native);
+  kiln_jit_t *j = calloc(1, sizeof(*j));
+  if (!j) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "JIT");
+  LLVMErrorRef err = LLVMOrcCreateLLJIT(&j->lljit, NULL);
+  if (err) {
+    free(j);
+    return llvm_error(err, "LLVM ORC: creating an LLJIT");
+  }
+  LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(j->lljit);
+  // Process symbols (malloc, free, libm) and kiln's runtime symbols.
+  LLVMOrcDefinitionGeneratorRef gen = NULL;
+  err = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
+      &gen, LLVMOrcLLJITGetGlobalPrefix(j->lljit), NULL, NULL);
+  if (err) {
+    kiln_jit_destroy(j);
+    return llvm_error(err, "LLVM ORC: process symbol generator");
+  }
+  LLVMOrcJITDylibAddGenerator(jd, gen);
+  LLVMOrcCSymbolMapPair sym = {
+      LLVMOrcLLJITMangleAndIntern(j->lljit, "memrefCopy"),
+      {(LLVMOrcExecutorAddress)(uintptr_t)kiln_rt_memref_copy,
+       {LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable, 0}}};
+  err = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(&sym, 1));
+  if (err) {
+    kiln_jit_destroy(j);
+    return llvm_error(err, "LLVM ORC: defining runtime symbols");
+  }
+  LLVMMemoryBufferRef buf = LLVMCreateMemoryBufferWithMemoryRangeCopy(
+      (const char *)data, size, "kiln-cached-object");
+  err = LLVMOrcLLJITAddObjectFile(j->lljit, jd, buf);
+  if (err) {
+    kiln_jit_destroy(j);
+    return llvm_error(err, "LLVM ORC: adding a cached object");
+  }
+  *out_jit = j;
+  return NULL;
+}
+
+static char host_id[4096];
+static pthread_once_t host_id_once = PTHREAD_ONCE_INIT;
+
+static void init_host_id(void) {
+  char *triple = LLVMGetDefaultTargetTriple();
+  char *cpu = LLVMGetHostCPUName();
+  char *features = LLVMGetHostCPUFeatures();
+  unsigned major = 0, minor = 0, patch = 0;
+  LLVMGetVersion(&major, &minor, &patch);
+  snprintf(host_id, sizeof(host_id), "llvm-%u.%u.%u/%s/%s/%s", major, minor,
+           patch, triple ? triple : "?", cpu ? cpu : "?",
+           features ? features : "");
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(features);
+}
+
+const char *kiln_jit_host_id(void) {
+  pthread_once(&host_id_once, init_host_id);
+  return host_id;
 }
 
 struct kiln_ffi_sig {

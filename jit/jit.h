@@ -12,9 +12,21 @@
 
 typedef struct kiln_jit kiln_jit_t;
 
-// JIT-compiles `module` (LLVM dialect) at `opt_level` (0..3).
+// JIT-compiles `module` (LLVM dialect) at `opt_level` (0..3). With
+// `keep_object`, the object code stays available to kiln_jit_object.
 kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
-                              kiln_jit_t **out_jit);
+                              bool keep_object, kiln_jit_t **out_jit);
+// The relocatable object code of a jit made with `keep_object`, after its
+// entry points were looked up (malloc'd; caller frees).
+kiln_status_t kiln_jit_object(kiln_jit_t *jit, void **out_data,
+                              size_t *out_size);
+// Loads object code produced by kiln_jit_object (possibly in another
+// process): no MLIR, no LLVM optimization, just linking.
+kiln_status_t kiln_jit_load_object(const void *data, size_t size,
+                                   kiln_jit_t **out_jit);
+// "x86_64-pc-linux-gnu/znver4/+avx2,+fma,..." and the LLVM version: code
+// compiled for one host id is only reused on the same.
+const char *kiln_jit_host_id(void);
 void kiln_jit_destroy(kiln_jit_t *jit);
 // The address of function `name`, or NULL.
 void *kiln_jit_lookup(kiln_jit_t *jit, const char *name);

@@ -95,6 +95,13 @@ typedef struct kiln_context_options_t {
   // Directory to write the IR after every pipeline stage into; NULL reads the
   // KILN_DUMP_DIR environment variable (unset: no dumps).
   const char *dump_dir;
+  // The persistent compile cache: its directory (NULL: $KILN_CACHE_DIR, else
+  // ~/.cache/kiln), its size cap in bytes (0: 1 GiB), and a switch to turn it
+  // off (also KILN_CACHE=0). When the directory cannot be used the cache is
+  // off and KILN_LOG=cache says why.
+  const char *cache_dir;
+  uint64_t cache_max_bytes;
+  int disable_cache;
 } kiln_context_options_t;
 
 KILN_API void kiln_context_options_init(kiln_context_options_t *options);
@@ -105,6 +112,31 @@ KILN_API kiln_status_t kiln_context_create(
 // Destroys `context`. Every graph and function made in it must be released
 // first; destroying a context with live functions is a programmer error.
 KILN_API void kiln_context_destroy(kiln_context_t *context);
+
+// Compile statistics of a context (KILN_LOG=stats prints them per compile).
+typedef struct kiln_stats_t {
+  uint64_t compiles;        // variants compiled through MLIR and LLVM
+  uint64_t cache_hits;      // variants loaded from the compile cache
+  uint64_t cache_misses;    // lookups that found nothing usable
+  uint64_t cache_rejected;  // corrupt/foreign entries discarded and rebuilt
+  double lower_seconds;     // graph -> linalg text
+  double mlir_seconds;      // parsing and the MLIR pass pipeline
+  double llvm_seconds;      // LLVM codegen and JIT linking
+  double cache_seconds;     // reading, loading and writing cache entries
+} kiln_stats_t;
+
+KILN_API void kiln_context_stats(kiln_context_t *context, kiln_stats_t *out);
+
+// All valid compile-cache entries as one buffer (caller frees with
+// kiln_free), and back into this context's cache directory (invalid records
+// are skipped; *out_count says how many were stored). They mirror
+// torch.compiler.save_cache_artifacts / load_cache_artifacts.
+KILN_API kiln_status_t kiln_context_cache_export(kiln_context_t *context,
+                                                 void **out_data,
+                                                 size_t *out_size);
+KILN_API kiln_status_t kiln_context_cache_import(kiln_context_t *context,
+                                                 const void *data, size_t size,
+                                                 int *out_count);
 
 //===--- graphs -----------------------------------------------------------===//
 

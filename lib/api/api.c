@@ -1,11 +1,14 @@
 // lib/api: the public C API. The only module that sees graphs, lowering, the
 // JIT and the reference interpreter together.
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "jit/jit.h"
+#include "lib/cache/cache.h"
 #include "lib/graph/graph.h"
 #include "lib/ref/ref.h"
 #include "lowering/lowering.h"
@@ -15,12 +18,45 @@
 struct kiln_context {
   pthread_mutex_t lock;  // guards `mlir`: an MLIR context is single-threaded
   kiln_mlir_t *mlir;
+  kiln_cache_t *cache;   // NULL when off
+  pthread_mutex_t stats_lock;
+  kiln_stats_t stats;
   char *dump_dir;
   int dump_counter;
 };
 
 void kiln_context_options_init(kiln_context_options_t *options) {
   memset(options, 0, sizeof(*options));
+}
+
+static bool log_enabled(const char *topic) {
+  const char *log = getenv("KILN_LOG");
+  return log && strstr(log, topic);
+}
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// A checksum of this libkiln binary: part of every cache key, so code
+// compiled by one build of kiln is never loaded by another.
+static uint64_t build_id;
+static pthread_once_t build_id_once = PTHREAD_ONCE_INIT;
+static void init_build_id(void) {
+  Dl_info info;
+  build_id = 0x6b696c6e;  // fallback: version only
+  if (!dladdr((void *)kiln_version_string, &info) || !info.dli_fname) return;
+  FILE *f = fopen(info.dli_fname, "rb");
+  if (!f) return;
+  kiln_hasher_t h;
+  kiln_hasher_init(&h);
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) kiln_hasher_update(&h, buf, n);
+  fclose(f);
+  build_id = kiln_hasher_final(&h).lo;
 }
 
 kiln_status_t kiln_context_create(const kiln_context_options_t *options,
@@ -47,12 +83,64 @@ kiln_status_t kiln_context_create(const kiln_context_options_t *options,
     free(c);
     return s;
   }
+  pthread_mutex_init(&c->stats_lock, NULL);
+  const char *env_cache = getenv("KILN_CACHE");
+  bool off = (options && options->disable_cache) ||
+             (env_cache && (strcmp(env_cache, "0") == 0 ||
+                            strcmp(env_cache, "off") == 0));
+  if (!off) {
+    kiln_status_t cs = kiln_cache_open(options ? options->cache_dir : NULL,
+                                       options ? options->cache_max_bytes : 0,
+                                       &c->cache);
+    if (cs) {
+      // A cache that cannot be used is not an error: kiln compiles.
+      if (log_enabled("cache"))
+        fprintf(stderr, "[kiln cache] off: %s\n", kiln_status_message(cs));
+      kiln_status_free(cs);
+    }
+  }
   *out_context = c;
   return NULL;
 }
 
+void kiln_context_stats(kiln_context_t *context, kiln_stats_t *out) {
+  memset(out, 0, sizeof(*out));
+  if (!context) return;
+  pthread_mutex_lock(&context->stats_lock);
+  *out = context->stats;
+  pthread_mutex_unlock(&context->stats_lock);
+}
+
+kiln_status_t kiln_context_cache_export(kiln_context_t *context,
+                                        void **out_data, size_t *out_size) {
+  if (!out_data || !out_size || !context)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_context_cache_export: NULL argument");
+  *out_data = NULL;
+  *out_size = 0;
+  if (!context->cache)
+    return kiln_make_status(KILN_STATUS_UNAVAILABLE,
+                            "the compile cache is off in this context");
+  return kiln_cache_export(context->cache, out_data, out_size);
+}
+
+kiln_status_t kiln_context_cache_import(kiln_context_t *context,
+                                        const void *data, size_t size,
+                                        int *out_count) {
+  if (!context || (!data && size) || !out_count)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_context_cache_import: NULL argument");
+  *out_count = 0;
+  if (!context->cache)
+    return kiln_make_status(KILN_STATUS_UNAVAILABLE,
+                            "the compile cache is off in this context");
+  return kiln_cache_import(context->cache, data, size, out_count);
+}
+
 void kiln_context_destroy(kiln_context_t *context) {
   if (!context) return;
+  kiln_cache_close(context->cache);
+  pthread_mutex_destroy(&context->stats_lock);
   kiln_mlir_destroy(context->mlir);
   pthread_mutex_destroy(&context->lock);
   free(context->dump_dir);
@@ -334,29 +422,54 @@ static void variant_free(kiln_variant_t *v) {
   free(v);
 }
 
-// graph → linalg → pipeline → JIT, under the context lock.
-static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
-                                     uint64_t strided_mask,
-                                     kiln_variant_t **out) {
+static void add_stats(kiln_context_t *c, const kiln_stats_t *d) {
+  pthread_mutex_lock(&c->stats_lock);
+  c->stats.compiles += d->compiles;
+  c->stats.cache_hits += d->cache_hits;
+  c->stats.cache_misses += d->cache_misses;
+  c->stats.cache_rejected += d->cache_rejected;
+  c->stats.lower_seconds += d->lower_seconds;
+  c->stats.mlir_seconds += d->mlir_seconds;
+  c->stats.llvm_seconds += d->llvm_seconds;
+  c->stats.cache_seconds += d->cache_seconds;
+  pthread_mutex_unlock(&c->stats_lock);
+}
+
+// The cache key of a variant: everything that decides its code. The graph
+// text is the specialized graph (symbolic sizes kept as symbols), so equal
+// subgraphs (N identical blocks) share one entry.
+static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
+                                  uint64_t strided_mask) {
+  pthread_once(&build_id_once, init_build_id);
+  kiln_hasher_t h;
+  kiln_hasher_init(&h);
+  kiln_hasher_update_str(&h, "kiln-variant-v1");
+  kiln_hasher_update_str(&h, kiln_version_string());
+  kiln_hasher_update(&h, &build_id, sizeof(build_id));
+  kiln_hasher_update_str(&h, kiln_jit_host_id());
+  kiln_hasher_update_str(&h, f->target);
+  int32_t opts[2] = {f->options.opt_level, f->options.vectorize};
+  kiln_hasher_update(&h, opts, sizeof(opts));
+  kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
+  // The graph's name is a label, not code: hash the text without it.
+  const char *body = strchr(text, '(');
+  kiln_hasher_update_str(&h, body ? body : text);
+  return kiln_hasher_final(&h);
+}
+
+// MLIR and LLVM on a miss; the object goes into the cache.
+static kiln_status_t compile_fresh(kiln_function_t *f, kiln_variant_t *v,
+                                   kiln_stats_t *st) {
   kiln_graph_t *g = f->graph;
-  kiln_variant_t *v = calloc(1, sizeof(*v));
-  if (!v) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
-  v->strided_mask = strided_mask;
-  v->binding = calloc((size_t)g->symbol_count + 1, sizeof(int64_t));
-  if (!v->binding) {
-    free(v);
-    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
-  }
-  if (g->symbol_count)
-    memcpy(v->binding, binding, sizeof(int64_t) * (size_t)g->symbol_count);
-  for (int i = 0; i < g->symbol_count; ++i) v->symbolic += v->binding[i] < 0;
-  kiln_status_t s = kiln_graph_specialize(g, v->binding, &v->graph);
+  kiln_context_t *c = f->context;
   bool strided[256] = {0};
   for (int i = 0; i < g->input_count && i < 64; ++i)
-    strided[i] = (strided_mask >> i) & 1;
+    strided[i] = (v->strided_mask >> i) & 1;
   char *linalg = NULL;
-  if (!s) s = kiln_lower_to_linalg(v->graph, strided, &linalg);
-  kiln_context_t *c = f->context;
+  double t0 = now_seconds();
+  kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &linalg);
+  double t1 = now_seconds();
+  st->lower_seconds += t1 - t0;
   pthread_mutex_lock(&c->lock);
   kiln_pipeline_options_t popts = {f->options.vectorize, c->dump_dir, NULL};
   char tag[256];
@@ -376,16 +489,100 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   if (!s)
     s = kiln_pipeline_run(c->mlir, mod, KILN_STAGE_LINALG, KILN_STAGE_LLVM,
                           &popts);
-  if (!s) s = kiln_jit_create(mod, f->options.opt_level, &v->jit);
+  double t2 = now_seconds();
+  st->mlir_seconds += t2 - t1;
+  if (!s) s = kiln_jit_create(mod, f->options.opt_level, c->cache != NULL, &v->jit);
   if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
   pthread_mutex_unlock(&c->lock);
   free(linalg);
   if (!s) {
-    v->entry = kiln_jit_lookup(v->jit, KILN_ENTRY_NAME);
+    v->entry = kiln_jit_lookup(v->jit, KILN_ENTRY_NAME);  // materializes
     if (!v->entry)
-      s = kiln_make_status(KILN_STATUS_INTERNAL, "JIT: entry point '%s' not "
-                           "found", KILN_ENTRY_NAME);
+      s = kiln_make_status(KILN_STATUS_COMPILE_ERROR,
+                           "LLVM ORC JIT: entry point '%s' could not be "
+                           "materialized", KILN_ENTRY_NAME);
   }
+  st->llvm_seconds += now_seconds() - t2;
+  if (!s) st->compiles++;
+  return s;
+}
+
+// One variant: from the cache when possible, else compiled and cached.
+static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
+                                     uint64_t strided_mask,
+                                     kiln_variant_t **out) {
+  kiln_graph_t *g = f->graph;
+  kiln_context_t *c = f->context;
+  kiln_variant_t *v = calloc(1, sizeof(*v));
+  if (!v) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
+  v->strided_mask = strided_mask;
+  v->binding = calloc((size_t)g->symbol_count + 1, sizeof(int64_t));
+  if (!v->binding) {
+    free(v);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
+  }
+  if (g->symbol_count)
+    memcpy(v->binding, binding, sizeof(int64_t) * (size_t)g->symbol_count);
+  for (int i = 0; i < g->symbol_count; ++i) v->symbolic += v->binding[i] < 0;
+  kiln_stats_t st;
+  memset(&st, 0, sizeof(st));
+  kiln_status_t s = kiln_graph_specialize(g, v->binding, &v->graph);
+  char *text = NULL;
+  if (!s) s = kiln_graph_print_text(v->graph, &text);
+  kiln_hash128_t key = {0, 0};
+  bool loaded = false;
+  if (!s && c->cache) {
+    key = variant_key(f, text, strided_mask);
+    double t0 = now_seconds();
+    void *obj = NULL;
+    size_t size = 0;
+    char note[512];
+    if (kiln_cache_get(c->cache, key, &obj, &size, note, sizeof(note))) {
+      kiln_status_t ls = kiln_jit_load_object(obj, size, &v->jit);
+      if (!ls) v->entry = kiln_jit_lookup(v->jit, KILN_ENTRY_NAME);
+      if (ls || !v->entry) {
+        snprintf(note, sizeof(note), "entry %016llx%016llx does not link: %s",
+                 (unsigned long long)key.hi, (unsigned long long)key.lo,
+                 ls ? kiln_status_message(ls) : "no entry point");
+        kiln_status_free(ls);
+        kiln_jit_destroy(v->jit);
+        v->jit = NULL;
+        v->entry = NULL;
+      } else {
+        loaded = true;
+        st.cache_hits++;
+      }
+      free(obj);
+    }
+    if (!loaded) {
+      st.cache_misses++;
+      if (note[0]) {
+        st.cache_rejected++;
+        // Never silent: a discarded entry is always reported.
+        fprintf(stderr, "[kiln cache] discarded a bad entry, rebuilding: %s\n",
+                note);
+      }
+    }
+    st.cache_seconds += now_seconds() - t0;
+  }
+  if (!s && !loaded) {
+    s = compile_fresh(f, v, &st);
+    if (!s && c->cache) {
+      double t0 = now_seconds();
+      void *obj = NULL;
+      size_t size = 0;
+      kiln_status_t cs = kiln_jit_object(v->jit, &obj, &size);
+      if (!cs) cs = kiln_cache_put(c->cache, key, obj, size);
+      if (cs) {
+        if (log_enabled("cache"))
+          fprintf(stderr, "[kiln cache] not stored: %s\n", kiln_status_message(cs));
+        kiln_status_free(cs);
+      }
+      free(obj);
+      st.cache_seconds += now_seconds() - t0;
+    }
+  }
+  free(text);
   if (!s) {
     int32_t ranks[512];
     int32_t n = 0;
@@ -395,6 +592,13 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
       ranks[n++] = g->values[g->outputs[i]].type.rank;
     s = kiln_ffi_sig_create(ranks, n, &v->sig);
   }
+  add_stats(c, &st);
+  if (log_enabled("stats"))
+    fprintf(stderr, "[kiln stats] graph @%s variant: %s, lower %.1f ms, mlir "
+                    "%.1f ms, llvm %.1f ms, cache %.1f ms\n",
+            g->name, s ? "failed" : loaded ? "cache hit" : "compiled",
+            st.lower_seconds * 1e3, st.mlir_seconds * 1e3,
+            st.llvm_seconds * 1e3, st.cache_seconds * 1e3);
   if (s) {
     variant_free(v);
     return kiln_status_annotate(s, "compiling graph @%s for cpu",

@@ -54,6 +54,13 @@ class TensorType(ctypes.Structure):
                 ("shape", ctypes.c_int64 * KILN_MAX_RANK)]
 
 
+class Stats(ctypes.Structure):
+    _fields_ = [("compiles", ctypes.c_uint64), ("cache_hits", ctypes.c_uint64),
+                ("cache_misses", ctypes.c_uint64), ("cache_rejected", ctypes.c_uint64),
+                ("lower_seconds", ctypes.c_double), ("mlir_seconds", ctypes.c_double),
+                ("llvm_seconds", ctypes.c_double), ("cache_seconds", ctypes.c_double)]
+
+
 class CompileOptions(ctypes.Structure):
     _fields_ = [("target", ctypes.c_char_p), ("opt_level", ctypes.c_int),
                 ("vectorize", ctypes.c_int), ("dynamic", ctypes.c_int),
@@ -97,6 +104,13 @@ kiln_status_free = _fn("kiln_status_free", None, _status)
 kiln_free = _fn("kiln_free", None, _P)
 kiln_context_create = _fn("kiln_context_create", _status, _P, ctypes.POINTER(_P))
 kiln_context_destroy = _fn("kiln_context_destroy", None, _P)
+kiln_context_stats = _fn("kiln_context_stats", None, _P, ctypes.POINTER(Stats))
+kiln_context_cache_export = _fn("kiln_context_cache_export", _status, _P,
+                                ctypes.POINTER(ctypes.c_void_p),
+                                ctypes.POINTER(ctypes.c_size_t))
+kiln_context_cache_import = _fn("kiln_context_cache_import", _status, _P,
+                                ctypes.c_char_p, ctypes.c_size_t,
+                                ctypes.POINTER(ctypes.c_int))
 kiln_graph_parse = _fn("kiln_graph_parse", _status, _P, ctypes.c_char_p,
                        ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(_P))
 kiln_graph_destroy = _fn("kiln_graph_destroy", None, _P)
@@ -138,6 +152,26 @@ class Context:
         if getattr(self, "handle", None):
             kiln_context_destroy(self.handle)
             self.handle = None
+
+    def stats(self) -> dict:
+        st = Stats()
+        kiln_context_stats(self.handle, ctypes.byref(st))
+        return {name: getattr(st, name) for name, _ in Stats._fields_}
+
+    def export_cache(self) -> bytes:
+        data, size = ctypes.c_void_p(), ctypes.c_size_t()
+        check(kiln_context_cache_export(self.handle, ctypes.byref(data),
+                                        ctypes.byref(size)))
+        try:
+            return ctypes.string_at(data, size.value)
+        finally:
+            kiln_free(data)
+
+    def import_cache(self, blob: bytes) -> int:
+        count = ctypes.c_int()
+        check(kiln_context_cache_import(self.handle, blob, len(blob),
+                                        ctypes.byref(count)))
+        return count.value
 
     @classmethod
     def default(cls) -> "Context":

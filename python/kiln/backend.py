@@ -89,6 +89,46 @@ class _Support(OperatorSupportBase):
         return reason is None
 
 
+# Compiled functions by graph text without its name: N identical blocks share
+# one kiln function (and one compile).
+_FUNCTIONS: dict[str, _capi.Function] = {}
+_FUNCTIONS_LOCK = threading.Lock()
+
+
+def _function_for(text: str, name: str, opts: dict, dynamic: int) -> _capi.Function:
+    body = text[text.index("("):]
+    key = f"{opts['opt_level']}/{opts['vectorize']}/{opts['max_variants']}/{dynamic}/{body}"
+    with _FUNCTIONS_LOCK:
+        fn = _FUNCTIONS.get(key)
+        if fn is None:
+            fn = _capi.Function(_capi.Context.default(), text, name,
+                                opt_level=opts["opt_level"],
+                                vectorize=opts["vectorize"], dynamic=dynamic,
+                                max_variants=opts["max_variants"])
+            _FUNCTIONS[key] = fn
+        else:
+            _note("stats", f"{name}: same graph as an earlier partition, reused")
+        return fn
+
+
+def compile_stats() -> dict:
+    """kiln's compile statistics for this process: compiles (through MLIR and
+    LLVM), cache hits/misses/rejected entries, seconds per stage."""
+    return _capi.Context.default().stats()
+
+
+def save_cache_artifacts() -> bytes:
+    """The compile cache's entries as bytes (mirrors
+    torch.compiler.save_cache_artifacts)."""
+    return _capi.Context.default().export_cache()
+
+
+def load_cache_artifacts(blob: bytes) -> int:
+    """Stores artifacts from save_cache_artifacts into this machine's cache;
+    returns how many entries were stored."""
+    return _capi.Context.default().import_cache(blob)
+
+
 class CompiledSubgraph(torch.nn.Module):
     """A partition compiled by kiln; called like the submodule it replaces."""
 
@@ -101,12 +141,8 @@ class CompiledSubgraph(torch.nn.Module):
         symbolic = any(not isinstance(d, int)
                        for n in gm.graph.nodes if n.op == "placeholder"
                        for d in n.meta["val"].shape)
-        self.fn = _capi.Function(_capi.Context.default(), text, name,
-                                 opt_level=opts["opt_level"],
-                                 vectorize=opts["vectorize"],
-                                 dynamic=_capi.DYNAMIC_ALWAYS if symbolic
-                                 else _capi.DYNAMIC_AUTO,
-                                 max_variants=opts["max_variants"])
+        self.fn = _function_for(text, name, opts,
+                                _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO)
         self.in_dtypes = [n.meta["val"].dtype for n in gm.graph.nodes if n.op == "placeholder"]
         vals = [o.meta["val"] for o in out_nodes]
         self.out_dtypes = [v.dtype for v in vals]

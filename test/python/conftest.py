@@ -1,8 +1,12 @@
 import os
 import random
+import tempfile
 
-import pytest
-import torch
+# A private compile cache for this test session (set before libkiln loads).
+os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-pytest-cache-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
