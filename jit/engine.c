@@ -1,4 +1,5 @@
-// The ORC JIT (through MLIR's ExecutionEngine) and libffi calls.
+// Object code: MLIR LLVM dialect -> LLVM IR -> object (in memory), linked by
+// LLVM ORC LLJIT; runtime symbols; libffi calls.
 #include <ffi.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,16 +13,17 @@
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
-#include <mlir-c/ExecutionEngine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <mlir-c/Target/LLVMIR.h>
 
 #include "jit.h"
 
-// Either an MLIR ExecutionEngine (compiled here) or a bare LLJIT holding an
-// object loaded from the compile cache.
+// An LLJIT holding one object (compiled now or loaded from the cache). MLIR's
+// ExecutionEngine is not used: its object dump goes through files and LLVM's
+// signal-handler registration, which must not happen inside the user's
+// process (it also broke AddressSanitizer on threads).
 struct kiln_jit {
-  MlirExecutionEngine engine;
   LLVMOrcLLJITRef lljit;
-  bool keep_object;
 };
 
 //===--- runtime symbols --------------------------------------------------===//
@@ -61,96 +63,6 @@ static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
   }
 }
 
-kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
-                              bool keep_object, kiln_jit_t **out_jit) {
-  *out_jit = NULL;
-  kiln_jit_t *j = calloc(1, sizeof(*j));
-  if (!j) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "JIT");
-  if (opt_level < 0) opt_level = 0;
-  if (opt_level > 3) opt_level = 3;
-  j->keep_object = keep_object;
-  // PIC when the object may be cached: it is then linked at another address.
-  j->engine = mlirExecutionEngineCreate(module, opt_level, 0, NULL,
-                                        /*enableObjectDump=*/keep_object,
-                                        /*enablePIC=*/keep_object);
-  if (mlirExecutionEngineIsNull(j->engine)) {
-    free(j);
-    return kiln_make_status(KILN_STATUS_COMPILE_ERROR,
-                            "LLVM ORC JIT: creating the execution engine "
-                            "failed (translation to LLVM IR or codegen)");
-  }
-  // Materialization is lazy (at lookup), so registering now is in time.
-  mlirExecutionEngineRegisterSymbol(j->engine,
-                                    mlirStringRefCreateFromCString("memrefCopy"),
-                                    (void *)kiln_rt_memref_copy);
-  *out_jit = j;
-  return NULL;
-}
-
-void kiln_jit_destroy(kiln_jit_t *jit) {
-  if (!jit) return;
-  if (jit->lljit) LLVMOrcDisposeLLJIT(jit->lljit);
-  else mlirExecutionEngineDestroy(jit->engine);
-  free(jit);
-}
-
-void *kiln_jit_lookup(kiln_jit_t *jit, const char *name) {
-  if (jit->lljit) {
-    LLVMOrcExecutorAddress addr = 0;
-    LLVMErrorRef err = LLVMOrcLLJITLookup(jit->lljit, &addr, name);
-    if (err) {
-      LLVMConsumeError(err);
-      return NULL;
-    }
-    return (void *)(uintptr_t)addr;
-  }
-  return mlirExecutionEngineLookup(jit->engine,
-                                   mlirStringRefCreateFromCString(name));
-}
-
-kiln_status_t kiln_jit_object(kiln_jit_t *jit, void **out_data,
-                              size_t *out_size) {
-  *out_data = NULL;
-  *out_size = 0;
-  if (!jit->keep_object || !jit->engine.ptr)
-    return kiln_make_status(KILN_STATUS_INTERNAL,
-                            "JIT: no object code kept for this function");
-  // The C API writes the object to a file; a private temporary one.
-  const char *tmpdir = getenv("TMPDIR");
-  char path[4096];
-  snprintf(path, sizeof(path), "%s/kiln-obj-XXXXXX",
-           tmpdir && tmpdir[0] ? tmpdir : "/tmp");
-  int fd = mkstemp(path);
-  if (fd < 0)
-    return kiln_make_status(KILN_STATUS_INTERNAL,
-                            "JIT: cannot create a temporary file in %s",
-                            tmpdir ? tmpdir : "/tmp");
-  close(fd);
-  mlirExecutionEngineDumpToObjectFile(jit->engine,
-                                      mlirStringRefCreateFromCString(path));
-  FILE *f = fopen(path, "rb");
-  kiln_status_t s = NULL;
-  if (!f) {
-    s = kiln_make_status(KILN_STATUS_INTERNAL, "JIT: object dump failed");
-  } else {
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = n > 0 ? malloc((size_t)n) : NULL;
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-      free(buf);
-      s = kiln_make_status(KILN_STATUS_INTERNAL,
-                           "JIT: object dump is empty or unreadable");
-    } else {
-      *out_data = buf;
-      *out_size = (size_t)n;
-    }
-    fclose(f);
-  }
-  unlink(path);
-  return s;
-}
-
 static pthread_once_t native_once = PTHREAD_ONCE_INIT;
 static void init_native(void) {
   LLVMInitializeNativeTarget();
@@ -163,6 +75,96 @@ static kiln_status_t llvm_error(LLVMErrorRef err, const char *what) {
                                      msg ? msg : "(no message)");
   LLVMDisposeErrorMessage(msg);
   return s;
+}
+
+kiln_status_t kiln_jit_compile_object(MlirModule module, int opt_level,
+                                      void **out_data, size_t *out_size) {
+  *out_data = NULL;
+  *out_size = 0;
+  pthread_once(&native_once, init_native);
+  if (opt_level < 0) opt_level = 0;
+  if (opt_level > 3) opt_level = 3;
+  char *triple = LLVMGetDefaultTargetTriple();
+  char *cpu = LLVMGetHostCPUName();
+  char *features = LLVMGetHostCPUFeatures();
+  char *err_msg = NULL;
+  LLVMTargetRef target = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  LLVMContextRef llctx = LLVMContextCreate();
+  LLVMModuleRef mod = NULL;
+  kiln_status_t s = NULL;
+  if (LLVMGetTargetFromTriple(triple, &target, &err_msg)) {
+    s = kiln_make_status(KILN_STATUS_COMPILE_ERROR, "LLVM: no target for %s: %s",
+                         triple, err_msg ? err_msg : "");
+    goto done;
+  }
+  // PIC: the object may be linked at another address in another process.
+  tm = LLVMCreateTargetMachine(target, triple, cpu, features,
+                               opt_level >= 2 ? LLVMCodeGenLevelAggressive
+                               : opt_level == 1 ? LLVMCodeGenLevelLess
+                                                : LLVMCodeGenLevelNone,
+                               LLVMRelocPIC, LLVMCodeModelJITDefault);
+  mod = mlirTranslateModuleToLLVMIR(mlirModuleGetOperation(module), llctx);
+  if (!mod) {
+    s = kiln_make_status(KILN_STATUS_COMPILE_ERROR,
+                         "translating the LLVM dialect to LLVM IR failed");
+    goto done;
+  }
+  LLVMSetTarget(mod, triple);
+  LLVMTargetDataRef layout = LLVMCreateTargetDataLayout(tm);
+  LLVMSetModuleDataLayout(mod, layout);
+  LLVMDisposeTargetData(layout);
+  char passes[32];
+  snprintf(passes, sizeof(passes), "default<O%d>", opt_level);
+  LLVMPassBuilderOptionsRef popts = LLVMCreatePassBuilderOptions();
+  LLVMErrorRef err = LLVMRunPasses(mod, passes, tm, popts);
+  LLVMDisposePassBuilderOptions(popts);
+  if (err) {
+    s = llvm_error(err, "LLVM optimization pipeline");
+    goto done;
+  }
+  LLVMMemoryBufferRef buf = NULL;
+  if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &err_msg,
+                                          &buf)) {
+    s = kiln_make_status(KILN_STATUS_COMPILE_ERROR, "LLVM codegen: %s",
+                         err_msg ? err_msg : "(no message)");
+    goto done;
+  }
+  size_t n = LLVMGetBufferSize(buf);
+  void *copy = malloc(n ? n : 1);
+  if (!copy) {
+    s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "object code");
+  } else {
+    memcpy(copy, LLVMGetBufferStart(buf), n);
+    *out_data = copy;
+    *out_size = n;
+  }
+  LLVMDisposeMemoryBuffer(buf);
+done:
+  if (err_msg) LLVMDisposeMessage(err_msg);
+  if (mod) LLVMDisposeModule(mod);
+  if (tm) LLVMDisposeTargetMachine(tm);
+  LLVMContextDispose(llctx);
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(features);
+  return s;
+}
+
+void kiln_jit_destroy(kiln_jit_t *jit) {
+  if (!jit) return;
+  if (jit->lljit) LLVMOrcDisposeLLJIT(jit->lljit);
+  free(jit);
+}
+
+void *kiln_jit_lookup(kiln_jit_t *jit, const char *name) {
+  LLVMOrcExecutorAddress addr = 0;
+  LLVMErrorRef err = LLVMOrcLLJITLookup(jit->lljit, &addr, name);
+  if (err) {
+    LLVMConsumeError(err);
+    return NULL;
+  }
+  return (void *)(uintptr_t)addr;
 }
 
 kiln_status_t kiln_jit_load_object(const void *data, size_t size,

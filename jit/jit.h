@@ -12,16 +12,13 @@
 
 typedef struct kiln_jit kiln_jit_t;
 
-// JIT-compiles `module` (LLVM dialect) at `opt_level` (0..3). With
-// `keep_object`, the object code stays available to kiln_jit_object.
-kiln_status_t kiln_jit_create(MlirModule module, int opt_level,
-                              bool keep_object, kiln_jit_t **out_jit);
-// The relocatable object code of a jit made with `keep_object`, after its
-// entry points were looked up (malloc'd; caller frees).
-kiln_status_t kiln_jit_object(kiln_jit_t *jit, void **out_data,
-                              size_t *out_size);
-// Loads object code produced by kiln_jit_object (possibly in another
-// process): no MLIR, no LLVM optimization, just linking.
+// Compiles `module` (LLVM dialect) to a relocatable object for this host:
+// translation to LLVM IR, the LLVM pipeline at `opt_level` (0..3), codegen
+// for the host CPU, all in memory. *out_data is malloc'd (caller frees).
+kiln_status_t kiln_jit_compile_object(MlirModule module, int opt_level,
+                                      void **out_data, size_t *out_size);
+// Links an object from kiln_jit_compile_object (this process or another one,
+// through the compile cache) into a fresh LLJIT: no MLIR, no optimization.
 kiln_status_t kiln_jit_load_object(const void *data, size_t size,
                                    kiln_jit_t **out_jit);
 // "x86_64-pc-linux-gnu/znver4/+avx2,+fma,..." and the LLVM version: code

@@ -457,9 +457,10 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
   return kiln_hasher_final(&h);
 }
 
-// MLIR and LLVM on a miss; the object goes into the cache.
-static kiln_status_t compile_fresh(kiln_function_t *f, kiln_variant_t *v,
-                                   kiln_stats_t *st) {
+// MLIR and LLVM on a miss: the variant's object code (caller frees).
+static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
+                                    kiln_stats_t *st, void **obj,
+                                    size_t *size) {
   kiln_graph_t *g = f->graph;
   kiln_context_t *c = f->context;
   bool strided[256] = {0};
@@ -491,20 +492,25 @@ static kiln_status_t compile_fresh(kiln_function_t *f, kiln_variant_t *v,
                           &popts);
   double t2 = now_seconds();
   st->mlir_seconds += t2 - t1;
-  if (!s) s = kiln_jit_create(mod, f->options.opt_level, c->cache != NULL, &v->jit);
+  if (!s) s = kiln_jit_compile_object(mod, f->options.opt_level, obj, size);
   if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
   pthread_mutex_unlock(&c->lock);
   free(linalg);
-  if (!s) {
-    v->entry = kiln_jit_lookup(v->jit, KILN_ENTRY_NAME);  // materializes
-    if (!v->entry)
-      s = kiln_make_status(KILN_STATUS_COMPILE_ERROR,
-                           "LLVM ORC JIT: entry point '%s' could not be "
-                           "materialized", KILN_ENTRY_NAME);
-  }
   st->llvm_seconds += now_seconds() - t2;
   if (!s) st->compiles++;
   return s;
+}
+
+// Links object code into the variant.
+static kiln_status_t link_object(kiln_variant_t *v, const void *obj,
+                                 size_t size) {
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_jit_load_object(obj, size, &v->jit));
+  v->entry = kiln_jit_lookup(v->jit, KILN_ENTRY_NAME);
+  if (!v->entry)
+    return kiln_make_status(KILN_STATUS_COMPILE_ERROR,
+                            "LLVM ORC: entry point '%s' not found or not "
+                            "linkable", KILN_ENTRY_NAME);
+  return NULL;
 }
 
 // One variant: from the cache when possible, else compiled and cached.
@@ -538,12 +544,11 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
     size_t size = 0;
     char note[512];
     if (kiln_cache_get(c->cache, key, &obj, &size, note, sizeof(note))) {
-      kiln_status_t ls = kiln_jit_load_object(obj, size, &v->jit);
-      if (!ls) v->entry = kiln_jit_lookup(v->jit, KILN_ENTRY_NAME);
-      if (ls || !v->entry) {
+      kiln_status_t ls = link_object(v, obj, size);
+      if (ls) {
         snprintf(note, sizeof(note), "entry %016llx%016llx does not link: %s",
                  (unsigned long long)key.hi, (unsigned long long)key.lo,
-                 ls ? kiln_status_message(ls) : "no entry point");
+                 kiln_status_message(ls));
         kiln_status_free(ls);
         kiln_jit_destroy(v->jit);
         v->jit = NULL;
@@ -566,21 +571,23 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
     st.cache_seconds += now_seconds() - t0;
   }
   if (!s && !loaded) {
-    s = compile_fresh(f, v, &st);
+    void *obj = NULL;
+    size_t size = 0;
+    s = compile_object(f, v, &st, &obj, &size);
+    double t0 = now_seconds();
+    if (!s) s = link_object(v, obj, size);
+    st.llvm_seconds += now_seconds() - t0;
     if (!s && c->cache) {
-      double t0 = now_seconds();
-      void *obj = NULL;
-      size_t size = 0;
-      kiln_status_t cs = kiln_jit_object(v->jit, &obj, &size);
-      if (!cs) cs = kiln_cache_put(c->cache, key, obj, size);
+      t0 = now_seconds();
+      kiln_status_t cs = kiln_cache_put(c->cache, key, obj, size);
       if (cs) {
         if (log_enabled("cache"))
           fprintf(stderr, "[kiln cache] not stored: %s\n", kiln_status_message(cs));
         kiln_status_free(cs);
       }
-      free(obj);
       st.cache_seconds += now_seconds() - t0;
     }
+    free(obj);
   }
   free(text);
   if (!s) {
