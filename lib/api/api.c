@@ -9,6 +9,7 @@
 
 #include "jit/jit.h"
 #include "lib/cache/cache.h"
+#include "lib/guard/guard.h"
 #include "lib/graph/graph.h"
 #include "lib/ref/ref.h"
 #include "lowering/lowering.h"
@@ -391,7 +392,16 @@ struct kiln_function {
   int variant_count;
   int64_t *first_seen;  // per symbol: the first value called with (-1: none)
   bool *dynamic;        // per symbol: seen with a second value
+  kiln_guard_table_t *guards;  // call signature -> kiln_guard_entry_t
+  struct kiln_guard_entry *entries;  // every entry, freed with the function
 };
+
+// What a guard hit needs: the variant and the call's resolved output types.
+typedef struct kiln_guard_entry {
+  struct kiln_guard_entry *next;
+  kiln_variant_t *variant;
+  kiln_type_t outputs[];  // graph output types with this call's sizes
+} kiln_guard_entry_t;
 
 void kiln_compile_options_init(kiln_compile_options_t *options) {
   memset(options, 0, sizeof(*options));
@@ -647,6 +657,12 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   pthread_mutex_init(&f->lock, NULL);
   if (opts.max_variants < 1) opts.max_variants = 1;
   f->options.max_variants = opts.max_variants;
+  kiln_status_t gs = kiln_guard_table_create(0, &f->guards);
+  if (gs) {
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+    return gs;
+  }
   f->first_seen = malloc(sizeof(int64_t) * ((size_t)graph->symbol_count + 1));
   f->dynamic = calloc((size_t)graph->symbol_count + 1, sizeof(bool));
   for (int i = 0; f->first_seen && i < graph->symbol_count; ++i)
@@ -690,6 +706,12 @@ void kiln_function_release(kiln_function_t *function) {
     kiln_variant_t *next = v->next;
     variant_free(v);
     v = next;
+  }
+  kiln_guard_table_destroy(function->guards);
+  for (kiln_guard_entry_t *e = function->entries; e;) {
+    kiln_guard_entry_t *next = e->next;
+    free(e);
+    e = next;
   }
   kiln_graph_free(function->graph);
   free(function->first_seen);
@@ -879,6 +901,68 @@ kiln_status_t kiln_function_output_types(kiln_function_t *function,
   return NULL;
 }
 
+// Remembers `v` for the signature `key` of a checked call with `binding`.
+static kiln_guard_entry_t *remember(kiln_function_t *f,
+                                   const kiln_guard_key_t *key,
+                                   kiln_variant_t *v, const int64_t *binding) {
+  const kiln_graph_t *g = f->graph;
+  kiln_guard_entry_t *e = calloc(1, sizeof(*e) + sizeof(kiln_type_t) *
+                                                     (size_t)g->output_count);
+  if (!e) return NULL;
+  e->variant = v;
+  for (int i = 0; i < g->output_count; ++i) {
+    e->outputs[i] = g->values[g->outputs[i]].type;
+    for (int k = 0; k < e->outputs[i].rank; ++k)
+      if (KILN_IS_SYM(e->outputs[i].dims[k]))
+        e->outputs[i].dims[k] = binding[KILN_SYM_ID(e->outputs[i].dims[k])];
+  }
+  pthread_mutex_lock(&f->lock);
+  e->next = f->entries;
+  f->entries = e;
+  pthread_mutex_unlock(&f->lock);
+  return kiln_guard_insert(f->guards, key, e);
+}
+
+// The checks a guard hit still needs: the key fixed dtypes, ranks, sizes,
+// layout class and device, but not pointers, element alignment or the sign
+// of strides, nor anything about the outputs.
+static bool hit_inputs_ok(const DLTensor *inputs, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const DLTensor *t = &inputs[i];
+    size_t esize = (t->dtype.bits + 7u) / 8u;
+    uintptr_t addr = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+    if (!t->data || (esize && addr % esize)) return false;
+    if (t->strides)
+      for (int d = 0; d < t->ndim; ++d)
+        if (t->strides[d] < 0) return false;
+  }
+  return true;
+}
+
+static bool hit_outputs_ok(const kiln_guard_entry_t *e, DLTensor *outputs,
+                           size_t n, const DLTensor *inputs, size_t nin) {
+  for (size_t i = 0; i < n; ++i) {
+    const DLTensor *t = &outputs[i];
+    const kiln_type_t *want = &e->outputs[i];
+    kiln_dtype_t dt;
+    if (!t->data || t->device.device_type != kDLCPU || t->ndim != want->rank ||
+        !kiln_dtype_from_dl(t->dtype, &dt) || dt != want->dtype ||
+        ((uintptr_t)t->data + t->byte_offset) % kiln_dtype_size(dt))
+      return false;
+    for (int d = 0; d < t->ndim; ++d)
+      if (t->shape[d] != want->dims[d]) return false;
+    if (!dl_is_contiguous(t)) return false;
+    uintptr_t olo, ohi;
+    dl_extent(t, &olo, &ohi);
+    for (size_t k = 0; k < nin; ++k) {
+      uintptr_t ilo, ihi;
+      dl_extent(&inputs[k], &ilo, &ihi);
+      if (olo < ihi && ilo < ohi) return false;
+    }
+  }
+  return true;
+}
+
 kiln_status_t kiln_function_call(kiln_function_t *function,
                                  const DLTensor *inputs, size_t input_count,
                                  DLTensor *outputs, size_t output_count) {
@@ -886,6 +970,20 @@ kiln_status_t kiln_function_call(kiln_function_t *function,
     return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
                             "kiln_function_call: function is NULL");
   const kiln_graph_t *g = function->graph;
+  // Fast path: one hash probe, no allocation, no lock.
+  kiln_guard_key_t key;
+  bool keyed = input_count == (size_t)g->input_count &&
+               output_count == (size_t)g->output_count &&
+               (inputs || !input_count) && (outputs || !output_count) &&
+               kiln_guard_key_make(inputs, input_count, &key);
+  if (keyed) {
+    const kiln_guard_entry_t *e = kiln_guard_lookup(function->guards, &key);
+    if (e && hit_inputs_ok(inputs, input_count) &&
+        hit_outputs_ok(e, outputs, output_count, inputs, input_count))
+      return run_variant(function, e->variant, inputs, outputs);
+  }
+  // Slow path: every check with its message, the variant policy, and a
+  // guard entry for next time.
   if (g->symbol_count > 256)
     return kiln_make_status(KILN_STATUS_UNSUPPORTED, "more than 256 symbols");
   int64_t binding[256];
@@ -922,6 +1020,7 @@ kiln_status_t kiln_function_call(kiln_function_t *function,
                                 g->name, i, k);
     }
   }
+  if (keyed) remember(function, &key, v, binding);
   return run_variant(function, v, inputs, outputs);
 }
 
