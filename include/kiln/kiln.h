@@ -93,7 +93,8 @@ typedef struct kiln_context kiln_context_t;
 
 typedef struct kiln_context_options_t {
   // Directory to write the IR after every pipeline stage into; NULL reads the
-  // KILN_DUMP_DIR environment variable (unset: no dumps).
+  // KILN_DUMP_DIR environment variable (unset: no dumps). While dumping,
+  // variants are compiled even when the compile cache holds them.
   const char *dump_dir;
   // The persistent compile cache: its directory (NULL: $KILN_CACHE_DIR, else
   // ~/.cache/kiln), its size cap in bytes (0: 1 GiB), and a switch to turn it

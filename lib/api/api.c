@@ -547,8 +547,9 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   if (!s) s = kiln_graph_print_text(v->graph, &text);
   kiln_hash128_t key = {0, 0};
   bool loaded = false;
-  if (!s && c->cache) {
-    key = variant_key(f, text, strided_mask);
+  if (!s && c->cache) key = variant_key(f, text, strided_mask);
+  // With KILN_DUMP_DIR the point is to see the IR: compile, do not load.
+  if (!s && c->cache && !c->dump_dir) {
     double t0 = now_seconds();
     void *obj = NULL;
     size_t size = 0;

@@ -15,3 +15,6 @@ llvm_bin = lit_config.params.get("llvm_bin", "/usr/lib/llvm-22/bin")
 config.test_exec_root = os.path.join(build_dir, "test", "lit")
 config.environment["PATH"] = os.pathsep.join(
     [os.path.join(build_dir, "tools"), llvm_bin, config.environment.get("PATH", os.environ.get("PATH", ""))])
+
+# Tools run by the tests keep their compile cache in the build tree.
+config.environment["KILN_CACHE_DIR"] = os.path.join(build_dir, "test-cache")
