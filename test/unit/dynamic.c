@@ -23,7 +23,7 @@ static const char *kGraph =
     "  %e = aten.embedding(%t, %i)\n"
     "  %gt = aten.gt(%e, 0.1)\n"
     "  %z = aten.where(%gt, %e, 0.5)\n"
-    "  %k = aten.sum(%x)\n"
+    "  %k = aten.sum(%x) {dims = [1]}\n"
     "  return %s, %m, %v, %r, %p, %l, %z, %k\n}\n";
 
 #define MAXT 16
