@@ -21,8 +21,12 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	@cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# The C library on the bundled MLP block (compile time, run time, max error
+# against the reference interpreter), then a short kiln-bench: kiln vs eager
+# vs Inductor through torch.compile.
+demo: python-install
 	$(BUILD)/tools/kiln-run --iters=50 examples/mlp.kiln
+	kiln-bench --demo --results bench-results
 
 check: check-unit check-lit check-python check-asan
 

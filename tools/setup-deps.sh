@@ -49,6 +49,7 @@ $PY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') 
 $PY -c "import pytest" 2>/dev/null || pymissing+=("pytest")
 $PY -c "import numpy" 2>/dev/null || pymissing+=("numpy")
 $PY -c "import scikit_build_core" 2>/dev/null || pymissing+=("scikit-build-core")
+$PY -c "import matplotlib" 2>/dev/null || pymissing+=("matplotlib")  # kiln-bench charts
 if [ ${#pymissing[@]} -gt 0 ]; then
   echo "setup-deps: pip installing ${pymissing[*]}"
   $PY -m pip install -q "${pymissing[@]}"

@@ -1,0 +1,201 @@
+"""The benchmark suite: kernels, blocks, training steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    group: str                   # kernels | blocks | training
+    build: Callable              # (device, dtype) -> (callable, inputs)
+    dtype: torch.dtype = torch.float32
+    flops: float = 0.0           # per call, for the roofline
+    bytes: float = 0.0           # per call, minimum traffic
+    train: bool = False          # the callable returns a loss to backward
+    quick: bool = False          # part of --quick
+    demo: bool = False           # part of `make demo`
+
+
+def _esize(dtype):
+    return torch.finfo(dtype).bits // 8
+
+
+def pointwise(n):
+    def build(dev, dt):
+        def f(x, y):
+            return torch.sigmoid(x * 1.5 + y).mul(x).relu() - 0.25 * y
+        return f, (torch.randn(n, device=dev, dtype=dt), torch.randn(n, device=dev, dtype=dt))
+    return build
+
+
+def softmax(rows, cols):
+    def build(dev, dt):
+        return (lambda x: torch.softmax(x, dim=-1)), (torch.randn(rows, cols, device=dev, dtype=dt),)
+    return build
+
+
+def layernorm(rows, cols):
+    def build(dev, dt):
+        m = nn.LayerNorm(cols).to(dev, dt)
+        return m, (torch.randn(rows, cols, device=dev, dtype=dt),)
+    return build
+
+
+def matmul(m, k, n):
+    def build(dev, dt):
+        return torch.mm, (torch.randn(m, k, device=dev, dtype=dt),
+                          torch.randn(k, n, device=dev, dtype=dt))
+    return build
+
+
+def linear_gelu(m, k, n):
+    def build(dev, dt):
+        lin = nn.Linear(k, n).to(dev, dt)
+        return (lambda x: F.gelu(lin(x))), (torch.randn(m, k, device=dev, dtype=dt),)
+    return build
+
+
+def mlp_block(tokens, dim):
+    def build(dev, dt):
+        m = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(),
+                          nn.Linear(4 * dim, dim)).to(dev, dt)
+        return m, (torch.randn(tokens, dim, device=dev, dtype=dt),)
+    return build
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d // self.heads))
+        y = torch.softmax(att, dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+def attention(batch, tokens, dim, heads):
+    def build(dev, dt):
+        m = Attention(dim, heads).to(dev, dt)
+        return m, (torch.randn(batch, tokens, dim, device=dev, dtype=dt),)
+    return build
+
+
+def encoder_layer(batch, tokens, dim, heads):
+    def build(dev, dt):
+        m = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0,
+                                       batch_first=True).to(dev, dt)
+        return m, (torch.randn(batch, tokens, dim, device=dev, dtype=dt),)
+    return build
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=256, dim=64, heads=4, layers=2, ctx=64):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(ctx, dim)
+        self.blocks = nn.ModuleList(
+            [nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0,
+                                        batch_first=True, norm_first=True, bias=False)
+             for _ in range(layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=idx.device)
+        for blk in self.blocks:
+            x = blk(x, src_mask=mask, is_causal=True)
+        return self.head(self.norm(x))
+
+
+def train_mlp(batch, dim):
+    def build(dev, dt):
+        m = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)).to(dev, dt)
+        x = torch.randn(batch, dim, device=dev, dtype=dt)
+        y = torch.randn(batch, dim, device=dev, dtype=dt)
+        return _train_step(m, lambda out: F.mse_loss(out, y)), (x,)
+    return build
+
+
+def train_gpt(batch, ctx):
+    def build(dev, dt):
+        m = GPT(ctx=ctx).to(dev)
+        idx = torch.randint(0, 256, (batch, ctx), device=dev)
+        tgt = torch.randint(0, 256, (batch, ctx), device=dev)
+        return _train_step(m, lambda out: F.cross_entropy(out.reshape(-1, 256), tgt.reshape(-1))), (idx,)
+    return build
+
+
+def _train_step(model, loss_fn):
+    """A training step as one callable: forward, backward, Adam. The model is
+    the compiled part (`step.model`); the harness compiles it per backend."""
+    opt_state = {}
+
+    class Step:
+        def __init__(self):
+            self.model = model
+            self.opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def __call__(self, compiled, *inputs):
+            self.opt.zero_grad(set_to_none=True)
+            loss = loss_fn(compiled(*inputs))
+            loss.backward()
+            self.opt.step()
+            return loss.detach()
+
+    del opt_state
+    return Step()
+
+
+def suite(device: str) -> list[Case]:
+    f32, bf16 = torch.float32, torch.bfloat16
+    big = device == "cuda"
+    # Memory-bound kernels move well over any last-level cache (64 MB per
+    # tensor on the CPU), so the roofline compares against DRAM bandwidth.
+    n_pw = (1 << 26) if big else (1 << 24)
+    rows, cols = (16384, 4096) if big else (4096, 4096)
+    mm_sizes = [(4096,) * 3, (2048,) * 3] if big else [(256,) * 3, (512,) * 3, (1024,) * 3]
+    cases = [
+        Case("pointwise_chain", "kernels", pointwise(n_pw), f32, flops=7 * n_pw,
+             bytes=3 * n_pw * 4, quick=True, demo=True),
+        Case("softmax", "kernels", softmax(rows, cols), f32, flops=5 * rows * cols,
+             bytes=2 * rows * cols * 4, quick=True, demo=True),
+        Case("layer_norm", "kernels", layernorm(rows, cols), f32, flops=8 * rows * cols,
+             bytes=2 * rows * cols * 4, quick=True),
+    ]
+    for (m, k, n) in mm_sizes:
+        for dt in (f32, bf16):
+            cases.append(Case(f"matmul_{m}_{'f32' if dt is f32 else 'bf16'}", "kernels",
+                              matmul(m, k, n), dt, flops=2.0 * m * n * k,
+                              bytes=(m * k + k * n + m * n) * _esize(dt),
+                              quick=(m == mm_sizes[0][0] and dt is f32)))
+    m, k, n = (4096, 4096, 4096) if big else (512, 512, 1024)
+    cases.append(Case("matmul_bias_gelu", "kernels", linear_gelu(m, k, n), f32,
+                      flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 4))
+    tokens, dim = (4096, 1024) if big else (256, 256)
+    cases += [
+        Case("mlp", "blocks", mlp_block(tokens, dim), f32, quick=True, demo=True),
+        Case("attention", "blocks", attention(8 if big else 4, 512 if big else 128,
+                                              dim, 8), f32),
+        Case("transformer_layer", "blocks", encoder_layer(8 if big else 4, 512 if big else 128,
+                                                          dim, 8), f32),
+        Case("train_mlp", "training", train_mlp(1024 if big else 128, dim), f32,
+             train=True, quick=True),
+        Case("train_gpt", "training", train_gpt(16 if big else 8, 256 if big else 64),
+             f32, train=True),
+    ]
+    return cases

@@ -1,0 +1,43 @@
+"""kiln-bench works end to end (a one-case run), and its checks catch what
+they must. Times are not asserted: speed is shown in benchmarks only."""
+
+import json
+import os
+
+import torch
+
+from kiln_bench.__main__ import main
+from kiln_bench.cases import Case
+from kiln_bench.measure import check, roofline_fraction
+
+
+def test_one_case_run_writes_results(tmp_path, capsys):
+    rc = main(["--demo", "--cases", "softmax", "--no-compile-times",
+               "--results", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "softmax" in out and "vs inductor" in out
+    [run] = os.listdir(tmp_path)
+    data = json.load(open(tmp_path / run / "results.json"))
+    by_backend = {r["backend"]: r for r in data["records"]}
+    assert set(by_backend) == {"eager", "inductor", "kiln"}
+    assert by_backend["kiln"]["check"] == "ok"
+    assert data["roofline"]["bandwidth_gbs"] > 0
+    assert (tmp_path / run / "results.csv").exists()
+
+
+def test_check_flags_a_mismatch():
+    want = torch.randn(4, 4)
+    assert check(want + 1e-6, want)[0]
+    ok, err = check(want + 0.5, want)
+    assert not ok and err > 0.1
+
+
+def test_roofline_fraction_picks_the_binding_limit():
+    roof = {"bandwidth_gbs": 10.0, "matmul_gflops": 100.0}
+    mem = Case("m", "kernels", None, bytes=1e9)
+    frac, bound = roofline_fraction(mem, 0.2, roof)   # bound time 0.1 s
+    assert bound == "memory" and abs(frac - 0.5) < 1e-9
+    comp = Case("c", "kernels", None, flops=1e11, bytes=1e6)
+    frac, bound = roofline_fraction(comp, 2.0, roof)   # bound time 1 s
+    assert bound == "compute" and abs(frac - 0.5) < 1e-9
