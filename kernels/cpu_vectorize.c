@@ -97,6 +97,10 @@ static int result_shape(MlirOperation op, int64_t *dims) {
   return r;
 }
 
+static void sbuf_cb(MlirStringRef str, void *user) {
+  kiln_sbuf_append((kiln_sbuf_t *)user, str.data, str.length);
+}
+
 static const int64_t kVec[] = {16, 8, 4, 2, 1};
 static const int64_t kRegM[] = {8, 4, 2, 1};
 static const int64_t kRegN[] = {32, 16, 8, 4, 2, 1};
@@ -162,6 +166,41 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
   for (int i = 0; i < loops; ++i)
     if (range[i] < 0) return false;
   t->loop_count = loops;
+  // A contraction in generic form (a batch matmul whose batch dims were
+  // reshaped by fusion): one reduction loop, at least two parallel loops, a
+  // multiply feeding an add. Tile it like a matmul: a register tile on the
+  // last two parallel loops, the reduction stepped by one, so the vectorizer
+  // makes an outer-product contraction instead of a horizontal reduction per
+  // output element.
+  int reductions = 0, last_red = -1;
+  int par[16], npar = 0;
+  for (int i = 0; i < loops; ++i) {
+    kiln_sbuf_t pb;
+    kiln_sbuf_init(&pb);
+    mlirAttributePrint(mlirArrayAttrGetElement(it, i), sbuf_cb, &pb);
+    bool red = pb.data && strstr(pb.data, "reduction");
+    kiln_sbuf_free(&pb);
+    if (red) {
+      reductions++;
+      last_red = i;
+    } else {
+      par[npar++] = i;
+    }
+  }
+  bool has_mul = false, has_add = false;
+  for (MlirOperation o = mlirBlockGetFirstOperation(block);
+       !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
+    MlirStringRef on = mlirIdentifierStr(mlirOperationGetName(o));
+    has_mul |= equals(on, "arith.mulf") || equals(on, "arith.muli");
+    has_add |= equals(on, "arith.addf") || equals(on, "arith.addi");
+  }
+  if (reductions == 1 && npar >= 2 && has_mul && has_add) {
+    for (int i = 0; i < loops; ++i) t->sizes[i] = 1;
+    t->sizes[par[npar - 2]] = pick(range[par[npar - 2]], kRegM, 4);
+    t->sizes[par[npar - 1]] = pick(range[par[npar - 1]], kRegN, 6);
+    t->sizes[last_red] = 1;
+    return true;
+  }
   for (int i = 0; i < loops - 1; ++i) t->sizes[i] = 1;
   t->sizes[loops - 1] = pick(range[loops - 1], kVec, 5);
   return true;

@@ -135,7 +135,8 @@ static const char *const kStagePipelines[KILN_STAGE_COUNT] = {
     [KILN_STAGE_LOOPS] =
         "builtin.module(func.func(convert-linalg-to-loops),canonicalize)",
     [KILN_STAGE_LLVM] =
-        "builtin.module(convert-vector-to-scf,convert-linalg-to-loops,"
+        "builtin.module(convert-vector-to-scf{full-unroll=true},"
+        "convert-linalg-to-loops,"
         "lower-affine,expand-strided-metadata,lower-affine,"
         "finalize-memref-to-llvm,convert-scf-to-cf,convert-math-to-funcs,"
         "convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm,"
