@@ -239,9 +239,10 @@ def main(argv=None):
     active = [(n, f) for n, f, _ in bks if f is not None]
     roof = roofline(device, quick)
     info = machine()
+    peaks = ", ".join(f"{k} {v:.1f}" for k, v in roof["matmul_gflops_by_dtype"].items())
     print(f"kiln-bench on {device}: {info.get('cpu')} ({info.get('cores')} cores), torch "
           f"{torch.__version__}; bandwidth {roof['bandwidth_gbs']:.1f} GB/s, matmul peak "
-          f"{roof['matmul_gflops']:.1f} GFLOP/s ({roof['matmul_peak_from']})")
+          f"GFLOP/s {peaks} ({roof['matmul_peak_from']})")
     compile_cases = [] if args.no_compile_times or args.demo else [
         c for c in cases if c.group == "blocks"][:1 if quick else 3]
     prog = Progress(len(cases) * len(active) + 2 * len(compile_cases))

@@ -61,16 +61,17 @@ def roofline(device, quick):
     dst = torch.empty_like(src)
     t = median_time(lambda: dst.copy_(src), device, min_iters=5, max_iters=20, budget_s=1.0)
     bw = 2 * n * 4 / t / 1e9
-    if device == "cuda":
-        m, dt = 8192, torch.bfloat16
-    else:
-        m, dt = 1024, torch.float32
-    a = torch.randn(m, m, device=device, dtype=dt)
-    b = torch.randn(m, m, device=device, dtype=dt)
-    t = median_time(lambda: torch.mm(a, b), device, min_iters=3, max_iters=20, budget_s=1.0)
-    peak = 2.0 * m ** 3 / t / 1e9
-    return {"bandwidth_gbs": bw, "matmul_gflops": peak,
-            "matmul_peak_from": f"torch.mm {m}^3 {str(dt).replace('torch.', '')}"}
+    m = 8192 if device == "cuda" else 1024
+    peaks = {}
+    for dt in (torch.float32, torch.bfloat16):
+        a = torch.randn(m, m, device=device, dtype=dt)
+        b = torch.randn(m, m, device=device, dtype=dt)
+        t = median_time(lambda: torch.mm(a, b), device, min_iters=3, max_iters=20,
+                        budget_s=1.0)
+        peaks[str(dt).replace("torch.", "")] = 2.0 * m ** 3 / t / 1e9
+    return {"bandwidth_gbs": bw, "matmul_gflops": peaks["float32"],
+            "matmul_gflops_by_dtype": peaks,
+            "matmul_peak_from": f"torch.mm {m}^3 per dtype"}
 
 
 def roofline_fraction(case, seconds, roof):
@@ -78,7 +79,9 @@ def roofline_fraction(case, seconds, roof):
     measured time; None without a flop/byte model."""
     if not case.flops and not case.bytes:
         return None
-    t_compute = case.flops / (roof["matmul_gflops"] * 1e9) if case.flops else 0.0
+    peak = roof.get("matmul_gflops_by_dtype", {}).get(
+        str(case.dtype).replace("torch.", ""), roof["matmul_gflops"])
+    t_compute = case.flops / (peak * 1e9) if case.flops else 0.0
     t_memory = case.bytes / (roof["bandwidth_gbs"] * 1e9) if case.bytes else 0.0
     bound = "compute" if t_compute >= t_memory else "memory"
     return max(t_compute, t_memory) / seconds, bound
