@@ -10,5 +10,5 @@ mkdir -p .device/debs .device/wheel
 (cd .device/debs && apt-get download libmlir-22 libllvm22 libz3-4 2>/dev/null)
 python3 -m pip wheel -q --no-build-isolation --no-deps ./python -w .device/wheel
 python3 -m pip download -q pytest -d .device/wheel
-cp tools/device/run-python-tests.sh .device/
+cp tools/device/run-python-tests.sh tools/device/run-bench.sh .device/
 du -sh .device

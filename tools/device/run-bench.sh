@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# On the GPU machine (after tools/device/pack.sh here, with carry [".device"]):
+# kiln-bench --quick on the GPU (and on that machine's CPU), results to $OUT.
+set -u
+mkdir -p /tmp/llvm
+for f in .device/debs/*.deb; do dpkg -x "$f" /tmp/llvm; done
+export LD_LIBRARY_PATH=/tmp/llvm/usr/lib/llvm-22/lib:/tmp/llvm/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+python3 -m pip install -q --break-system-packages --no-deps --force-reinstall .device/wheel/kiln-*.whl 2>&1 | grep -v WARNING
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+OUT=${OUT:-/tmp/out}
+python3 -m kiln_bench --quick --device cuda --results "$OUT/gpu" 2>/dev/null
+python3 -m kiln_bench --quick --device cpu --results "$OUT/cpu" 2>/dev/null
