@@ -242,18 +242,18 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
     case KILN_OP_CONVERT:
       memcpy(r, v[0], 24);
       return NULL;
-    case KILN_OP_EXP: inst(e, b, r, "math.exp", v[0], NULL, ty); return NULL;
+    case KILN_OP_EXP: kiln_emit_math(e, b, "exp", v[0], mt, r); return NULL;
     case KILN_OP_LOG: inst(e, b, r, "math.log", v[0], NULL, ty); return NULL;
     case KILN_OP_SQRT: inst(e, b, r, "math.sqrt", v[0], NULL, ty); return NULL;
     case KILN_OP_RSQRT: inst(e, b, r, "math.rsqrt", v[0], NULL, ty); return NULL;
-    case KILN_OP_TANH: inst(e, b, r, "math.tanh", v[0], NULL, ty); return NULL;
-    case KILN_OP_ERF: inst(e, b, r, "math.erf", v[0], NULL, ty); return NULL;
+    case KILN_OP_TANH: kiln_emit_math(e, b, "tanh", v[0], mt, r); return NULL;
+    case KILN_OP_ERF: kiln_emit_math(e, b, "erf", v[0], mt, r); return NULL;
     case KILN_OP_SIN: inst(e, b, r, "math.sin", v[0], NULL, ty); return NULL;
     case KILN_OP_COS: inst(e, b, r, "math.cos", v[0], NULL, ty); return NULL;
     case KILN_OP_SIGMOID:
       kiln_emit_scalar_const(e, b, mt, 1, c1);
       inst(e, b, t1, "arith.negf", v[0], NULL, ty);
-      inst(e, b, t2, "math.exp", t1, NULL, ty);
+      kiln_emit_math(e, b, "exp", t1, mt, t2);
       inst(e, b, t3, "arith.addf", c1, t2, ty);
       inst(e, b, r, "arith.divf", c1, t3, ty);
       return NULL;
@@ -272,12 +272,12 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
         inst(e, b, t3, "arith.mulf", t2, k1, ty);
         inst(e, b, t4, "arith.addf", v[0], t3, ty);
         inst(e, b, t1, "arith.mulf", t4, k0, ty);
-        inst(e, b, inner, "math.tanh", t1, NULL, ty);
+        kiln_emit_math(e, b, "tanh", t1, mt, inner);
       } else {
         char k[24];
         kiln_emit_scalar_const(e, b, mt, M_SQRT1_2, k);
         inst(e, b, t1, "arith.mulf", v[0], k, ty);
-        inst(e, b, inner, "math.erf", t1, NULL, ty);
+        kiln_emit_math(e, b, "erf", t1, mt, inner);
       }
       inst(e, b, t2, "arith.addf", inner, one, ty);
       inst(e, b, t3, "arith.mulf", v[0], half, ty);

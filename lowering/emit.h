@@ -106,6 +106,11 @@ void kiln_emit_scalar_const(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_dtype_t t,
 kiln_status_t kiln_emit_error(kiln_emitter_t *e, kiln_status_code_t code,
                               const char *fmt, ...) KILN_PRINTF(3, 4);
 
+// `math.<fn>` of scalar `x` in math dtype `mt`; exp, tanh and erf in f32 are
+// emitted as vectorizable arithmetic (lowering/math_approx.c).
+void kiln_emit_math(kiln_emitter_t *e, kiln_sbuf_t *b, const char *fn,
+                    const char *x, kiln_dtype_t mt, char out[24]);
+
 // Lowering functions, one per family, in lowering/ops/*.c. Each reads the
 // node's operands from e->values and writes its results there.
 typedef kiln_status_t (*kiln_lower_fn)(kiln_emitter_t *e, const kiln_node_t *n);

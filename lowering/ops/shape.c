@@ -138,10 +138,16 @@ static void dense_elem(kiln_sbuf_t *b, kiln_dtype_t t, double v) {
     kiln_sbuf_puts(b, v != 0 ? "1" : "0");  // stored as i8
   } else if (!kiln_dtype_is_float(t)) {
     kiln_sbuf_printf(b, "%lld", (long long)(isnan(v) ? 0 : trunc(v)));
-  } else if (isnan(v)) {
-    kiln_sbuf_puts(b, "0x7FC00000");
-  } else if (isinf(v)) {
-    kiln_sbuf_puts(b, v > 0 ? "0x7F800000" : "0xFF800000");
+  } else if (isnan(v) || isinf(v)) {
+    // Non-finite values as bit patterns of the element type.
+    static const char *const bits[4][3] = {
+        // nan, +inf, -inf
+        {"0x7FC00000", "0x7F800000", "0xFF800000"},                          // f32
+        {"0x7E00", "0x7C00", "0xFC00"},                                      // f16
+        {"0x7FC0", "0x7F80", "0xFF80"},                                      // bf16
+        {"0x7FF8000000000000", "0x7FF0000000000000", "0xFFF0000000000000"}};  // f64
+    int row = t == KILN_F16 ? 1 : t == KILN_BF16 ? 2 : t == KILN_F64 ? 3 : 0;
+    kiln_sbuf_puts(b, bits[row][isnan(v) ? 0 : v > 0 ? 1 : 2]);
   } else {
     char buf[64];
     snprintf(buf, sizeof(buf), "%.17e", v);
@@ -162,12 +168,7 @@ kiln_status_t kiln_lower_create(kiln_emitter_t *e, const kiln_node_t *n) {
     kiln_emit_set_result(e, n, 0, &out);
     return NULL;
   }
-  // Non-finite floats use bit patterns, which MLIR reads only for f32; build
-  // such constants in f32 and convert, which is exact for inf and nan.
-  bool nonfinite = false;
-  for (int i = 0; i < v->count; ++i) nonfinite |= !isfinite(v->floats[i]);
   kiln_type_t ct = *rt;
-  if (nonfinite && kiln_dtype_is_float(rt->dtype)) ct.dtype = KILN_F32;
   char ty[256];
   kiln_mlir_tensor_type(&ct, ty, sizeof(ty));
   kiln_tv_t c;

@@ -67,6 +67,13 @@ static const op_case_t kCases[] = {
                      " %b = aten.logical_or(%x, %y)\n %c = aten.logical_xor(%x, %y)\n return %a, %b, %c\n}"},
     {"where", ALL, "graph @t(%c: bool[3,17], %x: $T[3,17], %y: $T[17]) {\n %z = aten.where(%c, %x, %y)\n return %z\n}"},
     {"where", NUMERIC, "graph @t(%c: bool[3,17], %x: $T[3,17]) {\n %z = aten.where(%c, %x, 0)\n return %z\n}"},
+    // Special values through kiln's own f32 exp/tanh/erf (math_approx.c):
+    // infinities, NaN, overflow and underflow edges, tiny and large inputs.
+    {"special", "f32 f16 bf16 f64", "graph @t(%x: $T[3]) {\n"
+     " %c = kiln.constant() {value = [-inf, -104.0, -88.0, -87.0, -20.0, -2.5, -0.7, -0.001, 0.0, 1e-06, 0.3, 0.62, 0.63, 3.0, 9.5, 20.0, 88.0, 88.7, 88.73, 100.0, inf, nan]} : $T[22]\n"
+     " %a = aten.exp(%c)\n %b = aten.tanh(%c)\n %d = aten.erf(%c)\n %e = aten.sigmoid(%c)\n"
+     " %f = aten.gelu(%c)\n %g = aten.gelu(%c) {approximate = \"tanh\"}\n %y = aten.neg(%x)\n"
+     " return %a, %b, %d, %e, %f, %g, %y\n}"},
     // Type promotion across dtypes.
     {"promote", "f16 bf16 i32", "graph @t(%x: $T[3,17], %y: f32[17]) {\n %z = aten.add(%x, %y)\n return %z\n}"},
     {"promote", "i32 i64 bool", "graph @t(%x: $T[3,17]) {\n %z = aten.add(%x, 1.5)\n return %z\n}"},
