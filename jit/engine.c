@@ -208,6 +208,27 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
   return NULL;
 }
 
+#include <dlfcn.h>
+
+#ifndef KILN_OMP_LIBRARY
+#define KILN_OMP_LIBRARY "libomp.so.5"
+#endif
+
+static bool omp_ok;
+static pthread_once_t omp_once = PTHREAD_ONCE_INIT;
+static void load_omp(void) {
+  // RTLD_GLOBAL: JIT-linked code finds __kmpc_* through the process symbol
+  // search, even when libkiln itself was loaded RTLD_LOCAL (Python ctypes).
+  void *h = dlopen(KILN_OMP_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
+  if (!h) h = dlopen("libomp.so.5", RTLD_NOW | RTLD_GLOBAL);
+  omp_ok = h != NULL;
+}
+
+bool kiln_jit_openmp_available(void) {
+  pthread_once(&omp_once, load_omp);
+  return omp_ok;
+}
+
 static char host_id[4096];
 static pthread_once_t host_id_once = PTHREAD_ONCE_INIT;
 

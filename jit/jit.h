@@ -21,6 +21,10 @@ kiln_status_t kiln_jit_compile_object(MlirModule module, int opt_level,
 // through the compile cache) into a fresh LLJIT: no MLIR, no optimization.
 kiln_status_t kiln_jit_load_object(const void *data, size_t size,
                                    kiln_jit_t **out_jit);
+// Makes the OpenMP runtime (libomp) visible to JIT-linked code, once per
+// process. False when it cannot be loaded: kernels then run single-threaded.
+bool kiln_jit_openmp_available(void);
+
 // "x86_64-pc-linux-gnu/znver4/+avx2,+fma,..." and the LLVM version: code
 // compiled for one host id is only reused on the same.
 const char *kiln_jit_host_id(void);

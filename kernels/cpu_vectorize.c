@@ -28,12 +28,27 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
                      "{kiln.tile_id = %d : i64} in %%root : (!transform.any_op) "
                      "-> !transform.any_op\n",
                      i, i);
+    const char *target = "op";
+    if (t->forall_dim >= 0) {
+      // Threads first: one forall over the distributed loop.
+      kiln_sbuf_printf(&b, "    %%par%d, %%forall%d = transform.structured."
+                           "tile_using_forall %%op%d tile_sizes [", i, i, i);
+      for (int k = 0; k < t->loop_count; ++k)
+        kiln_sbuf_printf(&b, "%s%lld", k ? ", " : "",
+                         (long long)(k == t->forall_dim ? t->sizes[k] : 0));
+      kiln_sbuf_puts(&b, "] : (!transform.any_op) -> (!transform.any_op, "
+                         "!transform.any_op)\n");
+      target = "par";
+      loops -= t->sizes[t->forall_dim] != 0;
+    }
     if (!loops) continue;
     kiln_sbuf_printf(&b, "    %%tiled%d", i);
     for (int k = 0; k < loops; ++k) kiln_sbuf_printf(&b, ", %%loop%d_%d", i, k);
-    kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%op%d tile_sizes [", i);
+    kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%%s%d tile_sizes [",
+                     target, i);
     for (int k = 0; k < t->loop_count; ++k)
-      kiln_sbuf_printf(&b, "%s%lld", k ? ", " : "", (long long)t->sizes[k]);
+      kiln_sbuf_printf(&b, "%s%lld", k ? ", " : "",
+                       (long long)(k == t->forall_dim ? 0 : t->sizes[k]));
     kiln_sbuf_puts(&b, "] : (!transform.any_op) -> (!transform.any_op");
     for (int k = 0; k < loops; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
     kiln_sbuf_puts(&b, ")\n");
@@ -105,6 +120,17 @@ static const int64_t kVec[] = {16, 8, 4, 2, 1};
 static const int64_t kRegM[] = {8, 4, 2, 1};
 static const int64_t kRegN[] = {32, 16, 8, 4, 2, 1};
 
+// Distributes the first parallel loop that has more than one tile.
+static void set_forall(kiln_tile_sizes_t *t, const bool *parallel,
+                       const int64_t *range) {
+  t->forall_dim = -1;
+  for (int i = 0; i < t->loop_count; ++i)
+    if (parallel[i] && t->sizes[i] > 0 && range[i] > t->sizes[i]) {
+      t->forall_dim = i;
+      return;
+    }
+}
+
 // Chooses tile sizes for one op; false when the op is left alone.
 static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
@@ -112,6 +138,7 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
   int r = result_shape(op, dims);
   if (r < 0) return false;
   memset(t, 0, sizeof(*t));
+  t->forall_dim = -1;
   if (equals(name, "linalg.matmul") || equals(name, "linalg.batch_matmul")) {
     int b = equals(name, "linalg.batch_matmul") ? 1 : 0;
     t->loop_count = 3 + b;
@@ -119,6 +146,11 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
     t->sizes[b] = pick(dims[b], kRegM, 4);
     t->sizes[b + 1] = pick(dims[b + 1], kRegN, 6);
     t->sizes[b + 2] = 1;
+    bool par[16] = {true, true, true, false};
+    if (!b) par[2] = false;
+    int64_t range[16] = {0};
+    for (int i = 0; i <= b + 1; ++i) range[i] = dims[i];
+    set_forall(t, par, range);
     return true;
   }
   if (equals(name, "linalg.fill") || equals(name, "linalg.transpose")) {
@@ -126,6 +158,9 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
     t->loop_count = r;
     for (int i = 0; i < r - 1; ++i) t->sizes[i] = 1;
     t->sizes[r - 1] = pick(dims[r - 1], kVec, 5);
+    bool par[16];
+    for (int i = 0; i < 16; ++i) par[i] = true;
+    set_forall(t, par, dims);
     return true;
   }
   if (!equals(name, "linalg.generic")) return false;
@@ -194,15 +229,19 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
     has_mul |= equals(on, "arith.mulf") || equals(on, "arith.muli");
     has_add |= equals(on, "arith.addf") || equals(on, "arith.addi");
   }
+  bool is_par[16] = {false};
+  for (int i = 0; i < npar; ++i) is_par[par[i]] = true;
   if (reductions == 1 && npar >= 2 && has_mul && has_add) {
     for (int i = 0; i < loops; ++i) t->sizes[i] = 1;
     t->sizes[par[npar - 2]] = pick(range[par[npar - 2]], kRegM, 4);
     t->sizes[par[npar - 1]] = pick(range[par[npar - 1]], kRegN, 6);
     t->sizes[last_red] = 1;
+    set_forall(t, is_par, range);
     return true;
   }
   for (int i = 0; i < loops - 1; ++i) t->sizes[i] = 1;
   t->sizes[loops - 1] = pick(range[loops - 1], kVec, 5);
+  set_forall(t, is_par, range);
   return true;
 }
 

@@ -14,11 +14,15 @@
 typedef struct kiln_tile_sizes {
   int32_t loop_count;
   int64_t sizes[16];
+  // The parallel loop distributed over threads (scf.forall, then OpenMP),
+  // tiled by sizes[forall_dim]; -1 for none.
+  int32_t forall_dim;
 } kiln_tile_sizes_t;
 
 // The schedule text for `count` tagged ops: each op tagged with
-// `kiln.tile_id = i` is tiled with sizes[i] (scf.for), then every function
-// is vectorized (vectorize_children_and_apply_patterns). Caller frees.
+// `kiln.tile_id = i` is distributed over threads along its forall_dim
+// (scf.forall) and tiled with sizes[i] (scf.for), then every function is
+// vectorized (vectorize_children_and_apply_patterns). Caller frees.
 kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
                                         int32_t count, char **out_text);
 

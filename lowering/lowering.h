@@ -26,6 +26,8 @@ MlirContext kiln_mlir_context(kiln_mlir_t *m);
 
 typedef struct kiln_pipeline_options {
   int vectorize;         // run the kernels/ schedules at the VECTORIZED stage
+  int threads;           // > 1: scf.forall loops become OpenMP with this many
+                         // threads; otherwise sequential loops
   const char *dump_dir;  // write the IR after every stage here (NULL: none)
   const char *dump_tag;  // file name prefix for dumps
 } kiln_pipeline_options_t;

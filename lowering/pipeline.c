@@ -132,8 +132,10 @@ static const char *const kStagePipelines[KILN_STAGE_COUNT] = {
     [KILN_STAGE_BUFFERIZED] =
         "builtin.module(eliminate-empty-tensors,one-shot-bufferize,canonicalize,cse,"
         "buffer-deallocation-pipeline)",
+    // LOOPS: the thread distribution is prefixed at run time (see
+    // stage_pipeline): forall loops become OpenMP work-sharing loops.
     [KILN_STAGE_LOOPS] =
-        "builtin.module(func.func(convert-linalg-to-loops),canonicalize)",
+        "func.func(convert-linalg-to-loops),canonicalize)",
     [KILN_STAGE_LLVM] =
         "builtin.module(convert-vector-to-scf{full-unroll=true},"
         "convert-linalg-to-loops,"
@@ -142,8 +144,24 @@ static const char *const kStagePipelines[KILN_STAGE_COUNT] = {
         "convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm,"
         "convert-arith-to-llvm,convert-index-to-llvm,convert-ub-to-llvm,convert-cf-to-llvm,"
         "convert-func-to-llvm,convert-arith-to-llvm,convert-cf-to-llvm,"
-        "reconcile-unrealized-casts)",
+        "convert-openmp-to-llvm,reconcile-unrealized-casts)",
 };
+
+// The pipeline text of `stage` for these options.
+static void stage_pipeline(kiln_stage_t stage, const kiln_pipeline_options_t *o,
+                           char *buf, size_t n) {
+  if (stage != KILN_STAGE_LOOPS) {
+    snprintf(buf, n, "%s", kStagePipelines[stage]);
+    return;
+  }
+  int threads = o ? o->threads : 1;
+  if (threads > 1)
+    snprintf(buf, n, "builtin.module(scf-forall-to-parallel,"
+                     "convert-scf-to-openmp{num-threads=%d},%s", threads,
+             kStagePipelines[stage]);
+  else
+    snprintf(buf, n, "builtin.module(scf-forall-to-for,%s", kStagePipelines[stage]);
+}
 
 static kiln_status_t run_pipeline(kiln_mlir_t *m, MlirModule module,
                                   const char *pipeline, const char *what) {
@@ -170,7 +188,8 @@ static kiln_status_t run_pipeline(kiln_mlir_t *m, MlirModule module,
   return NULL;
 }
 
-// After the LLVM stage every op must be in the LLVM dialect; a leftover op
+// After the LLVM stage every op must be in the LLVM (or OpenMP) dialect; a
+// leftover op
 // would only surface later as an opaque JIT failure.
 typedef struct {
   char name[128];
@@ -178,7 +197,9 @@ typedef struct {
 
 static MlirWalkResult find_leftover(MlirOperation op, void *user) {
   MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
+  // omp.* ops stay: the LLVM IR translation lowers them (OpenMPIRBuilder).
   bool ok = (n.length > 5 && memcmp(n.data, "llvm.", 5) == 0) ||
+            (n.length > 4 && memcmp(n.data, "omp.", 4) == 0) ||
             (n.length == 14 && memcmp(n.data, "builtin.module", 14) == 0);
   if (ok) return MlirWalkResultAdvance;
   leftover_t *l = user;
@@ -205,8 +226,10 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
         }
       }
     } else {
+      char text[2048];
+      stage_pipeline(stage, opts, text, sizeof(text));
       KILN_RETURN_IF_ERROR_PLAIN(
-          run_pipeline(m, module, kStagePipelines[stage], what));
+          run_pipeline(m, module, text, what));
     }
     if (stage == KILN_STAGE_LLVM) {
       leftover_t l = {{0}};

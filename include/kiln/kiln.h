@@ -238,6 +238,9 @@ typedef struct kiln_compile_options_t {
   // Variants one function may hold (default 8); past it only fully symbolic
   // variants are compiled, so a call never fails for lack of room.
   int max_variants;
+  // Threads a kernel may use (OpenMP): 0 = every online core (default),
+  // 1 = single-threaded. KILN_NUM_THREADS overrides the default.
+  int num_threads;
 } kiln_compile_options_t;
 
 KILN_API void kiln_compile_options_init(kiln_compile_options_t *options);

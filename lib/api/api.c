@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "jit/jit.h"
 #include "lib/cache/cache.h"
@@ -410,6 +411,20 @@ void kiln_compile_options_init(kiln_compile_options_t *options) {
   options->vectorize = 1;
   options->dynamic = KILN_DYNAMIC_AUTO;
   options->max_variants = 8;
+  options->num_threads = 0;
+}
+
+// Resolves num_threads: 0 means KILN_NUM_THREADS or every online core; no
+// OpenMP runtime means one.
+static int resolve_threads(int requested) {
+  int n = requested;
+  if (n <= 0) {
+    const char *env = getenv("KILN_NUM_THREADS");
+    n = env && atoi(env) > 0 ? atoi(env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  }
+  if (n < 1) n = 1;
+  if (n > 1 && !kiln_jit_openmp_available()) n = 1;
+  return n;
 }
 
 static kiln_status_t check_target(const kiln_compile_options_t *o) {
@@ -458,7 +473,8 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
   kiln_hasher_update(&h, &build_id, sizeof(build_id));
   kiln_hasher_update_str(&h, kiln_jit_host_id());
   kiln_hasher_update_str(&h, f->target);
-  int32_t opts[2] = {f->options.opt_level, f->options.vectorize};
+  int32_t opts[3] = {f->options.opt_level, f->options.vectorize,
+                     f->options.num_threads};
   kiln_hasher_update(&h, opts, sizeof(opts));
   kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
   // The graph's name is a label, not code: hash the text without it.
@@ -482,7 +498,8 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   double t1 = now_seconds();
   st->lower_seconds += t1 - t0;
   pthread_mutex_lock(&c->lock);
-  kiln_pipeline_options_t popts = {f->options.vectorize, c->dump_dir, NULL};
+  kiln_pipeline_options_t popts = {f->options.vectorize, f->options.num_threads,
+                                   c->dump_dir, NULL};
   char tag[256];
   snprintf(tag, sizeof(tag), "%s-%d", g->name ? g->name : "graph",
            c->dump_counter++);
@@ -658,6 +675,7 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   pthread_mutex_init(&f->lock, NULL);
   if (opts.max_variants < 1) opts.max_variants = 1;
   f->options.max_variants = opts.max_variants;
+  f->options.num_threads = resolve_threads(opts.num_threads);
   kiln_status_t gs = kiln_guard_table_create(0, &f->guards);
   if (gs) {
     pthread_mutex_destroy(&f->lock);
@@ -1202,7 +1220,8 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   pthread_mutex_lock(&context->lock);
   MlirModule mod = {NULL};
   kiln_status_t s = kiln_mlir_parse(context->mlir, mlir_text, &mod);
-  kiln_pipeline_options_t popts = {opts.vectorize, NULL, NULL};
+  kiln_pipeline_options_t popts = {opts.vectorize, resolve_threads(opts.num_threads),
+                                   NULL, NULL};
   if (!s)
     s = kiln_pipeline_run(context->mlir, mod, KILN_STAGE_LINALG, stop, &popts);
   if (!s) s = kiln_mlir_print(mod, out_text);
