@@ -41,7 +41,7 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
       target = "par";
       loops -= t->sizes[t->forall_dim] != 0;
     }
-    if (!loops) continue;
+    if (loops) {
     kiln_sbuf_printf(&b, "    %%tiled%d", i);
     for (int k = 0; k < loops; ++k) kiln_sbuf_printf(&b, ", %%loop%d_%d", i, k);
     kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%%s%d tile_sizes [",
@@ -52,6 +52,19 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
     kiln_sbuf_puts(&b, "] : (!transform.any_op) -> (!transform.any_op");
     for (int k = 0; k < loops; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
     kiln_sbuf_puts(&b, ")\n");
+    target = "tiled";
+    }
+    if (t->reduction_dim >= 0) {
+      kiln_sbuf_printf(&b, "    %%rfill%d, %%rsplit%d, %%rcomb%d, %%rloop%d = "
+                           "transform.structured.tile_reduction_using_for "
+                           "%%%s%d by tile_sizes = [", i, i, i, i, target, i);
+      for (int k = 0; k < t->loop_count; ++k)
+        kiln_sbuf_printf(&b, "%s%lld", k ? ", " : "",
+                         (long long)(k == t->reduction_dim ? t->reduction_tile : 0));
+      kiln_sbuf_puts(&b, "] : (!transform.any_op) -> (!transform.any_op, "
+                         "!transform.any_op, !transform.any_op, "
+                         "!transform.any_op)\n");
+    }
   }
   kiln_sbuf_puts(&b,
                  "    %funcs = transform.structured.match ops{[\"func.func\"]} "
@@ -72,6 +85,12 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
                  "      transform.apply_patterns.vector.lower_broadcast\n"
                  "      transform.apply_patterns.vector.lower_outerproduct\n"
                  "    } : !transform.any_op\n"
+                 // Loop-carried accumulators (matmul tiles, reduction
+                 // partials) move out of memory into registers.
+                 "    %fors = transform.structured.match ops{[\"scf.for\"]} in "
+                 "%root : (!transform.any_op) -> !transform.any_op\n"
+                 "    transform.loop.hoist_loop_invariant_subsets %fors : "
+                 "!transform.any_op\n"
                  "    transform.yield\n  }\n}\n");
   char *text = kiln_sbuf_take(&b);
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "schedule");
@@ -139,6 +158,7 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
   if (r < 0) return false;
   memset(t, 0, sizeof(*t));
   t->forall_dim = -1;
+  t->reduction_dim = -1;
   if (equals(name, "linalg.matmul") || equals(name, "linalg.batch_matmul")) {
     int b = equals(name, "linalg.batch_matmul") ? 1 : 0;
     t->loop_count = 3 + b;
@@ -237,6 +257,17 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
     t->sizes[par[npar - 1]] = pick(range[par[npar - 1]], kRegN, 6);
     t->sizes[last_red] = 1;
     set_forall(t, is_par, range);
+    return true;
+  }
+  if (reductions == 1 && last_red == loops - 1 && loops >= 2) {
+    // Row reduction: rows over threads and one at a time, the row split by
+    // the vector width into a vector accumulator.
+    for (int i = 0; i < loops - 1; ++i) t->sizes[i] = 1;
+    t->sizes[last_red] = 0;
+    set_forall(t, is_par, range);
+    t->reduction_dim = last_red;
+    t->reduction_tile = pick(range[last_red], kVec, 5);
+    if (t->reduction_tile == 1) t->reduction_dim = -1;  // nothing to split
     return true;
   }
   for (int i = 0; i < loops - 1; ++i) t->sizes[i] = 1;

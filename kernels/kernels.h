@@ -17,6 +17,12 @@ typedef struct kiln_tile_sizes {
   // The parallel loop distributed over threads (scf.forall, then OpenMP),
   // tiled by sizes[forall_dim]; -1 for none.
   int32_t forall_dim;
+  // A row reduction: after the tiling above, the reduction loop
+  // `reduction_dim` is split by `reduction_tile` with a partial accumulator
+  // (tile_reduction_using_for), so the loop carries a vector, not a scalar
+  // that needs a horizontal reduction per step. -1 for none.
+  int32_t reduction_dim;
+  int64_t reduction_tile;
 } kiln_tile_sizes_t;
 
 // The schedule text for `count` tagged ops: each op tagged with
