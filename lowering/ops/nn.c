@@ -14,22 +14,29 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_normalize_dim(kiln_node_attr_int(n, "dim", -1), x0->type.rank, &d);
   bool red[KILN_MAX_RANK] = {0};
   if (x0->type.rank) red[d] = true;
-  kiln_tv_t x, m, t, ex, s, r;
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, x0, mt, &x));
-  // Subtracting the row max keeps exp() finite.
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_AMAX, &x, red, true, mt, &m));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(&x),
-                                              kiln_arg_tensor(&m), mt, &t));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_EXP, &t, mt, &ex));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &ex, red, true, mt, &s));
+  // Three passes over x, no row-sized intermediate in memory: the max; the
+  // sum of exp(x - max), its exp fused into the reduction; the output, which
+  // recomputes exp(x - max) rather than reading it back. Operands convert to
+  // the math dtype inside each body.
+  const kiln_tv_t *x = x0;
+  kiln_tv_t m, t1, e1, s, t2, r;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_AMAX, x, red, true, mt, &m));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(x),
+                                              kiln_arg_tensor(&m), mt, &t1));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_EXP, &t1, mt, &e1));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &e1, red, true, mt, &s));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(x),
+                                              kiln_arg_tensor(&m), mt, &t2));
   if (n->op == KILN_OP_SOFTMAX) {
+    kiln_tv_t e2;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_EXP, &t2, mt, &e2));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
-        e, KILN_OP_DIV, kiln_arg_tensor(&ex), kiln_arg_tensor(&s), mt, &r));
+        e, KILN_OP_DIV, kiln_arg_tensor(&e2), kiln_arg_tensor(&s), mt, &r));
   } else {
     kiln_tv_t ls;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_LOG, &s, mt, &ls));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
-        e, KILN_OP_SUB, kiln_arg_tensor(&t), kiln_arg_tensor(&ls), mt, &r));
+        e, KILN_OP_SUB, kiln_arg_tensor(&t2), kiln_arg_tensor(&ls), mt, &r));
   }
   kiln_tv_t out;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, rt->dtype, &out));
@@ -44,27 +51,29 @@ kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_attr_t *ns = kiln_node_attr(n, "normalized_shape");
   double eps = kiln_node_attr_float(n, "eps", 1e-5);
   bool red[KILN_MAX_RANK] = {0};
-  int64_t count = 1;
-  for (int i = x0->type.rank - ns->count; i < x0->type.rank; ++i) {
-    red[i] = true;
-    count *= x0->type.dims[i];
-  }
-  kiln_tv_t x, sum, mean, d, sq, ss, var, ve, rstd, y;
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, x0, mt, &x));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &x, red, true, mt, &sum));
+  for (int i = x0->type.rank - ns->count; i < x0->type.rank; ++i) red[i] = true;
+  // Three passes over x: the sum; the sum of squared deviations (the
+  // deviation fused into the reduction); the output, which recomputes the
+  // deviation instead of reading a stored one.
+  const kiln_tv_t *x = x0;
+  kiln_tv_t sum, mean, d1, sq, ss, var, ve, rstd, d2, y;
+  kiln_arg_t count = kiln_emit_count(e, &x0->type, red, mt, 0);
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, x, red, true, mt, &sum));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_DIV, kiln_arg_tensor(&sum),
-                                              kiln_arg_float((double)count), mt, &mean));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(&x),
-                                              kiln_arg_tensor(&mean), mt, &d));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&d),
-                                              kiln_arg_tensor(&d), mt, &sq));
+                                              count, mt, &mean));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(x),
+                                              kiln_arg_tensor(&mean), mt, &d1));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&d1),
+                                              kiln_arg_tensor(&d1), mt, &sq));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &sq, red, true, mt, &ss));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_DIV, kiln_arg_tensor(&ss),
-                                              kiln_arg_float((double)count), mt, &var));
+                                              count, mt, &var));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_ADD, kiln_arg_tensor(&var),
                                               kiln_arg_float(eps), mt, &ve));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_RSQRT, &ve, mt, &rstd));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&d),
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(x),
+                                              kiln_arg_tensor(&mean), mt, &d2));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&d2),
                                               kiln_arg_tensor(&rstd), mt, &y));
   for (int k = 1; k < 3 && k < n->operand_count; ++k) {
     if (n->operands[k].kind != KILN_OPERAND_VALUE) continue;
