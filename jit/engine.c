@@ -217,6 +217,11 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
 static bool omp_ok;
 static pthread_once_t omp_once = PTHREAD_ONCE_INIT;
 static void load_omp(void) {
+  // Idle kiln worker threads must not spin: PyTorch's own OpenMP runtime
+  // (libgomp) shares the cores, and libomp's default 200 ms spin-wait after
+  // each parallel region starved it (a 1 ms MLP forward took 8 ms). Read by
+  // libomp at its initialization; a value the user set wins.
+  setenv("KMP_BLOCKTIME", "0", 0);
   // RTLD_GLOBAL: JIT-linked code finds __kmpc_* through the process symbol
   // search, even when libkiln itself was loaded RTLD_LOCAL (Python ctypes).
   void *h = dlopen(KILN_OMP_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
