@@ -63,6 +63,83 @@ static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
   }
 }
 
+//===--- buffer pool --------------------------------------------------------===//
+// Intermediate buffers of compiled code (memref.alloc, through MLIR's generic
+// allocation functions) come from here. Freed blocks are kept per power-of-two
+// size class and reused, so a call does not mmap and page-fault its
+// temporaries afresh each time (a 1 MB transpose buffer cost more than the
+// matmul reading it). Blocks are 64-byte aligned; the pool keeps at most
+// KILN_POOL_MAX_CACHED bytes and frees the rest.
+
+#define KILN_POOL_CLASSES 48
+#define KILN_POOL_MAX_CACHED ((size_t)512 << 20)
+
+typedef struct pool_block {
+  struct pool_block *next;  // in the free list
+  void *base;               // what malloc returned
+  int cls;                  // size class, -1: not pooled
+} pool_block_t;
+
+static struct {
+  pthread_mutex_t lock;
+  pool_block_t *free_list[KILN_POOL_CLASSES];
+  size_t cached;
+} pool = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
+
+static int size_class(size_t n) {
+  int c = 8;  // 256 bytes minimum
+  while (c < KILN_POOL_CLASSES - 1 && ((size_t)1 << c) < n) c++;
+  return ((size_t)1 << c) >= n ? c : -1;
+}
+
+static void *pool_alloc_aligned(size_t align, size_t size) {
+  if (align < 64) align = 64;
+  int cls = align == 64 ? size_class(size) : -1;
+  if (cls >= 0) {
+    pthread_mutex_lock(&pool.lock);
+    pool_block_t *b = pool.free_list[cls];
+    if (b) {
+      pool.free_list[cls] = b->next;
+      pool.cached -= (size_t)1 << cls;
+    }
+    pthread_mutex_unlock(&pool.lock);
+    if (b) return (char *)b + 64;
+  }
+  size_t bytes = cls >= 0 ? (size_t)1 << cls : size;
+  // The header sits in the 64 bytes just below the returned pointer.
+  char *base = malloc(bytes + align + 64);
+  if (!base) return NULL;
+  uintptr_t user = ((uintptr_t)base + 64 + align - 1) & ~(uintptr_t)(align - 1);
+  pool_block_t *b = (pool_block_t *)(user - 64);
+  b->base = base;
+  b->cls = cls;
+  b->next = NULL;
+  return (void *)user;
+}
+
+static void *kiln_rt_alloc(size_t size) { return pool_alloc_aligned(64, size); }
+
+static void *kiln_rt_aligned_alloc(size_t align, size_t size) {
+  return pool_alloc_aligned(align, size);
+}
+
+static void kiln_rt_free(void *ptr) {
+  if (!ptr) return;
+  pool_block_t *b = (pool_block_t *)((char *)ptr - 64);
+  if (b->cls >= 0) {
+    pthread_mutex_lock(&pool.lock);
+    if (pool.cached + ((size_t)1 << b->cls) <= KILN_POOL_MAX_CACHED) {
+      b->next = pool.free_list[b->cls];
+      pool.free_list[b->cls] = b;
+      pool.cached += (size_t)1 << b->cls;
+      pthread_mutex_unlock(&pool.lock);
+      return;
+    }
+    pthread_mutex_unlock(&pool.lock);
+  }
+  free(b->base);
+}
+
 static pthread_once_t native_once = PTHREAD_ONCE_INIT;
 static void init_native(void) {
   LLVMInitializeNativeTarget();
@@ -188,11 +265,25 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
     return llvm_error(err, "LLVM ORC: process symbol generator");
   }
   LLVMOrcJITDylibAddGenerator(jd, gen);
-  LLVMOrcCSymbolMapPair sym = {
-      LLVMOrcLLJITMangleAndIntern(j->lljit, "memrefCopy"),
-      {(LLVMOrcExecutorAddress)(uintptr_t)kiln_rt_memref_copy,
-       {LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable, 0}}};
-  err = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(&sym, 1));
+  static const struct {
+    const char *name;
+    void *fn;
+  } runtime[] = {
+      {"memrefCopy", (void *)kiln_rt_memref_copy},
+      {"_mlir_memref_to_llvm_alloc", (void *)kiln_rt_alloc},
+      {"_mlir_memref_to_llvm_aligned_alloc", (void *)kiln_rt_aligned_alloc},
+      {"_mlir_memref_to_llvm_free", (void *)kiln_rt_free},
+  };
+  enum { N_RUNTIME = sizeof(runtime) / sizeof(runtime[0]) };
+  LLVMOrcCSymbolMapPair syms[N_RUNTIME];
+  for (int i = 0; i < N_RUNTIME; ++i) {
+    syms[i].Name = LLVMOrcLLJITMangleAndIntern(j->lljit, runtime[i].name);
+    syms[i].Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)runtime[i].fn;
+    syms[i].Sym.Flags.GenericFlags =
+        LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable;
+    syms[i].Sym.Flags.TargetFlags = 0;
+  }
+  err = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(syms, N_RUNTIME));
   if (err) {
     kiln_jit_destroy(j);
     return llvm_error(err, "LLVM ORC: defining runtime symbols");

@@ -80,7 +80,7 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
                  "      transform.apply_patterns.vector.lower_multi_reduction "
                  "lowering_strategy = \"innerreduction\"\n"
                  "      transform.apply_patterns.vector.lower_transpose "
-                 "lowering_strategy = \"eltwise\"\n"
+                 "lowering_strategy = \"shuffle_1d\"\n"
                  "      transform.apply_patterns.vector.lower_shape_cast\n"
                  "      transform.apply_patterns.vector.lower_broadcast\n"
                  "      transform.apply_patterns.vector.lower_outerproduct\n"
@@ -172,6 +172,27 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
     for (int i = 0; i <= b + 1; ++i) range[i] = dims[i];
     set_forall(t, par, range);
     return true;
+  }
+  if (equals(name, "linalg.transpose") && r >= 2) {
+    // Square register blocks: the vector transpose of a block is a few
+    // shuffles, where a 1x16 tile read a column one element at a time.
+    MlirAttribute perm = mlirOperationGetAttributeByName(
+        op, mlirStringRefCreateFromCString("permutation"));
+    bool last_two_swapped = false;
+    if (!mlirAttributeIsNull(perm) && mlirAttributeIsADenseI64Array(perm) &&
+        mlirDenseArrayGetNumElements(perm) == r)
+      last_two_swapped = mlirDenseI64ArrayGetElement(perm, r - 1) == r - 2 &&
+                         mlirDenseI64ArrayGetElement(perm, r - 2) == r - 1;
+    if (last_two_swapped) {
+      t->loop_count = r;
+      for (int i = 0; i < r - 2; ++i) t->sizes[i] = 1;
+      t->sizes[r - 2] = pick(dims[r - 2], kRegM, 4);
+      t->sizes[r - 1] = pick(dims[r - 1], kRegM, 4);
+      bool par[16];
+      for (int i = 0; i < 16; ++i) par[i] = true;
+      set_forall(t, par, dims);
+      return true;
+    }
   }
   if (equals(name, "linalg.fill") || equals(name, "linalg.transpose")) {
     if (r == 0) return false;
