@@ -96,6 +96,11 @@ static const op_case_t kCases[] = {
     {"matmul", NUMERIC, "graph @t(%a: $T[2,5,7], %b: $T[2,7,9]) {\n %c = aten.bmm(%a, %b)\n return %c\n}"},
     {"matmul", FLOATS, "graph @t(%c: $T[9], %a: $T[5,7], %b: $T[7,9]) {\n %d = aten.addmm(%c, %a, %b) {beta = 0.5, alpha = 2.0}\n return %d\n}"},
     {"matmul", "f32 i64", "graph @t(%c: $T[5,9], %a: $T[5,7], %b: $T[7,9]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
+    // Transposed operands read through indexing maps, not materialized.
+    {"matmul", NUMERIC, "graph @t(%a: $T[7,5], %b: $T[9,7], %c: $T[9]) {\n %at = aten.permute(%a) {dims = [1, 0]}\n"
+                        " %bt = aten.transpose(%b) {dim0 = 0, dim1 = 1}\n %d = aten.mm(%at, %bt)\n"
+                        " %e = aten.addmm(%c, %at, %bt)\n return %d, %e, %bt\n}"},
+    {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[128,96]) {\n %bt = aten.permute(%b) {dims = [1, 0]}\n %c = aten.mm(%a, %bt)\n return %c\n}"},
     {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"conv", FLOATS, "graph @t(%x: $T[2,4,9,9], %w: $T[6,4,3,3], %b: $T[6]) {\n"
                      " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
