@@ -91,6 +91,15 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
                  "%root : (!transform.any_op) -> !transform.any_op\n"
                  "    transform.loop.hoist_loop_invariant_subsets %fors : "
                  "!transform.any_op\n"
+                 // Forward vector writes to the reads of the same tensor, so
+                 // per-row scratch tensors (reduction partials) disappear
+                 // instead of becoming an allocation per row. No CSE here:
+                 // merged inits of different outputs miscompile later.
+                 "    %funcs2 = transform.structured.match ops{[\"func.func\"]} "
+                 "in %root : (!transform.any_op) -> !transform.any_op\n"
+                 "    transform.apply_patterns to %funcs2 {\n"
+                 "      transform.apply_patterns.canonicalization\n"
+                 "    } : !transform.any_op\n"
                  "    transform.yield\n  }\n}\n");
   char *text = kiln_sbuf_take(&b);
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "schedule");
@@ -226,6 +235,10 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
   if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps)) return false;
   intptr_t nops = mlirOperationGetNumOperands(op);
   if (mlirArrayAttrGetNumElements(maps) != nops) return false;
+  // Which loops each operand indexes (bit i: loop i), for telling a
+  // contraction from a reduction.
+  uint32_t uses[16] = {0};
+  intptr_t ninputs = nops - mlirOperationGetNumResults(op);
   for (intptr_t k = 0; k < nops; ++k) {
     MlirType ty = mlirValueGetType(mlirOperationGetOperand(op, k));
     if (!mlirTypeIsARankedTensor(ty) || !mlirShapedTypeHasStaticShape(ty))
@@ -236,14 +249,17 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
       MlirAffineExpr e = mlirAffineMapGetResult(m, j);
       if (!mlirAffineExprIsADim(e)) continue;
       intptr_t pos = mlirAffineDimExprGetPosition(e);
-      if (pos < loops) range[pos] = mlirShapedTypeGetDimSize(ty, j);
+      if (pos < loops) {
+        range[pos] = mlirShapedTypeGetDimSize(ty, j);
+        if (k < 16) uses[k] |= 1u << pos;
+      }
     }
   }
   for (int i = 0; i < loops; ++i)
     if (range[i] < 0) return false;
   t->loop_count = loops;
   // A contraction in generic form (a batch matmul whose batch dims were
-  // reshaped by fusion): one reduction loop, at least two parallel loops, a
+  // reshaped by fusion): reduction loops, at least two parallel loops, a
   // multiply feeding an add. Tile it like a matmul: a register tile on the
   // last two parallel loops, the reduction stepped by one, so the vectorizer
   // makes an outer-product contraction instead of a horizontal reduction per
@@ -272,11 +288,22 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
   }
   bool is_par[16] = {false};
   for (int i = 0; i < npar; ++i) is_par[par[i]] = true;
-  if (reductions == 1 && npar >= 2 && has_mul && has_add) {
+  // A contraction multiplies operands broadcast along different output
+  // dims: one input misses the last parallel loop (A, no n) and another the
+  // one before (B, no m). A reduction whose body merely contains a multiply
+  // (exp's polynomial) reads one full-rank input and is not one.
+  bool no_n = false, no_m = false;
+  if (npar >= 2)
+    for (intptr_t k = 0; k < ninputs && k < 16; ++k) {
+      no_n |= !(uses[k] & (1u << par[npar - 1]));
+      no_m |= !(uses[k] & (1u << par[npar - 2]));
+    }
+  if (reductions >= 1 && npar >= 2 && has_mul && has_add && no_n && no_m) {
+    // Every reduction loop steps by one (fusion may have split K in two, as
+    // after a head reshape in attention).
     for (int i = 0; i < loops; ++i) t->sizes[i] = 1;
     t->sizes[par[npar - 2]] = pick(range[par[npar - 2]], kRegM, 4);
     t->sizes[par[npar - 1]] = pick(range[par[npar - 1]], kRegN, 6);
-    t->sizes[last_red] = 1;
     set_forall(t, is_par, range);
     return true;
   }
