@@ -11,6 +11,20 @@ static kiln_status_t lower_permute(kiln_emitter_t *e, const kiln_node_t *n,
   int32_t perm[KILN_MAX_RANK];
   int rank = x->type.rank;
   kiln_node_permutation(n, rank, perm);
+  // A permute of a permute is one permute of the original (autograd's
+  // backward graphs transpose weights back and forth): compose them, so at
+  // most one transpose is materialized, none when they cancel.
+  const kiln_value_t *in = &e->g->values[n->operands[0].value];
+  if (in->node >= 0) {
+    const kiln_node_t *p = &e->g->nodes[in->node];
+    if (p->op == KILN_OP_PERMUTE || p->op == KILN_OP_TRANSPOSE) {
+      int32_t inner[KILN_MAX_RANK], composed[KILN_MAX_RANK];
+      kiln_node_permutation(p, rank, inner);
+      for (int i = 0; i < rank; ++i) composed[i] = inner[perm[i]];
+      memcpy(perm, composed, sizeof(composed));
+      x = &e->values[p->operands[0].value];
+    }
+  }
   bool identity = true;
   for (int i = 0; i < rank; ++i) identity &= perm[i] == i;
   if (identity) {

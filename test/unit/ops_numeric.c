@@ -109,6 +109,10 @@ static const op_case_t kCases[] = {
     // Data movement.
     {"shape", ALL, "graph @t(%x: $T[3,4,5]) {\n %a = aten.permute(%x) {dims = [2, 0, 1]}\n %b = aten.transpose(%x) {dim0 = 0, dim1 = -1}\n"
                    " %c = aten.view(%x) {shape = [12, -1]}\n %d = aten.reshape(%x) {shape = [5, 2, 6]}\n return %a, %b, %c, %d\n}"},
+    // Chains of permutes compose (and cancel).
+    {"shape", "f32 i64 bool", "graph @t(%x: $T[3,4,5]) {\n %a = aten.permute(%x) {dims = [2, 0, 1]}\n"
+                              " %b = aten.permute(%a) {dims = [1, 2, 0]}\n %c = aten.transpose(%a) {dim0 = 0, dim1 = 2}\n"
+                              " %d = aten.add(%b, %x)\n return %b, %c, %d\n}"},
     {"shape", ALL, "graph @t(%x: $T[3,1], %y: $T[4]) {\n %a = aten.expand(%x) {shape = [3, 4]}\n %b = aten.expand(%y) {shape = [2, 3, -1]}\n"
                    " %c = aten.squeeze(%x) {dims = [1]}\n %d = aten.unsqueeze(%y) {dim = -1}\n %e = aten.squeeze(%x)\n return %a, %b, %c, %d, %e\n}"},
     {"shape", ALL, "graph @t(%x: $T[6,10]) {\n %a = aten.slice(%x) {dim = 1, start = 1, end = 9, step = 3}\n"
