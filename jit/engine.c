@@ -17,6 +17,11 @@
 #include <mlir-c/Target/LLVMIR.h>
 
 #include "jit.h"
+#include "openmp_shim.h"
+
+// The OpenMP runtime in use (set once by kiln_jit_openmp_available).
+enum { OMP_NONE, OMP_LIBOMP, OMP_GOMP };
+static int omp_mode = OMP_NONE;
 
 // An LLJIT holding one object (compiled now or loaded from the cache). MLIR's
 // ExecutionEngine is not used: its object dump goes through files and LLVM's
@@ -274,16 +279,39 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
       {"_mlir_memref_to_llvm_aligned_alloc", (void *)kiln_rt_aligned_alloc},
       {"_mlir_memref_to_llvm_free", (void *)kiln_rt_free},
   };
-  enum { N_RUNTIME = sizeof(runtime) / sizeof(runtime[0]) };
-  LLVMOrcCSymbolMapPair syms[N_RUNTIME];
-  for (int i = 0; i < N_RUNTIME; ++i) {
-    syms[i].Name = LLVMOrcLLJITMangleAndIntern(j->lljit, runtime[i].name);
-    syms[i].Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)runtime[i].fn;
-    syms[i].Sym.Flags.GenericFlags =
+  // With the host's libgomp, the __kmpc_* entry points come from the shim.
+  static const struct {
+    const char *name;
+    void *fn;
+  } gomp_shim[] = {
+      {"__kmpc_global_thread_num", (void *)kiln_kmpc_global_thread_num},
+      {"__kmpc_push_num_threads", (void *)kiln_kmpc_push_num_threads},
+      {"__kmpc_fork_call", (void *)kiln_kmpc_fork_call},
+      {"__kmpc_for_static_init_8u", (void *)kiln_kmpc_for_static_init_8u},
+      {"__kmpc_for_static_fini", (void *)kiln_kmpc_for_static_fini},
+      {"__kmpc_barrier", (void *)kiln_kmpc_barrier},
+  };
+  enum {
+    N_RUNTIME = sizeof(runtime) / sizeof(runtime[0]),
+    N_SHIM = sizeof(gomp_shim) / sizeof(gomp_shim[0])
+  };
+  // omp_mode was settled when the function was compiled (resolve_threads);
+  // objects without parallel loops reference no __kmpc symbol at all.
+  int n = 0;
+  LLVMOrcCSymbolMapPair syms[N_RUNTIME + N_SHIM];
+  for (int i = 0; i < N_RUNTIME + N_SHIM; ++i) {
+    bool shim = i >= N_RUNTIME;
+    if (shim && omp_mode != OMP_GOMP) break;
+    const char *name = shim ? gomp_shim[i - N_RUNTIME].name : runtime[i].name;
+    void *fn = shim ? gomp_shim[i - N_RUNTIME].fn : runtime[i].fn;
+    syms[n].Name = LLVMOrcLLJITMangleAndIntern(j->lljit, name);
+    syms[n].Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)fn;
+    syms[n].Sym.Flags.GenericFlags =
         LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable;
-    syms[i].Sym.Flags.TargetFlags = 0;
+    syms[n].Sym.Flags.TargetFlags = 0;
+    n++;
   }
-  err = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(syms, N_RUNTIME));
+  err = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(syms, (size_t)n));
   if (err) {
     kiln_jit_destroy(j);
     return llvm_error(err, "LLVM ORC: defining runtime symbols");
@@ -305,9 +333,25 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
 #define KILN_OMP_LIBRARY "libomp.so.5"
 #endif
 
+// Which OpenMP runtime JIT-linked kernels call: LLVM's libomp directly, or
+// the host's GNU libgomp through openmp_shim.c (KILN_OPENMP=libomp|gomp
+// forces one; by default a libgomp already in the process wins).
 static bool omp_ok;
 static pthread_once_t omp_once = PTHREAD_ONCE_INIT;
+static void load_libomp(void);
 static void load_omp(void) {
+  const char *pref = getenv("KILN_OPENMP");
+  bool force_libomp = pref && strcmp(pref, "libomp") == 0;
+  bool force_gomp = pref && strcmp(pref, "gomp") == 0;
+  if (!force_libomp && kiln_gomp_bind(force_gomp)) {
+    omp_mode = OMP_GOMP;
+    omp_ok = true;
+    return;
+  }
+  load_libomp();
+}
+
+static void load_libomp(void) {
   // Idle kiln worker threads must not spin: PyTorch's own OpenMP runtime
   // (libgomp) shares the cores, and libomp's default 200 ms spin-wait after
   // each parallel region starved it (a 1 ms MLP forward took 8 ms). Read by
@@ -318,6 +362,7 @@ static void load_omp(void) {
   void *h = dlopen(KILN_OMP_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
   if (!h) h = dlopen("libomp.so.5", RTLD_NOW | RTLD_GLOBAL);
   omp_ok = h != NULL;
+  if (omp_ok) omp_mode = OMP_LIBOMP;
 }
 
 bool kiln_jit_openmp_available(void) {
