@@ -324,12 +324,23 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
   return true;
 }
 
+// True when `op` already sits inside a parallel loop (the lowering's own
+// row loops): it must not open a nested one.
+static bool inside_forall(MlirOperation op) {
+  for (MlirOperation p = mlirOperationGetParentOperation(op);
+       !mlirOperationIsNull(p); p = mlirOperationGetParentOperation(p))
+    if (equals(mlirIdentifierStr(mlirOperationGetName(p)), "scf.forall"))
+      return true;
+  return false;
+}
+
 static MlirWalkResult collect_op(MlirOperation op, void *user) {
   collect_t *c = user;
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   if (!starts_with(name, "linalg.")) return MlirWalkResultAdvance;
   kiln_tile_sizes_t t;
   if (!choose(op, &t)) return MlirWalkResultAdvance;
+  if (inside_forall(op)) t.forall_dim = -1;
   if (c->count == c->capacity) {
     int32_t cap = c->capacity ? c->capacity * 2 : 16;
     kiln_tile_sizes_t *n = realloc(c->sizes, sizeof(*n) * (size_t)cap);

@@ -6,28 +6,33 @@
 
 #include "lowering/emit.h"
 
-kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
-  const kiln_tv_t *x0 = &e->values[n->operands[0].value];
-  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
-  kiln_dtype_t mt = kiln_math_dtype(rt->dtype);
-  int32_t d;
-  kiln_normalize_dim(kiln_node_attr_int(n, "dim", -1), x0->type.rank, &d);
-  bool red[KILN_MAX_RANK] = {0};
-  if (x0->type.rank) red[d] = true;
-  // Three passes over x, no row-sized intermediate in memory: the max; the
-  // sum of exp(x - max), its exp fused into the reduction; the output, which
-  // recomputes exp(x - max) rather than reading it back. Operands convert to
-  // the math dtype inside each body.
-  const kiln_tv_t *x = x0;
+// softmax / log_softmax of `x` along the dims in `red`, in math dtype `mt`,
+// as three passes: the max; the sum of exp(x - max), its exp fused into the
+// reduction; the output, which recomputes exp(x - max) rather than reading
+// it back. Operands convert to `mt` inside each body.
+// With `cached` (a block of rows that stays in cache), exp(x - max) is
+// computed once and kept: the block is small, and re-reading it is cheaper
+// than recomputing it.
+static kiln_status_t softmax_core(kiln_emitter_t *e, kiln_op_id_t op,
+                                  const kiln_tv_t *x, const bool *red,
+                                  kiln_dtype_t mt, kiln_dtype_t out_dtype,
+                                  bool cached, kiln_tv_t *out) {
   kiln_tv_t m, t1, e1, s, t2, r;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_AMAX, x, red, true, mt, &m));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(x),
                                               kiln_arg_tensor(&m), mt, &t1));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_EXP, &t1, mt, &e1));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &e1, red, true, mt, &s));
+  if (cached && op == KILN_OP_SOFTMAX) {
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_ew(e, KILN_OP_DIV, NULL, 2,
+                                            (kiln_arg_t[]){kiln_arg_tensor(&e1),
+                                                           kiln_arg_tensor(&s)},
+                                            NULL, mt, out_dtype, out));
+    return NULL;
+  }
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(x),
                                               kiln_arg_tensor(&m), mt, &t2));
-  if (n->op == KILN_OP_SOFTMAX) {
+  if (op == KILN_OP_SOFTMAX) {
     kiln_tv_t e2;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_EXP, &t2, mt, &e2));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
@@ -38,8 +43,78 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
         e, KILN_OP_SUB, kiln_arg_tensor(&t2), kiln_arg_tensor(&ls), mt, &r));
   }
+  return kiln_emit_convert(e, &r, out_dtype, out);
+}
+
+kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_tv_t *x0 = &e->values[n->operands[0].value];
+  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  kiln_dtype_t mt = kiln_math_dtype(rt->dtype);
+  int32_t d;
+  kiln_normalize_dim(kiln_node_attr_int(n, "dim", -1), x0->type.rank, &d);
+  int rank = x0->type.rank;
   kiln_tv_t out;
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, rt->dtype, &out));
+  // Row blocks pay off once the tensor no longer fits in the caches: below
+  // that, three flat passes over it are faster (4-D attention scores of 2 MB:
+  // 0.23 vs 0.55 ms).
+  bool big = kiln_type_is_static(&x0->type) &&
+             kiln_type_numel(&x0->type) * 4 > (8 << 20);
+  if (rank >= 2 && d == rank - 1 && big) {
+    // One row at a time: a forall over the rows whose body runs the three
+    // passes on one row, which stays in cache between them, so the input is
+    // read from memory once and the output written once.
+    int64_t C = x0->type.dims[rank - 1];
+    int64_t R = kiln_type_numel(&x0->type) / (C ? C : 1);
+    // Blocks of B rows per iteration: each iteration's scratch (the row max
+    // and sum) is allocated once per block, and a block of up to 16 rows of
+    // C floats stays in the core's cache between the passes.
+    int64_t B = 1;
+    for (int64_t b = 16; b > 1; b /= 2)
+      if (R % b == 0 && b * C * 4 <= (512 << 10)) {
+        B = b;
+        break;
+      }
+    kiln_type_t t2d = x0->type;
+    t2d.rank = 2;
+    t2d.dims[0] = R;
+    t2d.dims[1] = C;
+    kiln_tv_t x2, init;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x0, &t2d, &x2));
+    kiln_type_t o2d = t2d;
+    o2d.dtype = rt->dtype;
+    kiln_emit_empty(e, &o2d, init.ssa);
+    init.type = o2d;
+    kiln_type_t row = t2d, orow = o2d;
+    row.dims[0] = orow.dims[0] = B;
+    char xty[256], oty[256], rty[256], orty[256], iv[24], acc[24];
+    kiln_mlir_tensor_type(&t2d, xty, sizeof(xty));
+    kiln_mlir_tensor_type(&o2d, oty, sizeof(oty));
+    kiln_mlir_tensor_type(&row, rty, sizeof(rty));
+    kiln_mlir_tensor_type(&orow, orty, sizeof(orty));
+    kiln_tv_t res;
+    kiln_emit_fresh(e, res.ssa);
+    res.type = o2d;
+    snprintf(iv, sizeof(iv), "%%row%d", e->next_id);
+    snprintf(acc, sizeof(acc), "%%rowout%d", e->next_id++);
+    kiln_sbuf_printf(&e->out, "    %s = scf.forall (%s) = (0) to (%lld) step (%lld) shared_outs(%s = %s) -> (%s) {\n",
+                     res.ssa, iv, (long long)R, (long long)B, acc, init.ssa, oty);
+    kiln_tv_t xr, r;
+    kiln_emit_fresh(e, xr.ssa);
+    xr.type = row;
+    kiln_sbuf_printf(&e->out, "    %s = tensor.extract_slice %s[%s, 0] [%lld, %lld] [1, 1] : %s to %s\n",
+                     xr.ssa, x2.ssa, iv, (long long)B, (long long)C, xty, rty);
+    bool red[KILN_MAX_RANK] = {false, true};
+    KILN_RETURN_IF_ERROR_PLAIN(softmax_core(e, n->op, &xr, red, mt, rt->dtype, true, &r));
+    kiln_sbuf_printf(&e->out, "    scf.forall.in_parallel {\n"
+                              "      tensor.parallel_insert_slice %s into %s[%s, 0] [%lld, %lld] [1, 1] : %s into %s\n"
+                              "    }\n  }\n",
+                     r.ssa, acc, iv, (long long)B, (long long)C, orty, oty);
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &res, rt, &out));
+  } else {
+    bool red[KILN_MAX_RANK] = {0};
+    if (rank) red[d] = true;
+    KILN_RETURN_IF_ERROR_PLAIN(softmax_core(e, n->op, x0, red, mt, rt->dtype, false, &out));
+  }
   kiln_emit_set_result(e, n, 0, &out);
   return NULL;
 }

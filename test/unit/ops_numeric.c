@@ -124,6 +124,9 @@ static const op_case_t kCases[] = {
     // Composites.
     {"softmax", FLOATS, "graph @t(%x: $T[4,33]) {\n %a = aten._softmax(%x) {dim = -1}\n %b = aten._softmax(%x) {dim = 0}\n"
                         " %c = aten._log_softmax(%x) {dim = 1}\n return %a, %b, %c\n}"},
+    // Above 8 MB softmax runs in blocks of rows (lowering/ops/nn.c).
+    {"softmax", "f32 bf16", "graph @t(%x: $T[2,260,4100]) {\n %a = aten._softmax(%x) {dim = -1}\n"
+                            " %b = aten._log_softmax(%x) {dim = 2}\n return %a, %b\n}"},
     {"softmax", "f16 bf16", "graph @t(%x: $T[4,33]) {\n %a = aten._softmax(%x) {dim = -1, half_to_float = true}\n return %a\n}"},
     {"layer_norm", FLOATS, "graph @t(%x: $T[3,5,16], %w: $T[16], %b: $T[16]) {\n"
                            " %y, %m, %r = aten.native_layer_norm(%x, %w, %b) {normalized_shape = [16], eps = 1e-5}\n return %y, %m, %r\n}"},
