@@ -148,10 +148,19 @@ static const int64_t kVec[] = {16, 8, 4, 2, 1};
 static const int64_t kRegM[] = {8, 4, 2, 1};
 static const int64_t kRegN[] = {32, 16, 8, 4, 2, 1};
 
-// Distributes the first parallel loop that has more than one tile.
+// Work below which an op runs on one thread: opening a parallel region costs
+// microseconds, more than small elementwise ops or reductions take (a GPT
+// backward graph of 134 small ops lost ~1 ms to fork/join alone).
+#define KILN_MIN_PARALLEL_WORK (1 << 16)
+
+// Distributes the first parallel loop that has more than one tile, when the
+// op's iteration space is big enough to pay for the threads.
 static void set_forall(kiln_tile_sizes_t *t, const bool *parallel,
                        const int64_t *range) {
   t->forall_dim = -1;
+  double work = 1;
+  for (int i = 0; i < t->loop_count; ++i) work *= (double)(range[i] > 0 ? range[i] : 1);
+  if (work < KILN_MIN_PARALLEL_WORK) return;
   for (int i = 0; i < t->loop_count; ++i)
     if (parallel[i] && t->sizes[i] > 0 && range[i] > t->sizes[i]) {
       t->forall_dim = i;
