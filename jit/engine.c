@@ -270,20 +270,18 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
     return llvm_error(err, "LLVM ORC: process symbol generator");
   }
   LLVMOrcJITDylibAddGenerator(jd, gen);
-  static const struct {
+  typedef struct {
     const char *name;
     void *fn;
-  } runtime[] = {
+  } runtime_symbol_t;
+  static const runtime_symbol_t runtime[] = {
       {"memrefCopy", (void *)kiln_rt_memref_copy},
       {"_mlir_memref_to_llvm_alloc", (void *)kiln_rt_alloc},
       {"_mlir_memref_to_llvm_aligned_alloc", (void *)kiln_rt_aligned_alloc},
       {"_mlir_memref_to_llvm_free", (void *)kiln_rt_free},
   };
   // With the host's libgomp, the __kmpc_* entry points come from the shim.
-  static const struct {
-    const char *name;
-    void *fn;
-  } gomp_shim[] = {
+  static const runtime_symbol_t gomp_shim[] = {
       {"__kmpc_global_thread_num", (void *)kiln_kmpc_global_thread_num},
       {"__kmpc_push_num_threads", (void *)kiln_kmpc_push_num_threads},
       {"__kmpc_fork_call", (void *)kiln_kmpc_fork_call},

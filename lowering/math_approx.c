@@ -98,14 +98,37 @@ static void emit_exp(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
                    res);
 }
 
+// The tail shared by odd functions computed in two ranges: `large` was
+// computed for |x| and takes the sign of x; below `limit` (and for NaN, via
+// the unordered compare) the `small` branch wins.
+static void odd_select(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
+                       const char *ax, const char *small, const char *large,
+                       double limit, char out[24]) {
+  char zero[24], neg[24], nl[24], signed_l[24], lim[24], is_small[24];
+  c(e, b, 0.0, zero);
+  kiln_emit_fresh(e, neg);
+  kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : f32\n", neg, x, zero);
+  kiln_emit_fresh(e, nl);
+  kiln_sbuf_printf(b, "    %s = arith.negf %s : f32\n", nl, large);
+  kiln_emit_fresh(e, signed_l);
+  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", signed_l, neg,
+                   nl, large);
+  c(e, b, limit, lim);
+  kiln_emit_fresh(e, is_small);
+  kiln_sbuf_printf(b, "    %s = arith.cmpf ult, %s, %s : f32\n", is_small, ax,
+                   lim);
+  kiln_emit_fresh(e, out);
+  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", out, is_small,
+                   small, signed_l);
+}
+
 static void emit_tanh(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
                       char out[24]) {
   static const double P[] = {-5.70498872745E-3, 2.06390887954E-2,
                              -5.37397155531E-2, 1.33314422036E-1,
                              -3.33332819422E-1};
   char z[24], p[24], t[24], small_r[24], ax[24], two[24], one[24], e2[24],
-      d[24], q[24], big_r[24], lim[24], is_small[24], neg[24], zero[24],
-      signed_r[24];
+      d[24], q[24], big_r[24];
   // |x| < 0.625: x + x z P(z), z = x^2
   op2(e, b, "arith.mulf", x, x, z);
   horner(e, b, z, P, 5, p);
@@ -123,23 +146,7 @@ static void emit_tanh(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   op2(e, b, "arith.addf", e2, one, d);
   op2(e, b, "arith.divf", two, d, q);
   op2(e, b, "arith.subf", one, q, big_r);
-  c(e, b, 0.0, zero);
-  kiln_emit_fresh(e, neg);
-  kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : f32\n", neg, x, zero);
-  char nb[24];
-  kiln_emit_fresh(e, nb);
-  kiln_sbuf_printf(b, "    %s = arith.negf %s : f32\n", nb, big_r);
-  kiln_emit_fresh(e, signed_r);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", signed_r, neg,
-                   nb, big_r);
-  c(e, b, 0.625, lim);
-  kiln_emit_fresh(e, is_small);
-  // ult: NaN takes the polynomial branch, which propagates it.
-  kiln_sbuf_printf(b, "    %s = arith.cmpf ult, %s, %s : f32\n", is_small, ax,
-                   lim);
-  kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", out, is_small,
-                   small_r, signed_r);
+  odd_select(e, b, x, ax, small_r, big_r, 0.625, out);
 }
 
 static void emit_erf(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
@@ -151,8 +158,7 @@ static void emit_erf(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   static const double A[] = {1.061405429, -1.453152027, 1.421413741,
                              -0.284496736, 0.254829592, 0.0};
   char z[24], s[24], k[24], ser[24], ax[24], p[24], one[24], t[24], tt[24],
-      poly[24], nz[24], ex[24], m[24], big[24], zero[24], neg[24], nb[24],
-      sb[24], lim[24], small[24], t2[24];
+      poly[24], nz[24], ex[24], m[24], big[24], t2[24];
   op2(e, b, "arith.mulf", x, x, z);
   horner(e, b, z, S, 6, s);
   c(e, b, 1.1283791670955126, k);  // 2/sqrt(pi)
@@ -172,20 +178,7 @@ static void emit_erf(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   emit_exp(e, b, nz, ex);
   op2(e, b, "arith.mulf", poly, ex, m);
   op2(e, b, "arith.subf", one, m, big);
-  c(e, b, 0.0, zero);
-  kiln_emit_fresh(e, neg);
-  kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : f32\n", neg, x, zero);
-  kiln_emit_fresh(e, nb);
-  kiln_sbuf_printf(b, "    %s = arith.negf %s : f32\n", nb, big);
-  kiln_emit_fresh(e, sb);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", sb, neg, nb,
-                   big);
-  c(e, b, 0.5, lim);
-  kiln_emit_fresh(e, small);
-  kiln_sbuf_printf(b, "    %s = arith.cmpf ult, %s, %s : f32\n", small, ax, lim);
-  kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", out, small, ser,
-                   sb);
+  odd_select(e, b, x, ax, ser, big, 0.5, out);
 }
 
 void kiln_emit_math(kiln_emitter_t *e, kiln_sbuf_t *b, const char *fn,
