@@ -137,15 +137,9 @@ int main(int argc, char **argv) {
   kiln_tensor_type_t otypes[MAX_TENSORS];
   s = kiln_function_output_types(fn, in_dl, nin, otypes, nout);
   if (s) return fail("output types", s);
-  for (size_t i = 0; i < nout; ++i) {
-    if (!kt_alloc(&got[i], &otypes[i], false) ||
-        !kt_alloc(&want[i], &otypes[i], false)) {
-      fprintf(stderr, "kiln-run: out of memory\n");
-      return 1;
-    }
-    kt_poison(&got[i]);
-    got_dl[i] = got[i].dl;
-    want_dl[i] = want[i].dl;
+  if (!kt_alloc_outputs(otypes, nout, got, want, got_dl, want_dl)) {
+    fprintf(stderr, "kiln-run: out of memory\n");
+    return 1;
   }
   // The first call compiles symbolic graphs; count it as compile time.
   s = kiln_function_call(fn, in_dl, nin, got_dl, nout);
@@ -182,11 +176,9 @@ int main(int argc, char **argv) {
   printf("run:     %.3f ms (median of %d)\n", times[iters / 2] * 1e3, iters);
   printf("reference interpreter: %.3f ms\n", ref_s * 1e3);
   free(times);
-  for (size_t i = 0; i < nin; ++i) kt_free(&in[i]);
-  for (size_t i = 0; i < nout; ++i) {
-    kt_free(&got[i]);
-    kt_free(&want[i]);
-  }
+  kt_free_n(in, nin);
+  kt_free_n(got, nout);
+  kt_free_n(want, nout);
   kiln_function_release(fn);
   kiln_graph_destroy(g);
   kiln_context_destroy(ctx);

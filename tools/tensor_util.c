@@ -49,6 +49,26 @@ void kt_free(kt_tensor_t *t) {
   memset(t, 0, sizeof(*t));
 }
 
+bool kt_alloc_outputs(const kiln_tensor_type_t *types, size_t n, kt_tensor_t *got,
+                      kt_tensor_t *want, DLTensor *got_dl, DLTensor *want_dl) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!kt_alloc(&got[i], &types[i], false) || !kt_alloc(&want[i], &types[i], false)) {
+      kt_free(&got[i]);
+      kt_free_n(got, i);
+      kt_free_n(want, i);
+      return false;
+    }
+    kt_poison(&got[i]);
+    got_dl[i] = got[i].dl;
+    want_dl[i] = want[i].dl;
+  }
+  return true;
+}
+
+void kt_free_n(kt_tensor_t *t, size_t n) {
+  for (size_t i = 0; i < n; ++i) kt_free(&t[i]);
+}
+
 int64_t kt_numel(const kt_tensor_t *t) {
   int64_t n = 1;
   for (int i = 0; i < t->dl.ndim; ++i) n *= t->shape[i];

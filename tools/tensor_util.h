@@ -23,6 +23,15 @@ bool kt_alloc(kt_tensor_t *t, const kiln_tensor_type_t *type, bool strided);
 void kt_free(kt_tensor_t *t);
 int64_t kt_numel(const kt_tensor_t *t);
 
+// The output side of a checked call: for each of `n` output types, a `got`
+// tensor (poisoned, for kiln to fill) and a `want` tensor (for the reference
+// interpreter), with their DLTensor views. On failure (out of memory) frees
+// what it allocated and returns false.
+bool kt_alloc_outputs(const kiln_tensor_type_t *types, size_t n, kt_tensor_t *got,
+                      kt_tensor_t *want, DLTensor *got_dl, DLTensor *want_dl);
+// Frees `n` tensors; zero-initialized (never allocated) ones are fine.
+void kt_free_n(kt_tensor_t *t, size_t n);
+
 // xorshift64*: deterministic per seed.
 uint64_t kt_rand(uint64_t *state);
 // Fills with uniform values: floats in [-1, 1), integers in [-5, 5],

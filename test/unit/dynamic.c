@@ -47,12 +47,12 @@ static int run_once(kiln_context_t *ctx, kiln_graph_t *g, kiln_function_t *fn,
   kiln_tensor_type_t ot[MAXT];
   int fails = 0;
   kiln_status_t s = kiln_function_output_types(fn, in_dl, nin, ot, nout);
-  for (size_t i = 0; !s && i < nout; ++i) {
-    kt_alloc(&got[i], &ot[i], false);
-    kt_alloc(&want[i], &ot[i], false);
-    kt_poison(&got[i]);
-    got_dl[i] = got[i].dl;
-    want_dl[i] = want[i].dl;
+  bool have_out = !s && kt_alloc_outputs(ot, nout, got, want, got_dl, want_dl);
+  if (!s && !have_out) {
+    fprintf(stderr, "s0=%lld s1=%lld: out of memory for the outputs\n",
+            (long long)s0, (long long)s1);
+    kt_free_n(in, nin);
+    return 1;
   }
   if (!s) s = kiln_function_call(fn, in_dl, nin, got_dl, nout);
   if (!s) s = kiln_graph_interpret(g, in_dl, nin, want_dl, nout);
@@ -74,10 +74,10 @@ static int run_once(kiln_context_t *ctx, kiln_graph_t *g, kiln_function_t *fn,
       }
     }
   }
-  for (size_t i = 0; i < nin; ++i) kt_free(&in[i]);
-  for (size_t i = 0; !s && i < nout; ++i) {
-    kt_free(&got[i]);
-    kt_free(&want[i]);
+  kt_free_n(in, nin);
+  if (have_out) {
+    kt_free_n(got, nout);
+    kt_free_n(want, nout);
   }
   return fails;
 }

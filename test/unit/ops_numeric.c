@@ -176,14 +176,14 @@ static int run_case(kiln_context_t *ctx, const char *text, const char *dt,
     kt_fill_random(&in[i], seed);
     in_dl[i] = in[i].dl;
   }
-  for (size_t i = 0; i < nout; ++i) {
-    kiln_tensor_type_t t;
-    kiln_graph_output_type(g, i, &t);
-    kt_alloc(&got[i], &t, false);
-    kt_alloc(&want[i], &t, false);
-    kt_poison(&got[i]);
-    got_dl[i] = got[i].dl;
-    want_dl[i] = want[i].dl;
+  kiln_tensor_type_t ot[MAXT];
+  for (size_t i = 0; i < nout; ++i) kiln_graph_output_type(g, i, &ot[i]);
+  if (!kt_alloc_outputs(ot, nout, got, want, got_dl, want_dl)) {
+    fprintf(stderr, "FAIL [%s] out of memory for the outputs\n", dt);
+    kt_free_n(in, nin);
+    kiln_function_release(fn);
+    kiln_graph_destroy(g);
+    return 1;
   }
   s = kiln_function_call(fn, in_dl, nin, got_dl, nout);
   if (!s) s = kiln_graph_interpret(g, in_dl, nin, want_dl, nout);
@@ -206,11 +206,9 @@ static int run_case(kiln_context_t *ctx, const char *text, const char *dt,
       }
     }
   }
-  for (size_t i = 0; i < nin; ++i) kt_free(&in[i]);
-  for (size_t i = 0; i < nout; ++i) {
-    kt_free(&got[i]);
-    kt_free(&want[i]);
-  }
+  kt_free_n(in, nin);
+  kt_free_n(got, nout);
+  kt_free_n(want, nout);
   kiln_function_release(fn);
   kiln_graph_destroy(g);
   return fails;
