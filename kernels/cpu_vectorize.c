@@ -1,4 +1,6 @@
-// The default CPU schedule: tile to vector-sized blocks, then vectorize.
+// The CPU schedule: every tileable linalg op is described to lib/autotune,
+// gets its tiles (threads, cache blocks, register tile), and one
+// transform-dialect script tiles, vectorizes and cleans up the module.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,9 +11,34 @@
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Dialect/Transform/Interpreter.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
-kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
+// Appends "[a, b, c]" with the sizes of one level; sizes equal to the
+// enclosing tile (or range) are 0: that level does not tile them.
+static int level_sizes(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c,
+                       int level, int64_t *out) {
+  int n = 0;
+  for (int k = 0; k < c->loop_count; ++k) {
+    const int64_t *lv[3] = {c->forall, c->cache, c->reg};
+    int64_t within = d->range[k];
+    if (level > 0 && c->forall[k] > 0) within = c->forall[k];
+    if (level > 1 && c->cache[k] > 0) within = c->cache[k];
+    int64_t s = lv[level][k];
+    out[k] = (s > 0 && s < within) ? s : 0;
+    n += out[k] != 0;
+  }
+  return n;
+}
+
+static void put_sizes(kiln_sbuf_t *b, const int64_t *s, int n) {
+  kiln_sbuf_puts(b, "[");
+  for (int k = 0; k < n; ++k)
+    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)s[k]);
+  kiln_sbuf_puts(b, "]");
+}
+
+kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
+                                        const kiln_tile_config_t *configs,
                                         int32_t count, char **out_text) {
   kiln_sbuf_t b;
   kiln_sbuf_init(&b);
@@ -20,48 +47,47 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
                  "  transform.named_sequence @__transform_main(%root: "
                  "!transform.any_op {transform.readonly}) {\n");
   for (int32_t i = 0; i < count; ++i) {
-    const kiln_tile_sizes_t *t = &sizes[i];
-    int loops = 0;
-    for (int k = 0; k < t->loop_count; ++k) loops += t->sizes[k] != 0;
+    const kiln_tile_config_t *t = &configs[i];
+    int64_t sz[KILN_TILE_MAX_LOOPS];
     kiln_sbuf_printf(&b,
                      "    %%op%d = transform.structured.match attributes "
                      "{kiln.tile_id = %d : i64} in %%root : (!transform.any_op) "
                      "-> !transform.any_op\n",
                      i, i);
-    const char *target = "op";
-    if (t->forall_dim >= 0) {
-      // Threads first: one forall over the distributed loop.
+    char target[32];
+    snprintf(target, sizeof(target), "op%d", i);
+    // Threads first: one forall over the distributed loops.
+    if (level_sizes(&descs[i], t, 0, sz)) {
       kiln_sbuf_printf(&b, "    %%par%d, %%forall%d = transform.structured."
-                           "tile_using_forall %%op%d tile_sizes [", i, i, i);
-      for (int k = 0; k < t->loop_count; ++k)
-        kiln_sbuf_printf(&b, "%s%lld", k ? ", " : "",
-                         (long long)(k == t->forall_dim ? t->sizes[k] : 0));
-      kiln_sbuf_puts(&b, "] : (!transform.any_op) -> (!transform.any_op, "
+                           "tile_using_forall %%%s tile_sizes ", i, i, target);
+      put_sizes(&b, sz, t->loop_count);
+      kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op, "
                          "!transform.any_op)\n");
-      target = "par";
-      loops -= t->sizes[t->forall_dim] != 0;
+      snprintf(target, sizeof(target), "par%d", i);
     }
-    if (loops) {
-    kiln_sbuf_printf(&b, "    %%tiled%d", i);
-    for (int k = 0; k < loops; ++k) kiln_sbuf_printf(&b, ", %%loop%d_%d", i, k);
-    kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%%s%d tile_sizes [",
-                     target, i);
-    for (int k = 0; k < t->loop_count; ++k)
-      kiln_sbuf_printf(&b, "%s%lld", k ? ", " : "",
-                       (long long)(k == t->forall_dim ? 0 : t->sizes[k]));
-    kiln_sbuf_puts(&b, "] : (!transform.any_op) -> (!transform.any_op");
-    for (int k = 0; k < loops; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
-    kiln_sbuf_puts(&b, ")\n");
-    target = "tiled";
+    // Then cache blocks, then the register tile, each a nest of scf.for.
+    for (int level = 1; level <= 2; ++level) {
+      int loops = level_sizes(&descs[i], t, level, sz);
+      if (!loops) continue;
+      kiln_sbuf_printf(&b, "    %%tiled%d_%d", i, level);
+      for (int k = 0; k < loops; ++k)
+        kiln_sbuf_printf(&b, ", %%loop%d_%d_%d", i, level, k);
+      kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%%s "
+                           "tile_sizes ", target);
+      put_sizes(&b, sz, t->loop_count);
+      kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op");
+      for (int k = 0; k < loops; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
+      kiln_sbuf_puts(&b, ")\n");
+      snprintf(target, sizeof(target), "tiled%d_%d", i, level);
     }
     if (t->reduction_dim >= 0) {
+      for (int k = 0; k < t->loop_count; ++k)
+        sz[k] = k == t->reduction_dim ? t->reduction_tile : 0;
       kiln_sbuf_printf(&b, "    %%rfill%d, %%rsplit%d, %%rcomb%d, %%rloop%d = "
                            "transform.structured.tile_reduction_using_for "
-                           "%%%s%d by tile_sizes = [", i, i, i, i, target, i);
-      for (int k = 0; k < t->loop_count; ++k)
-        kiln_sbuf_printf(&b, "%s%lld", k ? ", " : "",
-                         (long long)(k == t->reduction_dim ? t->reduction_tile : 0));
-      kiln_sbuf_puts(&b, "] : (!transform.any_op) -> (!transform.any_op, "
+                           "%%%s by tile_sizes = ", i, i, i, i, target);
+      put_sizes(&b, sz, t->loop_count);
+      kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op, "
                          "!transform.any_op, !transform.any_op, "
                          "!transform.any_op)\n");
     }
@@ -107,18 +133,13 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
   return NULL;
 }
 
-// Largest of `choices` (descending) that divides `n`.
-static int64_t pick(int64_t n, const int64_t *choices, int count) {
-  for (int i = 0; i < count; ++i)
-    if (n % choices[i] == 0) return choices[i];
-  return 1;
-}
-
 typedef struct {
-  kiln_tile_sizes_t *sizes;
+  const kiln_kernel_tiling_t *tiling;
+  kiln_kernel_desc_t *descs;
+  kiln_tile_config_t *configs;
   int32_t count, capacity;
   MlirContext ctx;
-  bool oom;
+  kiln_status_t error;
 } collect_t;
 
 static bool starts_with(MlirStringRef s, const char *p) {
@@ -136,7 +157,8 @@ static int result_shape(MlirOperation op, int64_t *dims) {
   if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t))
     return -1;
   int r = (int)mlirShapedTypeGetRank(t);
-  for (int i = 0; i < r && i < 16; ++i) dims[i] = mlirShapedTypeGetDimSize(t, i);
+  for (int i = 0; i < r && i < KILN_TILE_MAX_LOOPS; ++i)
+    dims[i] = mlirShapedTypeGetDimSize(t, i);
   return r;
 }
 
@@ -144,82 +166,78 @@ static void sbuf_cb(MlirStringRef str, void *user) {
   kiln_sbuf_append((kiln_sbuf_t *)user, str.data, str.length);
 }
 
-static const int64_t kVec[] = {16, 8, 4, 2, 1};
-static const int64_t kRegM[] = {8, 4, 2, 1};
-static const int64_t kRegN[] = {32, 16, 8, 4, 2, 1};
-
-// Work below which an op runs on one thread: opening a parallel region costs
-// microseconds, more than small elementwise ops or reductions take (a GPT
-// backward graph of 134 small ops lost ~1 ms to fork/join alone).
-#define KILN_MIN_PARALLEL_WORK (1 << 16)
-
-// Distributes the first parallel loop that has more than one tile, when the
-// op's iteration space is big enough to pay for the threads.
-static void set_forall(kiln_tile_sizes_t *t, const bool *parallel,
-                       const int64_t *range) {
-  t->forall_dim = -1;
-  double work = 1;
-  for (int i = 0; i < t->loop_count; ++i) work *= (double)(range[i] > 0 ? range[i] : 1);
-  if (work < KILN_MIN_PARALLEL_WORK) return;
-  for (int i = 0; i < t->loop_count; ++i)
-    if (parallel[i] && t->sizes[i] > 0 && range[i] > t->sizes[i]) {
-      t->forall_dim = i;
-      return;
-    }
+// Bytes of the widest element the op touches, at least 4: sub-word floats
+// are computed in f32, so vector lanes are counted in f32.
+static int32_t elem_bytes(MlirOperation op) {
+  int32_t best = 4;
+  intptr_t n = mlirOperationGetNumOperands(op);
+  for (intptr_t k = 0; k < n; ++k) {
+    MlirType ty = mlirValueGetType(mlirOperationGetOperand(op, k));
+    if (!mlirTypeIsAShaped(ty)) continue;
+    MlirType el = mlirShapedTypeGetElementType(ty);
+    int32_t bits = 0;
+    if (mlirTypeIsAFloat(el)) bits = (int32_t)mlirFloatTypeGetWidth(el);
+    else if (mlirTypeIsAInteger(el)) bits = (int32_t)mlirIntegerTypeGetWidth(el);
+    if (bits / 8 > best) best = bits / 8;
+  }
+  return best;
 }
 
-// Chooses tile sizes for one op; false when the op is left alone.
-static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
+// The op's identity for the tuning database: its generic form printed in
+// local scope (SSA names do not depend on what precedes it), types and
+// body included.
+static kiln_hash128_t op_hash(MlirOperation op) {
+  kiln_sbuf_t b;
+  kiln_sbuf_init(&b);
+  MlirOpPrintingFlags flags = mlirOpPrintingFlagsCreate();
+  mlirOpPrintingFlagsPrintGenericOpForm(flags);
+  mlirOpPrintingFlagsUseLocalScope(flags);
+  mlirOperationPrintWithFlags(op, flags, sbuf_cb, &b);
+  mlirOpPrintingFlagsDestroy(flags);
+  kiln_hasher_t h;
+  kiln_hasher_init(&h);
+  kiln_hasher_update(&h, b.data ? b.data : "", b.length);
+  kiln_sbuf_free(&b);
+  return kiln_hasher_final(&h);
+}
+
+// Describes one op; false when it is left alone (dynamic shapes, gathers,
+// convolutions and other named ops).
+static bool describe(MlirOperation op, kiln_kernel_desc_t *d) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
-  int64_t dims[16];
+  int64_t dims[KILN_TILE_MAX_LOOPS];
   int r = result_shape(op, dims);
-  if (r < 0) return false;
-  memset(t, 0, sizeof(*t));
-  t->forall_dim = -1;
-  t->reduction_dim = -1;
+  if (r < 0 || r > KILN_TILE_MAX_LOOPS) return false;
+  memset(d, 0, sizeof(*d));
+  d->m_dim = d->n_dim = -1;
+  d->elem_bytes = elem_bytes(op);
   if (equals(name, "linalg.matmul") || equals(name, "linalg.batch_matmul")) {
     int b = equals(name, "linalg.batch_matmul") ? 1 : 0;
-    t->loop_count = 3 + b;
-    if (b) t->sizes[0] = 1;
-    t->sizes[b] = pick(dims[b], kRegM, 4);
-    t->sizes[b + 1] = pick(dims[b + 1], kRegN, 6);
-    t->sizes[b + 2] = 1;
-    bool par[16] = {true, true, true, false};
-    if (!b) par[2] = false;
-    int64_t range[16] = {0};
-    for (int i = 0; i <= b + 1; ++i) range[i] = dims[i];
-    set_forall(t, par, range);
+    MlirType lhs = mlirValueGetType(mlirOperationGetOperand(op, 0));
+    if (!mlirTypeIsARankedTensor(lhs) || !mlirShapedTypeHasStaticShape(lhs))
+      return false;
+    d->kind = KILN_KERNEL_CONTRACTION;
+    d->loop_count = 3 + b;
+    for (int i = 0; i < r; ++i) d->range[i] = dims[i];
+    d->range[2 + b] = mlirShapedTypeGetDimSize(lhs, 1 + b);
+    d->reduction_mask = 1u << (2 + b);
+    d->m_dim = b;
+    d->n_dim = b + 1;
     return true;
   }
-  if (equals(name, "linalg.transpose") && r >= 2) {
-    // Square register blocks: the vector transpose of a block is a few
-    // shuffles, where a 1x16 tile read a column one element at a time.
+  if (equals(name, "linalg.transpose") || equals(name, "linalg.fill")) {
+    if (r == 0) return false;
+    d->kind = KILN_KERNEL_ELEMENTWISE;
+    d->loop_count = r;
+    for (int i = 0; i < r; ++i) d->range[i] = dims[i];
     MlirAttribute perm = mlirOperationGetAttributeByName(
         op, mlirStringRefCreateFromCString("permutation"));
-    bool last_two_swapped = false;
-    if (!mlirAttributeIsNull(perm) && mlirAttributeIsADenseI64Array(perm) &&
-        mlirDenseArrayGetNumElements(perm) == r)
-      last_two_swapped = mlirDenseI64ArrayGetElement(perm, r - 1) == r - 2 &&
-                         mlirDenseI64ArrayGetElement(perm, r - 2) == r - 1;
-    if (last_two_swapped) {
-      t->loop_count = r;
-      for (int i = 0; i < r - 2; ++i) t->sizes[i] = 1;
-      t->sizes[r - 2] = pick(dims[r - 2], kRegM, 4);
-      t->sizes[r - 1] = pick(dims[r - 1], kRegM, 4);
-      bool par[16];
-      for (int i = 0; i < 16; ++i) par[i] = true;
-      set_forall(t, par, dims);
-      return true;
-    }
-  }
-  if (equals(name, "linalg.fill") || equals(name, "linalg.transpose")) {
-    if (r == 0) return false;
-    t->loop_count = r;
-    for (int i = 0; i < r - 1; ++i) t->sizes[i] = 1;
-    t->sizes[r - 1] = pick(dims[r - 1], kVec, 5);
-    bool par[16];
-    for (int i = 0; i < 16; ++i) par[i] = true;
-    set_forall(t, par, dims);
+    if (r >= 2 && !mlirAttributeIsNull(perm) &&
+        mlirAttributeIsADenseI64Array(perm) &&
+        mlirDenseArrayGetNumElements(perm) == r &&
+        mlirDenseI64ArrayGetElement(perm, r - 1) == r - 2 &&
+        mlirDenseI64ArrayGetElement(perm, r - 2) == r - 1)
+      d->kind = KILN_KERNEL_TRANSPOSE;
     return true;
   }
   if (!equals(name, "linalg.generic")) return false;
@@ -227,18 +245,21 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
       op, mlirStringRefCreateFromCString("iterator_types"));
   if (mlirAttributeIsNull(it) || !mlirAttributeIsAArray(it)) return false;
   int loops = (int)mlirArrayAttrGetNumElements(it);
-  if (loops == 0 || loops > 16) return false;
+  if (loops == 0 || loops > KILN_TILE_MAX_LOOPS) return false;
   // Gathers (tensor.extract in the body) stay scalar.
   MlirRegion region = mlirOperationGetRegion(op, 0);
   MlirBlock block = mlirRegionGetFirstBlock(region);
+  bool has_mul = false, has_add = false;
   for (MlirOperation o = mlirBlockGetFirstOperation(block);
-       !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
-    if (equals(mlirIdentifierStr(mlirOperationGetName(o)), "tensor.extract"))
-      return false;
+       !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
+    MlirStringRef on = mlirIdentifierStr(mlirOperationGetName(o));
+    if (equals(on, "tensor.extract")) return false;
+    has_mul |= equals(on, "arith.mulf") || equals(on, "arith.muli");
+    has_add |= equals(on, "arith.addf") || equals(on, "arith.addi");
+  }
   // Static loop ranges: every map result that is a plain dim d_j names the
   // size of loop j through the operand's shape.
-  int64_t range[16];
-  for (int i = 0; i < loops; ++i) range[i] = -1;
+  for (int i = 0; i < loops; ++i) d->range[i] = -1;
   MlirAttribute maps = mlirOperationGetAttributeByName(
       op, mlirStringRefCreateFromCString("indexing_maps"));
   if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps)) return false;
@@ -259,22 +280,16 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
       if (!mlirAffineExprIsADim(e)) continue;
       intptr_t pos = mlirAffineDimExprGetPosition(e);
       if (pos < loops) {
-        range[pos] = mlirShapedTypeGetDimSize(ty, j);
+        d->range[pos] = mlirShapedTypeGetDimSize(ty, j);
         if (k < 16) uses[k] |= 1u << pos;
       }
     }
   }
   for (int i = 0; i < loops; ++i)
-    if (range[i] < 0) return false;
-  t->loop_count = loops;
-  // A contraction in generic form (a batch matmul whose batch dims were
-  // reshaped by fusion): reduction loops, at least two parallel loops, a
-  // multiply feeding an add. Tile it like a matmul: a register tile on the
-  // last two parallel loops, the reduction stepped by one, so the vectorizer
-  // makes an outer-product contraction instead of a horizontal reduction per
-  // output element.
+    if (d->range[i] < 0) return false;
+  d->loop_count = loops;
   int reductions = 0, last_red = -1;
-  int par[16], npar = 0;
+  int par[KILN_TILE_MAX_LOOPS], npar = 0;
   for (int i = 0; i < loops; ++i) {
     kiln_sbuf_t pb;
     kiln_sbuf_init(&pb);
@@ -284,23 +299,16 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
     if (red) {
       reductions++;
       last_red = i;
+      d->reduction_mask |= 1u << i;
     } else {
       par[npar++] = i;
     }
   }
-  bool has_mul = false, has_add = false;
-  for (MlirOperation o = mlirBlockGetFirstOperation(block);
-       !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
-    MlirStringRef on = mlirIdentifierStr(mlirOperationGetName(o));
-    has_mul |= equals(on, "arith.mulf") || equals(on, "arith.muli");
-    has_add |= equals(on, "arith.addf") || equals(on, "arith.addi");
-  }
-  bool is_par[16] = {false};
-  for (int i = 0; i < npar; ++i) is_par[par[i]] = true;
   // A contraction multiplies operands broadcast along different output
   // dims: one input misses the last parallel loop (A, no n) and another the
   // one before (B, no m). A reduction whose body merely contains a multiply
-  // (exp's polynomial) reads one full-rank input and is not one.
+  // (exp's polynomial) reads one full-rank input and is not one. Fusion may
+  // have reshaped a batch matmul into this form, with K split in two.
   bool no_n = false, no_m = false;
   if (npar >= 2)
     for (intptr_t k = 0; k < ninputs && k < 16; ++k) {
@@ -308,28 +316,14 @@ static bool choose(MlirOperation op, kiln_tile_sizes_t *t) {
       no_m |= !(uses[k] & (1u << par[npar - 2]));
     }
   if (reductions >= 1 && npar >= 2 && has_mul && has_add && no_n && no_m) {
-    // Every reduction loop steps by one (fusion may have split K in two, as
-    // after a head reshape in attention).
-    for (int i = 0; i < loops; ++i) t->sizes[i] = 1;
-    t->sizes[par[npar - 2]] = pick(range[par[npar - 2]], kRegM, 4);
-    t->sizes[par[npar - 1]] = pick(range[par[npar - 1]], kRegN, 6);
-    set_forall(t, is_par, range);
-    return true;
+    d->kind = KILN_KERNEL_CONTRACTION;
+    d->m_dim = par[npar - 2];
+    d->n_dim = par[npar - 1];
+  } else if (reductions == 1 && last_red == loops - 1 && loops >= 2) {
+    d->kind = KILN_KERNEL_ROW_REDUCTION;
+  } else {
+    d->kind = KILN_KERNEL_ELEMENTWISE;
   }
-  if (reductions == 1 && last_red == loops - 1 && loops >= 2) {
-    // Row reduction: rows over threads and one at a time, the row split by
-    // the vector width into a vector accumulator.
-    for (int i = 0; i < loops - 1; ++i) t->sizes[i] = 1;
-    t->sizes[last_red] = 0;
-    set_forall(t, is_par, range);
-    t->reduction_dim = last_red;
-    t->reduction_tile = pick(range[last_red], kVec, 5);
-    if (t->reduction_tile == 1) t->reduction_dim = -1;  // nothing to split
-    return true;
-  }
-  for (int i = 0; i < loops - 1; ++i) t->sizes[i] = 1;
-  t->sizes[loops - 1] = pick(range[loops - 1], kVec, 5);
-  set_forall(t, is_par, range);
   return true;
 }
 
@@ -347,20 +341,38 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
   collect_t *c = user;
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   if (!starts_with(name, "linalg.")) return MlirWalkResultAdvance;
-  kiln_tile_sizes_t t;
-  if (!choose(op, &t)) return MlirWalkResultAdvance;
-  if (inside_forall(op)) t.forall_dim = -1;
+  kiln_kernel_desc_t d;
+  if (!describe(op, &d)) return MlirWalkResultAdvance;
+  d.nested = inside_forall(op);
+  d.hash = op_hash(op);
+  kiln_tile_config_t t;
+  const kiln_kernel_tiling_t *tl = c->tiling;
+  if (tl->choose)
+    tl->choose(tl->user, &d, &t);
+  else
+    kiln_autotune_heuristic(&d, &tl->target, &t);
+  char why[256];
+  if (!kiln_autotune_config_valid(&d, &tl->target, &t, why, sizeof(why))) {
+    char what[160];
+    kiln_autotune_desc_format(&d, what, sizeof(what));
+    c->error = kiln_make_status(KILN_STATUS_INTERNAL,
+                                "kernels: tile config for %s: %s", what, why);
+    return MlirWalkResultInterrupt;
+  }
   if (c->count == c->capacity) {
     int32_t cap = c->capacity ? c->capacity * 2 : 16;
-    kiln_tile_sizes_t *n = realloc(c->sizes, sizeof(*n) * (size_t)cap);
-    if (!n) {
-      c->oom = true;
+    kiln_kernel_desc_t *nd = realloc(c->descs, sizeof(*nd) * (size_t)cap);
+    if (nd) c->descs = nd;
+    kiln_tile_config_t *nc = realloc(c->configs, sizeof(*nc) * (size_t)cap);
+    if (nc) c->configs = nc;
+    if (!nd || !nc) {
+      c->error = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "tile sizes");
       return MlirWalkResultInterrupt;
     }
-    c->sizes = n;
     c->capacity = cap;
   }
-  c->sizes[c->count] = t;
+  c->descs[c->count] = d;
+  c->configs[c->count] = t;
   mlirOperationSetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.tile_id"),
       mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), c->count));
@@ -368,19 +380,21 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
-kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module) {
+kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
+                                         const kiln_kernel_tiling_t *tiling) {
+  // Without a target: AVX2-class registers, one thread.
+  kiln_kernel_tiling_t fallback = {{32, 16, 1, 32 << 10, 1 << 20}, NULL, NULL};
   collect_t c;
   memset(&c, 0, sizeof(c));
   c.ctx = ctx;
+  c.tiling = tiling ? tiling : &fallback;
   MlirOperation root = mlirModuleGetOperation(module);
   mlirOperationWalk(root, collect_op, &c, MlirWalkPreOrder);
-  if (c.oom) {
-    free(c.sizes);
-    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "tile sizes");
-  }
   char *text = NULL;
-  kiln_status_t s = kiln_kernels_cpu_schedule(c.sizes, c.count, &text);
-  free(c.sizes);
+  kiln_status_t s = c.error;
+  if (!s) s = kiln_kernels_cpu_schedule(c.descs, c.configs, c.count, &text);
+  free(c.descs);
+  free(c.configs);
   if (s) return s;
   MlirModule script =
       mlirModuleCreateParse(ctx, mlirStringRefCreateFromCString(text));

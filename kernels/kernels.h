@@ -8,35 +8,35 @@
 
 #include <mlir-c/IR.h>
 
+#include "lib/autotune/autotune.h"
 #include "lib/base/base.h"
 
-// Tile sizes for one structured op: one per loop, 0 = not tiled.
-typedef struct kiln_tile_sizes {
-  int32_t loop_count;
-  int64_t sizes[16];
-  // The parallel loop distributed over threads (scf.forall, then OpenMP),
-  // tiled by sizes[forall_dim]; -1 for none.
-  int32_t forall_dim;
-  // A row reduction: after the tiling above, the reduction loop
-  // `reduction_dim` is split by `reduction_tile` with a partial accumulator
-  // (tile_reduction_using_for), so the loop carries a vector, not a scalar
-  // that needs a horizontal reduction per step. -1 for none.
-  int32_t reduction_dim;
-  int64_t reduction_tile;
-} kiln_tile_sizes_t;
+// Asks for the tile config of one op. lib/api answers from the heuristic,
+// the tuning database or the candidate being measured (lib/autotune); the
+// answer must be valid for `desc` (kiln_autotune_config_valid).
+typedef void (*kiln_tile_chooser_fn)(void *user, const kiln_kernel_desc_t *desc,
+                                     kiln_tile_config_t *out);
+
+typedef struct kiln_kernel_tiling {
+  kiln_cpu_target_t target;      // for the heuristic when `choose` is NULL
+  kiln_tile_chooser_fn choose;   // NULL: kiln_autotune_heuristic
+  void *user;
+} kiln_kernel_tiling_t;
 
 // The schedule text for `count` tagged ops: each op tagged with
-// `kiln.tile_id = i` is distributed over threads along its forall_dim
-// (scf.forall) and tiled with sizes[i] (scf.for), then every function is
+// `kiln.tile_id = i` is distributed over threads by configs[i].forall
+// (scf.forall), tiled by its cache then register tiles (scf.for), its
+// reduction split into a vector accumulator, then every function is
 // vectorized (vectorize_children_and_apply_patterns). Caller frees.
-kiln_status_t kiln_kernels_cpu_schedule(const kiln_tile_sizes_t *sizes,
+kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
+                                        const kiln_tile_config_t *configs,
                                         int32_t count, char **out_text);
 
-// Picks tile sizes for every linalg op of `module` (the default heuristic:
-// innermost dims to a vector width that divides them, outer dims to 1,
-// matmuls to an 8x32 register tile), tags the ops, and applies the schedule.
-// Ops it cannot tile statically (dynamic shapes, convolutions) are left for
-// the scalar loop lowering.
-kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module);
+// Describes every linalg op of `module` it can tile (static shapes; not
+// gathers, not convolutions), asks `tiling` for its tiles, tags the ops and
+// applies the schedule. Ops it cannot tile are left for the scalar loop
+// lowering. `tiling` may be NULL (the heuristic for an AVX2-class target).
+kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
+                                         const kiln_kernel_tiling_t *tiling);
 
 #endif  // KILN_KERNELS_KERNELS_H_

@@ -30,6 +30,9 @@ typedef struct kiln_pipeline_options {
                          // threads; otherwise sequential loops
   const char *dump_dir;  // write the IR after every stage here (NULL: none)
   const char *dump_tag;  // file name prefix for dumps
+  // Tile sizes for the kernels/ schedules (NULL: the heuristic for a
+  // generic target).
+  const struct kiln_kernel_tiling *tiling;
 } kiln_pipeline_options_t;
 
 // Parses MLIR text into a module (errors carry MLIR's diagnostics).

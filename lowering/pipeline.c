@@ -217,7 +217,7 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
     if (stage == KILN_STAGE_VECTORIZED) {
       if (opts && opts->vectorize) {
         kiln_sbuf_free(&m->diags);
-        kiln_status_t s = kiln_kernels_vectorize_cpu(m->ctx, module);
+        kiln_status_t s = kiln_kernels_vectorize_cpu(m->ctx, module, opts->tiling);
         if (s) {
           kiln_status_t d = diag_error(m, what);
           s = kiln_status_annotate(s, "%s", kiln_status_message(d));

@@ -43,6 +43,11 @@ int main(int argc, char **argv) {
     else if (strncmp(a, "--seed=", 7) == 0) seed = strtoull(a + 7, NULL, 0);
     else if (strcmp(a, "--strided") == 0) strided = true;
     else if (strcmp(a, "--no-vectorize") == 0) opts.vectorize = 0;
+    else if (strcmp(a, "--autotune") == 0) opts.autotune = KILN_AUTOTUNE_MEASURE;
+    else if (strncmp(a, "--autotune-budget=", 18) == 0) {
+      opts.autotune = KILN_AUTOTUNE_MEASURE;
+      opts.autotune_budget_seconds = atof(a + 18);
+    } else if (strncmp(a, "--threads=", 10) == 0) opts.num_threads = atoi(a + 10);
     else if (strncmp(a, "--input=", 8) == 0 && ninput_files < MAX_TENSORS)
       input_files[ninput_files++] = a + 8;
     else if (strcmp(a, "--dim") == 0 && i + 1 < argc && ndims < 16) {
@@ -56,7 +61,10 @@ int main(int argc, char **argv) {
       dim_values[ndims++] = strtoll(eq + 1, NULL, 10);
     } else if (strcmp(a, "--help") == 0) {
       printf("usage: kiln-run [--iters=N] [--seed=S] [--dim NAME=SIZE]... "
-             "[--input=FILE]... [--strided] [--no-vectorize] FILE\n");
+             "[--input=FILE]... [--strided] [--no-vectorize] [--threads=N]\n"
+             "                [--autotune] [--autotune-budget=SECONDS] FILE\n"
+             "  --autotune: measured tile-size search (max-autotune), results\n"
+             "  kept in the tuning database\n");
       return 0;
     } else if (a[0] == '-') {
       fprintf(stderr, "kiln-run: unknown option '%s' (try --help)\n", a);

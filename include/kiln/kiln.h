@@ -124,6 +124,9 @@ typedef struct kiln_stats_t {
   double mlir_seconds;      // parsing and the MLIR pass pipeline
   double llvm_seconds;      // LLVM codegen and JIT linking
   double cache_seconds;     // reading, loading and writing cache entries
+  uint64_t tune_measured;   // autotuning: configurations compiled and timed
+  uint64_t tune_db_hits;    // kernels whose tiles came from the tuning database
+  double tune_seconds;      // time spent searching
 } kiln_stats_t;
 
 KILN_API void kiln_context_stats(kiln_context_t *context, kiln_stats_t *out);
@@ -225,6 +228,19 @@ typedef enum kiln_dynamic_e {
   KILN_DYNAMIC_NEVER = 2,
 } kiln_dynamic_t;
 
+// How tile sizes are chosen.
+typedef enum kiln_autotune_e {
+  // A heuristic per kernel (distribution tiles from the workload and the
+  // thread count, register tiles from the vector register file); nothing is
+  // measured. torch.compile's mode=None / "default".
+  KILN_AUTOTUNE_HEURISTIC = 0,
+  // A measured search on the variant's real shapes: candidates for every
+  // sizeable kernel are compiled and timed, within the time budget; results
+  // go to the tuning database (in the compile cache directory) and are
+  // reused by later compiles and processes. mode="max-autotune".
+  KILN_AUTOTUNE_MEASURE = 1,
+} kiln_autotune_t;
+
 typedef struct kiln_compile_options_t {
   // "cpu" (the default when NULL). "cuda" is reserved for the GPU target and
   // answers KILN_STATUS_UNAVAILABLE until it exists.
@@ -241,6 +257,12 @@ typedef struct kiln_compile_options_t {
   // Threads a kernel may use (OpenMP): 0 = every online core (default),
   // 1 = single-threaded. KILN_NUM_THREADS overrides the default.
   int num_threads;
+  // Tile-size choice (default KILN_AUTOTUNE_HEURISTIC) and, for
+  // KILN_AUTOTUNE_MEASURE, the search budget per variant in seconds (0: 20).
+  // KILN_LOG=autotune, or stderr being a terminal, shows the search's
+  // progress.
+  kiln_autotune_t autotune;
+  double autotune_budget_seconds;
 } kiln_compile_options_t;
 
 KILN_API void kiln_compile_options_init(kiln_compile_options_t *options);
@@ -276,12 +298,12 @@ KILN_API kiln_status_t kiln_function_call(kiln_function_t *function,
                                           DLTensor *outputs,
                                           size_t output_count);
 
-// Calls `function` and allocates its outputs. On success `out_outputs[i]`
-// holds a tensor the caller owns; release it with its `deleter`
-// (`out_outputs[i]->deleter(out_outputs[i])`). Thread-safe.
 // Number of compiled variants (for tests and statistics).
 KILN_API int kiln_function_variant_count(kiln_function_t *function);
 
+// Calls `function` and allocates its outputs. On success `out_outputs[i]`
+// holds a tensor the caller owns; release it with its `deleter`
+// (`out_outputs[i]->deleter(out_outputs[i])`). Thread-safe.
 KILN_API kiln_status_t kiln_function_call_alloc(
     kiln_function_t *function, const DLTensor *inputs, size_t input_count,
     DLManagedTensor **out_outputs, size_t output_count);

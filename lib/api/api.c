@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "jit/jit.h"
+#include "kernels/kernels.h"
+#include "lib/autotune/autotune.h"
 #include "lib/cache/cache.h"
 #include "lib/guard/guard.h"
 #include "lib/graph/graph.h"
@@ -457,6 +459,9 @@ static void add_stats(kiln_context_t *c, const kiln_stats_t *d) {
   c->stats.mlir_seconds += d->mlir_seconds;
   c->stats.llvm_seconds += d->llvm_seconds;
   c->stats.cache_seconds += d->cache_seconds;
+  c->stats.tune_measured += d->tune_measured;
+  c->stats.tune_db_hits += d->tune_db_hits;
+  c->stats.tune_seconds += d->tune_seconds;
   pthread_mutex_unlock(&c->stats_lock);
 }
 
@@ -473,8 +478,8 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
   kiln_hasher_update(&h, &build_id, sizeof(build_id));
   kiln_hasher_update_str(&h, kiln_jit_host_id());
   kiln_hasher_update_str(&h, f->target);
-  int32_t opts[3] = {f->options.opt_level, f->options.vectorize,
-                     f->options.num_threads};
+  int32_t opts[4] = {f->options.opt_level, f->options.vectorize,
+                     f->options.num_threads, (int32_t)f->options.autotune};
   kiln_hasher_update(&h, opts, sizeof(opts));
   kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
   // The graph's name is a label, not code: hash the text without it.
@@ -485,6 +490,7 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
 
 // MLIR and LLVM on a miss: the variant's object code (caller frees).
 static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
+                                    const kiln_kernel_tiling_t *tiling,
                                     kiln_stats_t *st, void **obj,
                                     size_t *size) {
   kiln_graph_t *g = f->graph;
@@ -499,7 +505,7 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   st->lower_seconds += t1 - t0;
   pthread_mutex_lock(&c->lock);
   kiln_pipeline_options_t popts = {f->options.vectorize, f->options.num_threads,
-                                   c->dump_dir, NULL};
+                                   c->dump_dir, NULL, tiling};
   char tag[256];
   snprintf(tag, sizeof(tag), "%s-%d", g->name ? g->name : "graph",
            c->dump_counter++);
@@ -538,6 +544,281 @@ static kiln_status_t link_object(kiln_variant_t *v, const void *obj,
                             "LLVM ORC: entry point '%s' not found or not "
                             "linkable", KILN_ENTRY_NAME);
   return NULL;
+}
+
+//===--- tile sizes and the measured search --------------------------------===//
+
+// Kernels with less work than this keep the heuristic's tiles under
+// max-autotune: their time is launch and loop overhead, not tiling.
+#define KILN_TUNE_MIN_WORK (1 << 18)
+
+// The host as lib/autotune sees it.
+static void cpu_target(int threads, kiln_cpu_target_t *t) {
+  const char *id = kiln_jit_host_id();
+  bool avx512 = strstr(id, "+avx512f") != NULL;
+  bool avx2 = strstr(id, "+avx2") != NULL;
+  t->vector_bytes = avx512 ? 64 : avx2 ? 32 : 16;
+  t->vector_registers = avx512 || strstr(id, "aarch64") ? 32 : 16;
+  t->threads = threads > 0 ? threads : 1;
+  long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  t->l1_bytes = l1 > 0 ? l1 : 32 << 10;
+  t->l2_bytes = l2 > 0 ? l2 : 1 << 20;
+}
+
+// What kernels/ asks while a variant is compiled under max-autotune.
+typedef struct tune_state {
+  kiln_cpu_target_t target;
+  kiln_cache_t *db;  // the tuning database (NULL: off)
+  bool record;       // first compile: collect the kernels
+  kiln_kernel_desc_t *descs;
+  kiln_tile_config_t *configs;
+  bool *known;       // tiles came from the database
+  int count, capacity;
+  bool oom;
+  int db_hits;
+  const kiln_tile_config_t *replay;  // a candidate set, in kernel order
+  int next;
+  int mismatches;
+} tune_state_t;
+
+static bool same_hash(kiln_hash128_t a, kiln_hash128_t b) {
+  return a.hi == b.hi && a.lo == b.lo;
+}
+
+static void choose_tiles(void *user, const kiln_kernel_desc_t *d,
+                         kiln_tile_config_t *out) {
+  tune_state_t *ts = user;
+  int i = ts->next++;
+  if (ts->replay) {
+    // The module is the same on every compile, so the kernels come in the
+    // same order; anything else is a bug, reported by the measurement.
+    if (i < ts->count && same_hash(ts->descs[i].hash, d->hash)) {
+      *out = ts->replay[i];
+      return;
+    }
+    ts->mismatches++;
+    kiln_autotune_heuristic(d, &ts->target, out);
+    return;
+  }
+  bool known = ts->db && kiln_autotune_db_get(ts->db, kiln_jit_host_id(), d,
+                                              &ts->target, out, NULL);
+  if (known)
+    ts->db_hits++;
+  else
+    kiln_autotune_heuristic(d, &ts->target, out);
+  if (!ts->record || ts->oom) return;
+  if (ts->count == ts->capacity) {
+    int cap = ts->capacity ? ts->capacity * 2 : 16;
+    kiln_kernel_desc_t *nd = realloc(ts->descs, sizeof(*nd) * (size_t)cap);
+    if (nd) ts->descs = nd;
+    kiln_tile_config_t *nc = realloc(ts->configs, sizeof(*nc) * (size_t)cap);
+    if (nc) ts->configs = nc;
+    bool *nk = realloc(ts->known, sizeof(*nk) * (size_t)cap);
+    if (nk) ts->known = nk;
+    if (!nd || !nc || !nk) {
+      ts->oom = true;
+      return;
+    }
+    ts->capacity = cap;
+  }
+  ts->descs[ts->count] = *d;
+  ts->configs[ts->count] = *out;
+  ts->known[ts->count] = known;
+  ts->count++;
+}
+
+// One measurement: the variant compiled with a candidate set of tiles, run
+// on random inputs of its real shapes.
+typedef struct tune_run {
+  kiln_function_t *f;
+  kiln_variant_t *v;
+  tune_state_t *ts;
+  kiln_ffi_sig_t *sig;
+  kiln_memref_t refs[512];
+  int32_t nrefs;
+  double compile_seconds;
+} tune_run_t;
+
+static kiln_status_t measure_tiles(void *user, const kiln_tile_config_t *configs,
+                                   double *out_seconds) {
+  tune_run_t *r = user;
+  kiln_kernel_tiling_t tiling = {r->ts->target, choose_tiles, r->ts};
+  r->ts->replay = configs;
+  r->ts->next = 0;
+  r->ts->mismatches = 0;
+  kiln_stats_t scratch;
+  memset(&scratch, 0, sizeof(scratch));
+  void *obj = NULL;
+  size_t size = 0;
+  double t0 = now_seconds();
+  kiln_status_t s = compile_object(r->f, r->v, &tiling, &scratch, &obj, &size);
+  r->ts->replay = NULL;
+  if (!s && r->ts->mismatches)
+    s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of a "
+                         "recompile differ from the first compile's");
+  kiln_jit_t *jit = NULL;
+  if (!s) s = kiln_jit_load_object(obj, size, &jit);
+  free(obj);
+  r->compile_seconds += now_seconds() - t0;
+  void *entry = s ? NULL : kiln_jit_lookup(jit, KILN_ENTRY_NAME);
+  if (!s && !entry)
+    s = kiln_make_status(KILN_STATUS_COMPILE_ERROR, "autotune: no entry point");
+  // One warm-up run, then the fastest of at least 3 runs and 20 ms (at most
+  // 100 runs or 1 s): the minimum is what a quiet machine would show.
+  double best = 1e30, total = 0;
+  for (int run = 0; !s && run <= 100; ++run) {
+    double a = now_seconds();
+    s = kiln_ffi_call(r->sig, entry, r->refs, r->nrefs);
+    double t = now_seconds() - a;
+    if (run == 0) continue;
+    total += t;
+    if (t < best) best = t;
+    if ((run >= 3 && total >= 0.02) || total >= 1.0) break;
+  }
+  kiln_jit_destroy(jit);
+  if (!s) *out_seconds = best;
+  return s;
+}
+
+// Random contents for a timing input: floats in [-1, 1), integers 0 (a
+// valid index for every gather).
+static void fill_random(void *data, const kiln_type_t *t, uint64_t *seed) {
+  int64_t n = kiln_type_numel(t);
+  for (int64_t i = 0; i < n; ++i) {
+    *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+    float x = (float)((*seed >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    switch (t->dtype) {
+    case KILN_F32: ((float *)data)[i] = x; break;
+    case KILN_F64: ((double *)data)[i] = x; break;
+    case KILN_BF16: ((uint16_t *)data)[i] = (uint16_t)(bits >> 16); break;
+    case KILN_F16:  // sign, exponent of 0.25..1, random mantissa
+      ((uint16_t *)data)[i] = (uint16_t)(((bits >> 16) & 0x8000) |
+                                         ((13u + (bits & 1)) << 10) |
+                                         ((bits >> 3) & 0x3ff));
+      break;
+    default: memset((char *)data + (size_t)i * kiln_dtype_size(t->dtype), 0,
+                    kiln_dtype_size(t->dtype));
+    }
+  }
+}
+
+// Compiles variant `v` under max-autotune: kernels take their tiles from
+// the tuning database where it has them; the rest are searched (measured on
+// random inputs of the variant's shapes) within the budget, stored in the
+// database, and the variant is compiled with the best tiles found.
+static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
+                                  kiln_stats_t *st, void **obj, size_t *size) {
+  kiln_context_t *c = f->context;
+  const kiln_graph_t *g = v->graph;
+  tune_state_t ts;
+  memset(&ts, 0, sizeof(ts));
+  cpu_target(f->options.num_threads, &ts.target);
+  ts.db = c->cache;
+  ts.record = true;
+  kiln_kernel_tiling_t tiling = {ts.target, choose_tiles, &ts};
+  kiln_status_t s = compile_object(f, v, &tiling, st, obj, size);
+  ts.record = false;
+  st->tune_db_hits += (uint64_t)ts.db_hits;
+  if (!s && ts.oom) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
+  int todo = 0;
+  for (int i = 0; !s && i < ts.count; ++i)
+    todo += !ts.known[i] && kiln_kernel_work(&ts.descs[i]) >= KILN_TUNE_MIN_WORK;
+  tune_run_t run;
+  memset(&run, 0, sizeof(run));
+  run.f = f;
+  run.v = v;
+  run.ts = &ts;
+  void *buffers[512] = {NULL};
+  int nbuf = 0;
+  kiln_tile_config_t *best = NULL;
+  bool *done = NULL;
+  double t0 = now_seconds();
+  if (!s && todo) {
+    int32_t ranks[512];
+    uint64_t seed = 0x6b696c6e74756e65ull;
+    for (int i = 0; i < g->input_count + g->output_count; ++i) {
+      int id = i < g->input_count ? g->inputs[i] : g->outputs[i - g->input_count];
+      const kiln_type_t *t = &g->values[id].type;
+      ranks[i] = t->rank;
+      size_t bytes = (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype);
+      buffers[nbuf] = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+      if (!buffers[nbuf]) {
+        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune inputs");
+        break;
+      }
+      if (i < g->input_count) fill_random(buffers[nbuf], t, &seed);
+      kiln_memref_t *m = &run.refs[run.nrefs++];
+      memset(m, 0, sizeof(*m));
+      m->allocated = m->aligned = buffers[nbuf++];
+      m->rank = t->rank;
+      int64_t stride = 1;
+      for (int d = t->rank - 1; d >= 0; --d) {
+        m->sizes[d] = t->dims[d];
+        m->strides[d] = stride;
+        stride *= t->dims[d];
+      }
+    }
+    if (!s) s = kiln_ffi_sig_create(ranks, run.nrefs, &run.sig);
+    best = s ? NULL : malloc(sizeof(*best) * (size_t)ts.count);
+    done = s ? NULL : calloc((size_t)ts.count, sizeof(bool));
+    if (!s && (!best || !done))
+      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
+  }
+  if (!s && todo) {
+    memcpy(best, ts.configs, sizeof(*best) * (size_t)ts.count);
+    kiln_autotune_search_options_t so = {
+        f->options.autotune_budget_seconds > 0 ? f->options.autotune_budget_seconds
+                                               : 20.0,
+        KILN_TUNE_MIN_WORK, g->name ? g->name : "graph",
+        log_enabled("autotune") || isatty(2), ts.known, done};
+    kiln_autotune_search_result_t res;
+    s = kiln_autotune_search(ts.descs, ts.count, &ts.target, &so, measure_tiles,
+                             &run, best, &res);
+    st->tune_measured += (uint64_t)res.measured;
+    for (int i = 0; !s && i < ts.count; ++i) {
+      if (!done[i]) continue;
+      kiln_status_t ds = kiln_autotune_db_put(c->cache, kiln_jit_host_id(),
+                                              &ts.descs[i], &ts.target, &best[i],
+                                              res.best_seconds);
+      if (ds && log_enabled("autotune"))
+        fprintf(stderr, "[kiln autotune] not stored: %s\n", kiln_status_message(ds));
+      kiln_status_free(ds);
+    }
+    if (!s && so.progress)
+      fprintf(stderr, "[kiln autotune] @%s: %d kernels searched, %d "
+              "configurations measured in %.1f s: %.3f ms -> %.3f ms\n",
+              so.label, res.tuned, res.measured, now_seconds() - t0,
+              res.baseline_seconds * 1e3, res.best_seconds * 1e3);
+    // The final object, with the best tiles (unless those are the first's).
+    if (!s && memcmp(best, ts.configs, sizeof(*best) * (size_t)ts.count)) {
+      free(*obj);
+      *obj = NULL;
+      ts.replay = best;
+      ts.next = 0;
+      ts.mismatches = 0;
+      s = compile_object(f, v, &tiling, st, obj, size);
+      if (!s && ts.mismatches)
+        s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of "
+                             "the final compile differ from the first's");
+    }
+    // Candidate compiles are measurements, not variants: their time shows
+    // in tune_seconds only.
+    st->tune_seconds += now_seconds() - t0;
+  }
+  if (s) {
+    free(*obj);
+    *obj = NULL;
+  }
+  kiln_ffi_sig_destroy(run.sig);
+  for (int i = 0; i < nbuf; ++i) free(buffers[i]);
+  free(best);
+  free(done);
+  free(ts.descs);
+  free(ts.configs);
+  free(ts.known);
+  return s;
 }
 
 // One variant: from the cache when possible, else compiled and cached.
@@ -601,7 +882,13 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   if (!s && !loaded) {
     void *obj = NULL;
     size_t size = 0;
-    s = compile_object(f, v, &st, &obj, &size);
+    if (f->options.autotune == KILN_AUTOTUNE_MEASURE) {
+      s = tune_variant(f, v, &st, &obj, &size);
+    } else {
+      kiln_kernel_tiling_t tiling = {{0}, NULL, NULL};
+      cpu_target(f->options.num_threads, &tiling.target);
+      s = compile_object(f, v, &tiling, &st, &obj, &size);
+    }
     double t0 = now_seconds();
     if (!s) s = link_object(v, obj, size);
     st.llvm_seconds += now_seconds() - t0;
@@ -630,10 +917,13 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   add_stats(c, &st);
   if (log_enabled("stats"))
     fprintf(stderr, "[kiln stats] graph @%s variant: %s, lower %.1f ms, mlir "
-                    "%.1f ms, llvm %.1f ms, cache %.1f ms\n",
+                    "%.1f ms, llvm %.1f ms, cache %.1f ms, autotune %llu "
+                    "measured in %.1f ms (%llu kernels from the database)\n",
             g->name, s ? "failed" : loaded ? "cache hit" : "compiled",
             st.lower_seconds * 1e3, st.mlir_seconds * 1e3,
-            st.llvm_seconds * 1e3, st.cache_seconds * 1e3);
+            st.llvm_seconds * 1e3, st.cache_seconds * 1e3,
+            (unsigned long long)st.tune_measured, st.tune_seconds * 1e3,
+            (unsigned long long)st.tune_db_hits);
   if (s) {
     variant_free(v);
     return kiln_status_annotate(s, "compiling graph @%s for cpu",
@@ -659,6 +949,12 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   kiln_compile_options_init(&opts);
   if (options) opts = *options;
   KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
+  if (opts.autotune != KILN_AUTOTUNE_HEURISTIC &&
+      opts.autotune != KILN_AUTOTUNE_MEASURE)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "autotune = %d; expected KILN_AUTOTUNE_HEURISTIC "
+                            "(0) or KILN_AUTOTUNE_MEASURE (1)",
+                            (int)opts.autotune);
   if (graph->input_count + graph->output_count > 512 || graph->input_count > 64)
     return kiln_make_status(KILN_STATUS_UNSUPPORTED,
                             "graph @%s has %d inputs and %d outputs; expected "
@@ -1220,8 +1516,10 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   pthread_mutex_lock(&context->lock);
   MlirModule mod = {NULL};
   kiln_status_t s = kiln_mlir_parse(context->mlir, mlir_text, &mod);
-  kiln_pipeline_options_t popts = {opts.vectorize, resolve_threads(opts.num_threads),
-                                   NULL, NULL};
+  kiln_kernel_tiling_t tiling = {{0}, NULL, NULL};
+  cpu_target(resolve_threads(opts.num_threads), &tiling.target);
+  kiln_pipeline_options_t popts = {opts.vectorize, tiling.target.threads,
+                                   NULL, NULL, &tiling};
   if (!s)
     s = kiln_pipeline_run(context->mlir, mod, KILN_STAGE_LINALG, stop, &popts);
   if (!s) s = kiln_mlir_print(mod, out_text);

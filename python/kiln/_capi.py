@@ -58,16 +58,22 @@ class Stats(ctypes.Structure):
     _fields_ = [("compiles", ctypes.c_uint64), ("cache_hits", ctypes.c_uint64),
                 ("cache_misses", ctypes.c_uint64), ("cache_rejected", ctypes.c_uint64),
                 ("lower_seconds", ctypes.c_double), ("mlir_seconds", ctypes.c_double),
-                ("llvm_seconds", ctypes.c_double), ("cache_seconds", ctypes.c_double)]
+                ("llvm_seconds", ctypes.c_double), ("cache_seconds", ctypes.c_double),
+                ("tune_measured", ctypes.c_uint64), ("tune_db_hits", ctypes.c_uint64),
+                ("tune_seconds", ctypes.c_double)]
 
 
 class CompileOptions(ctypes.Structure):
+    # Mirrors kiln_compile_options_t field for field: kiln_compile_options_init
+    # writes the whole C struct.
     _fields_ = [("target", ctypes.c_char_p), ("opt_level", ctypes.c_int),
                 ("vectorize", ctypes.c_int), ("dynamic", ctypes.c_int),
-                ("max_variants", ctypes.c_int)]
+                ("max_variants", ctypes.c_int), ("num_threads", ctypes.c_int),
+                ("autotune", ctypes.c_int), ("autotune_budget_seconds", ctypes.c_double)]
 
 
 DYNAMIC_AUTO, DYNAMIC_ALWAYS, DYNAMIC_NEVER = 0, 1, 2
+AUTOTUNE_HEURISTIC, AUTOTUNE_MEASURE = 0, 1
 
 
 def _find_library() -> str:
@@ -186,7 +192,8 @@ class Function:
 
     def __init__(self, ctx: Context, text: str, name: str = "graph",
                  opt_level: int = 3, vectorize: bool = True,
-                 dynamic: int = DYNAMIC_AUTO, max_variants: int = 8):
+                 dynamic: int = DYNAMIC_AUTO, max_variants: int = 8,
+                 autotune: int = AUTOTUNE_HEURISTIC, autotune_budget: float = 0.0):
         self.ctx = ctx  # keeps the context alive
         graph = _P()
         data = text.encode()
@@ -198,6 +205,8 @@ class Function:
         opts.vectorize = 1 if vectorize else 0
         opts.dynamic = dynamic
         opts.max_variants = max_variants
+        opts.autotune = autotune
+        opts.autotune_budget_seconds = autotune_budget
         self.handle = _P()
         try:
             check(kiln_function_compile(ctx.handle, graph, ctypes.byref(opts),

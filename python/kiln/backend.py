@@ -33,6 +33,8 @@ OPTIONS = {
     "opt_level": (0, 1, 2, 3),           # LLVM optimization level
     "vectorize": (True, False),          # the kernels/ vectorization schedule
     "max_variants": tuple(range(1, 65)),  # variants per compiled graph
+    # max-autotune's search budget per compiled variant, in seconds
+    "autotune_budget": (1, 2, 5, 10, 20, 30, 60, 120, 300),
 }
 
 _DL_CODES = {
@@ -61,7 +63,7 @@ def parse_options(mode, options) -> dict:
         raise ValueError(f"kiln: unknown mode {mode!r}; valid modes: "
                          f"{', '.join(repr(m) for m in MODES)}")
     opts = {"fallback": "partition", "opt_level": 3, "vectorize": True,
-            "max_variants": 8, "mode": mode or "default"}
+            "max_variants": 8, "mode": mode or "default", "autotune_budget": 20}
     for k, v in (options or {}).items():
         if k not in OPTIONS:
             raise ValueError(f"kiln: unknown option {k!r}; valid options: "
@@ -70,9 +72,8 @@ def parse_options(mode, options) -> dict:
             raise ValueError(f"kiln: option {k!r} is {v!r}; expected one of "
                              f"{OPTIONS[k]}")
         opts[k] = v
-    # "max-autotune" will pick measured tile sizes (the autotuner issue) and
-    # "reduce-overhead" CUDA graphs (the GPU issue); until then both compile
-    # exactly like "default".
+    # "max-autotune" measures tile sizes (lib/autotune); "reduce-overhead"
+    # (CUDA graphs, the GPU issue) compiles like "default" on the CPU.
     return opts
 
 
@@ -97,14 +98,19 @@ _FUNCTIONS_LOCK = threading.Lock()
 
 def _function_for(text: str, name: str, opts: dict, dynamic: int) -> _capi.Function:
     body = text[text.index("("):]
-    key = f"{opts['opt_level']}/{opts['vectorize']}/{opts['max_variants']}/{dynamic}/{body}"
+    autotune = (_capi.AUTOTUNE_MEASURE if opts["mode"] == "max-autotune"
+                else _capi.AUTOTUNE_HEURISTIC)
+    key = (f"{opts['opt_level']}/{opts['vectorize']}/{opts['max_variants']}/"
+           f"{dynamic}/{autotune}/{opts['autotune_budget']}/{body}")
     with _FUNCTIONS_LOCK:
         fn = _FUNCTIONS.get(key)
         if fn is None:
             fn = _capi.Function(_capi.Context.default(), text, name,
                                 opt_level=opts["opt_level"],
                                 vectorize=opts["vectorize"], dynamic=dynamic,
-                                max_variants=opts["max_variants"])
+                                max_variants=opts["max_variants"],
+                                autotune=autotune,
+                                autotune_budget=float(opts["autotune_budget"]))
             _FUNCTIONS[key] = fn
         else:
             _note("stats", f"{name}: same graph as an earlier partition, reused")

@@ -1,0 +1,572 @@
+// Tile-size heuristic, search space, measured search and tuning database.
+#include "lib/autotune/autotune.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+// Work below which a kernel runs on one thread: opening a parallel region
+// costs microseconds, more than small elementwise ops or reductions take (a
+// GPT backward graph of 134 small ops lost ~1 ms to fork/join alone).
+#define KILN_MIN_PARALLEL_WORK 65536.0
+
+double kiln_kernel_work(const kiln_kernel_desc_t *d) {
+  double w = 1;
+  for (int i = 0; i < d->loop_count; ++i)
+    w *= (double)(d->range[i] > 0 ? d->range[i] : 1);
+  return w;
+}
+
+static bool is_reduction(const kiln_kernel_desc_t *d, int i) {
+  return (d->reduction_mask >> i) & 1u;
+}
+
+// Lanes of one vector register for the computation's element type.
+static int64_t lanes(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t) {
+  int64_t eb = d->elem_bytes > 0 ? d->elem_bytes : 4;
+  int64_t n = t->vector_bytes / eb;
+  return n > 0 ? n : 1;
+}
+
+// Largest of `choices` (descending, ending with 1) that divides `n`.
+static int64_t pick(int64_t n, const int64_t *choices, int count) {
+  for (int i = 0; i < count; ++i)
+    if (choices[i] > 0 && n % choices[i] == 0) return choices[i];
+  return 1;
+}
+
+// Largest power of two ≤ `cap` dividing `n`.
+static int64_t pow2_divisor(int64_t n, int64_t cap) {
+  int64_t p = 1;
+  while (p * 2 <= cap && n % (p * 2) == 0) p *= 2;
+  return p;
+}
+
+// Vector registers a contraction's register tile keeps live: the
+// accumulators, one row of B, one broadcast of A.
+static int64_t contraction_registers(const kiln_kernel_desc_t *d,
+                                     const kiln_cpu_target_t *t, int64_t rm,
+                                     int64_t rn) {
+  int64_t l = lanes(d, t);
+  int64_t nv = (rn + l - 1) / l;
+  return rm * nv + nv + 1;
+}
+
+// The extent a tile at a level works within: the size of the enclosing
+// level's tile, or the whole range.
+static int64_t enclosing(const kiln_kernel_desc_t *d,
+                         const kiln_tile_config_t *c, int level, int i) {
+  if (level > 1 && c->cache[i] > 0) return c->cache[i];
+  if (level > 0 && c->forall[i] > 0) return c->forall[i];
+  return d->range[i];
+}
+
+// The first parallel loop with more than one tile of size `size[i]`, when
+// the nest has the work to pay for threads; -1 otherwise.
+static int forall_dim(const kiln_kernel_desc_t *d, const int64_t *size) {
+  if (d->nested || kiln_kernel_work(d) < KILN_MIN_PARALLEL_WORK) return -1;
+  for (int i = 0; i < d->loop_count; ++i)
+    if (!is_reduction(d, i) && size[i] > 0 && d->range[i] > size[i]) return i;
+  return -1;
+}
+
+static void init_config(const kiln_kernel_desc_t *d, kiln_tile_config_t *c) {
+  memset(c, 0, sizeof(*c));
+  c->loop_count = d->loop_count;
+  c->reduction_dim = -1;
+}
+
+static void heuristic_contraction(const kiln_kernel_desc_t *d,
+                                  const kiln_cpu_target_t *t,
+                                  kiln_tile_config_t *c) {
+  int m = d->m_dim, n = d->n_dim;
+  int64_t l = lanes(d, t);
+  for (int i = 0; i < d->loop_count; ++i) c->reg[i] = 1;
+  // Register tile: the widest N (in whole vectors, up to two) and then the
+  // tallest M whose accumulators fit the register file.
+  int64_t rn = pick(d->range[n], (int64_t[]){2 * l, l, 8, 4, 2, 1}, 6);
+  int64_t rm = 1;
+  for (int64_t cand = 16; cand >= 1; cand /= 2)
+    if (d->range[m] % cand == 0 &&
+        contraction_registers(d, t, cand, rn) <= t->vector_registers) {
+      rm = cand;
+      break;
+    }
+  c->reg[m] = rm;
+  c->reg[n] = rn;
+  if (d->nested || kiln_kernel_work(d) < KILN_MIN_PARALLEL_WORK) return;
+  // Distribution: batch loops first (one tile each) when there are enough
+  // batches for the threads.
+  for (int i = 0; i < d->loop_count; ++i)
+    if (!is_reduction(d, i) && i != m && i != n && d->range[i] >= t->threads) {
+      c->forall[i] = 1;
+      return;
+    }
+  // Otherwise 2-D blocks of the output, GotoBLAS-like without packing: a
+  // block of up to 512 columns and 128 rows per thread tile; a thread walks
+  // K in blocks (below) so the K x 512 slab of B it streams stays in L2
+  // while its rows go by in register tiles.
+  int64_t nc = d->range[n];
+  while (nc > 512 && nc % 2 == 0 && (nc / 2) % rn == 0) nc /= 2;
+  int64_t mc = d->range[m];
+  int64_t col_tiles = d->range[n] / nc;
+  while (mc > rm && mc % 2 == 0 && (mc / 2) % rm == 0 &&
+         (mc > 128 || (d->range[m] / mc) * col_tiles < t->threads))
+    mc /= 2;
+  if (mc < d->range[m]) c->forall[m] = mc;
+  if (nc < d->range[n]) c->forall[n] = nc;
+  if (!c->forall[m] && !c->forall[n]) return;  // one tile: no threads
+  // Cache block of the reduction when a thread's slab of B outgrows half of
+  // L2. Only reduction loops get cache tiles: a cache tile of an output dim
+  // would make the vectorizer copy the whole block through one vector.
+  int reductions = 0, k = -1;
+  for (int i = 0; i < d->loop_count; ++i)
+    if (is_reduction(d, i)) reductions++, k = i;
+  if (reductions != 1) return;
+  double slab = (double)d->range[k] * (double)nc * d->elem_bytes;
+  if (slab <= (double)t->l2_bytes / 2) return;
+  int64_t kc = pow2_divisor(d->range[k], 256);
+  if (kc >= 64 && kc < d->range[k]) c->cache[k] = kc;
+}
+
+void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
+                             const kiln_cpu_target_t *t,
+                             kiln_tile_config_t *c) {
+  init_config(d, c);
+  int r = d->loop_count;
+  if (r == 0) return;
+  // Elementwise vectors and reduction accumulators are 16 lanes whatever
+  // the target: one AVX-512 register, two AVX2 ones (LLVM splits them, which
+  // unrolls by two), so the IR does not depend on the host.
+  const int64_t vec[] = {16, 8, 4, 2, 1};
+  switch (d->kind) {
+  case KILN_KERNEL_CONTRACTION:
+    heuristic_contraction(d, t, c);
+    return;
+  case KILN_KERNEL_TRANSPOSE: {
+    // Square register blocks: a block's vector transpose is a few shuffles.
+    for (int i = 0; i < r - 2; ++i) c->reg[i] = 1;
+    const int64_t blk[] = {8, 4, 2, 1};
+    c->reg[r - 2] = pick(d->range[r - 2], blk, 4);
+    c->reg[r - 1] = pick(d->range[r - 1], blk, 4);
+    break;
+  }
+  case KILN_KERNEL_ROW_REDUCTION:
+    // Rows one at a time, the row split by the vector width into a vector
+    // accumulator.
+    for (int i = 0; i < r - 1; ++i) c->reg[i] = 1;
+    c->reg[r - 1] = 0;
+    c->reduction_tile = pick(d->range[r - 1], vec, 5);
+    c->reduction_dim = c->reduction_tile > 1 ? r - 1 : -1;
+    if (c->reduction_dim < 0) c->reduction_tile = 0;
+    break;
+  case KILN_KERNEL_ELEMENTWISE:
+    for (int i = 0; i < r - 1; ++i) c->reg[i] = 1;
+    c->reg[r - 1] = pick(d->range[r - 1], vec, 5);
+    break;
+  }
+  int f = forall_dim(d, c->reg);
+  if (f >= 0) c->forall[f] = c->reg[f];
+}
+
+bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
+                                const kiln_cpu_target_t *t,
+                                const kiln_tile_config_t *c, char *why,
+                                size_t why_len) {
+  char dummy[8];
+  if (!why) why = dummy, why_len = sizeof(dummy);
+  why[0] = 0;
+  if (c->loop_count != d->loop_count) {
+    snprintf(why, why_len, "config has %d loops, the kernel %d", c->loop_count,
+             d->loop_count);
+    return false;
+  }
+  for (int i = 0; i < d->loop_count; ++i) {
+    const int64_t *lv[3] = {c->forall, c->cache, c->reg};
+    for (int level = 0; level < 3; ++level) {
+      int64_t s = lv[level][i];
+      int64_t within = enclosing(d, c, level, i);
+      if (s < 0 || (s > 0 && (within <= 0 || within % s != 0))) {
+        snprintf(why, why_len, "loop %d: tile %lld does not divide %lld", i,
+                 (long long)s, (long long)within);
+        return false;
+      }
+    }
+    if (c->cache[i] > 0 && !is_reduction(d, i)) {
+      snprintf(why, why_len, "loop %d: cache tiles are for reduction loops "
+               "(an output block would be copied through one vector)", i);
+      return false;
+    }
+    if (c->forall[i] > 0 && (d->nested || is_reduction(d, i))) {
+      snprintf(why, why_len, "loop %d: cannot be distributed", i);
+      return false;
+    }
+  }
+  if (c->reduction_dim >= 0) {
+    int k = c->reduction_dim;
+    if (k >= d->loop_count || !is_reduction(d, k) || c->reg[k] != 0 ||
+        c->reduction_tile < 2 || d->range[k] % c->reduction_tile) {
+      snprintf(why, why_len, "reduction split %d:%lld does not fit", k,
+               (long long)c->reduction_tile);
+      return false;
+    }
+  }
+  if (d->kind == KILN_KERNEL_CONTRACTION && d->m_dim >= 0 && d->n_dim >= 0) {
+    int64_t regs = contraction_registers(d, t, c->reg[d->m_dim],
+                                         c->reg[d->n_dim]);
+    if (regs > t->vector_registers) {
+      snprintf(why, why_len, "register tile %lldx%lld needs %lld vector "
+               "registers, the target has %d", (long long)c->reg[d->m_dim],
+               (long long)c->reg[d->n_dim], (long long)regs,
+               t->vector_registers);
+      return false;
+    }
+    for (int i = 0; i < d->loop_count; ++i)
+      if (is_reduction(d, i) && c->reg[i] != 1) {
+        snprintf(why, why_len, "contraction loop %d must step by one", i);
+        return false;
+      }
+  }
+  return true;
+}
+
+int kiln_autotune_stage_count(const kiln_kernel_desc_t *d) {
+  return d->kind == KILN_KERNEL_CONTRACTION ? 4 : 2;
+}
+
+typedef struct {
+  const kiln_kernel_desc_t *d;
+  const kiln_cpu_target_t *t;
+  const kiln_tile_config_t *base;
+  kiln_tile_config_t *out;
+  int cap, n;
+} emitter_t;
+
+static bool same_config(const kiln_tile_config_t *a,
+                        const kiln_tile_config_t *b) {
+  return memcmp(a, b, sizeof(*a)) == 0;
+}
+
+// Adds `c` when valid and new.
+static void emit(emitter_t *e, const kiln_tile_config_t *c) {
+  if (e->n >= e->cap || same_config(c, e->base)) return;
+  if (!kiln_autotune_config_valid(e->d, e->t, c, NULL, 0)) return;
+  for (int i = 0; i < e->n; ++i)
+    if (same_config(&e->out[i], c)) return;
+  e->out[e->n++] = *c;
+}
+
+// Re-fits the distribution tile of loop `i` to a new register tile: the
+// tile keeps its share of the range, rounded to whole register tiles.
+static void refit_forall(const kiln_kernel_desc_t *d, kiln_tile_config_t *c,
+                         int i) {
+  if (c->forall[i] <= 0 || c->reg[i] <= 0) return;
+  int64_t f = c->forall[i] / c->reg[i] * c->reg[i];
+  if (f < c->reg[i]) f = c->reg[i];
+  while (f > c->reg[i] && d->range[i] % f) f -= c->reg[i];
+  c->forall[i] = f;
+}
+
+static void stages_contraction(emitter_t *e, int stage) {
+  const kiln_kernel_desc_t *d = e->d;
+  int m = d->m_dim, n = d->n_dim;
+  int64_t l = lanes(d, e->t);
+  int k = -1;
+  for (int i = 0; i < d->loop_count; ++i)
+    if (is_reduction(d, i)) k = i;
+  kiln_tile_config_t c;
+  switch (stage) {
+  case 0:  // register tile
+    for (int64_t rn = l / 2 > 0 ? l / 2 : 1; rn <= 4 * l; rn *= 2)
+      for (int64_t rm = 1; rm <= 16; rm = rm < 4 ? rm * 2 : rm + 2) {
+        c = *e->base;
+        c.reg[m] = rm;
+        c.reg[n] = rn;
+        refit_forall(d, &c, m);
+        refit_forall(d, &c, n);
+        emit(e, &c);
+      }
+    return;
+  case 1:  // cache block of the reduction
+    if (k < 0) return;
+    for (int64_t kc = 32; kc <= 1024; kc *= 2) {
+      c = *e->base;
+      c.cache[k] = kc < d->range[k] ? kc : 0;
+      emit(e, &c);
+    }
+    return;
+  case 2:  // thread tile: columns
+  case 3:  // thread tile: rows
+    for (int64_t size = 8; size <= 4096; size *= 2) {
+      int dim = stage == 2 ? n : m;
+      c = *e->base;
+      if (c.reg[dim] <= 0 || size % c.reg[dim]) continue;
+      c.forall[dim] = size < d->range[dim] ? size : 0;
+      emit(e, &c);
+    }
+    return;
+  }
+}
+
+static void stages_other(emitter_t *e, int stage) {
+  const kiln_kernel_desc_t *d = e->d;
+  int r = d->loop_count;
+  kiln_tile_config_t c;
+  if (stage == 0) {  // vector width (or transpose block, or reduction split)
+    for (int64_t w = 2; w <= 128; w *= 2) {
+      c = *e->base;
+      if (d->kind == KILN_KERNEL_ROW_REDUCTION) {
+        c.reduction_dim = r - 1;
+        c.reduction_tile = w;
+      } else if (d->kind == KILN_KERNEL_TRANSPOSE) {
+        if (w > 16) continue;
+        c.reg[r - 2] = c.reg[r - 1] = w;
+        refit_forall(d, &c, r - 2);
+      } else {
+        c.reg[r - 1] = w;
+        refit_forall(d, &c, r - 1);
+      }
+      emit(e, &c);
+    }
+    return;
+  }
+  // Distribution: none, or the first distributable loop in blocks of 1..64
+  // register tiles.
+  c = *e->base;
+  memset(c.forall, 0, sizeof(c.forall));
+  emit(e, &c);
+  int64_t unit[KILN_TILE_MAX_LOOPS];
+  for (int i = 0; i < r; ++i) unit[i] = e->base->reg[i] > 0 ? e->base->reg[i] : 0;
+  int f = -1;
+  for (int i = 0; i < r && f < 0; ++i)
+    if (!is_reduction(d, i) && unit[i] > 0 && d->range[i] > unit[i]) f = i;
+  if (f < 0 || d->nested) return;
+  for (int64_t mult = 1; mult <= 64; mult *= 4) {
+    c = *e->base;
+    memset(c.forall, 0, sizeof(c.forall));
+    c.forall[f] = unit[f] * mult;
+    if (c.forall[f] < d->range[f]) emit(e, &c);
+  }
+}
+
+int kiln_autotune_candidates(const kiln_kernel_desc_t *d,
+                             const kiln_cpu_target_t *t,
+                             const kiln_tile_config_t *base, int stage,
+                             kiln_tile_config_t *out, int cap) {
+  emitter_t e = {d, t, base, out, cap, 0};
+  if (d->kind == KILN_KERNEL_CONTRACTION)
+    stages_contraction(&e, stage);
+  else
+    stages_other(&e, stage);
+  return e.n;
+}
+
+static void format_sizes(char **p, size_t *left, const char *name,
+                         const int64_t *s, int n) {
+  int w = snprintf(*p, *left, "%s=[", name);
+  for (int i = 0; i < n && w >= 0 && (size_t)w < *left; ++i)
+    w += snprintf(*p + w, *left - (size_t)w, "%s%lld", i ? "," : "",
+                  (long long)s[i]);
+  if (w >= 0 && (size_t)w < *left) w += snprintf(*p + w, *left - (size_t)w, "] ");
+  if (w < 0 || (size_t)w >= *left) w = (int)*left - 1;
+  *p += w;
+  *left -= (size_t)w;
+}
+
+void kiln_autotune_config_format(const kiln_tile_config_t *c, char *buf,
+                                 size_t len) {
+  if (!len) return;
+  buf[0] = 0;
+  char *p = buf;
+  size_t left = len;
+  format_sizes(&p, &left, "forall", c->forall, c->loop_count);
+  format_sizes(&p, &left, "cache", c->cache, c->loop_count);
+  format_sizes(&p, &left, "reg", c->reg, c->loop_count);
+  snprintf(p, left, "split=%d:%lld", c->reduction_dim,
+           (long long)c->reduction_tile);
+}
+
+void kiln_autotune_desc_format(const kiln_kernel_desc_t *d, char *buf,
+                               size_t len) {
+  static const char *kinds[] = {"elementwise", "transpose", "row-reduction",
+                                "contraction"};
+  int w = snprintf(buf, len, "%s ", kinds[d->kind]);
+  for (int i = 0; i < d->loop_count && w >= 0 && (size_t)w < len; ++i)
+    w += snprintf(buf + w, len - (size_t)w, "%s%lld%s", i ? "x" : "",
+                  (long long)d->range[i], is_reduction(d, i) ? "r" : "");
+}
+
+//===--- measured search ---------------------------------------------------===//
+
+static double now_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+  int index;
+  double work;
+} order_t;
+
+static int by_work_desc(const void *a, const void *b) {
+  double x = ((const order_t *)a)->work, y = ((const order_t *)b)->work;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+kiln_status_t kiln_autotune_search(const kiln_kernel_desc_t *descs, int count,
+                                   const kiln_cpu_target_t *target,
+                                   const kiln_autotune_search_options_t *opts,
+                                   kiln_autotune_measure_fn measure, void *user,
+                                   kiln_tile_config_t *configs,
+                                   kiln_autotune_search_result_t *result) {
+  memset(result, 0, sizeof(*result));
+  double start = now_seconds();
+  double best = 0;
+  KILN_RETURN_IF_ERROR_PLAIN(measure(user, configs, &best));
+  result->measured = 1;
+  result->baseline_seconds = result->best_seconds = best;
+  order_t *order = malloc(sizeof(*order) * (size_t)(count > 0 ? count : 1));
+  kiln_tile_config_t *trial = malloc(sizeof(*trial) * (size_t)(count > 0 ? count : 1));
+  enum { kCap = 64 };
+  kiln_tile_config_t *cands = malloc(sizeof(*cands) * kCap);
+  if (!order || !trial || !cands) {
+    free(order), free(trial), free(cands);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune search");
+  }
+  int n = 0;
+  for (int i = 0; i < count; ++i) {
+    double w = kiln_kernel_work(&descs[i]);
+    if (w >= opts->min_work && !(opts->known && opts->known[i]))
+      order[n++] = (order_t){i, w};
+  }
+  qsort(order, (size_t)n, sizeof(*order), by_work_desc);
+  bool tty = opts->progress && isatty(2);
+  for (int o = 0; o < n && !result->budget_exhausted; ++o) {
+    int i = order[o].index;
+    char what[160];
+    kiln_autotune_desc_format(&descs[i], what, sizeof(what));
+    result->tuned++;
+    for (int stage = 0; stage < kiln_autotune_stage_count(&descs[i]); ++stage) {
+      int nc = kiln_autotune_candidates(&descs[i], target, &configs[i], stage,
+                                        cands, kCap);
+      kiln_tile_config_t stage_best = configs[i];
+      for (int c = 0; c < nc; ++c) {
+        if (now_seconds() - start > opts->budget_seconds) {
+          result->budget_exhausted = true;
+          break;
+        }
+        memcpy(trial, configs, sizeof(*trial) * (size_t)count);
+        trial[i] = cands[c];
+        double s = 0;
+        kiln_status_t ms = measure(user, trial, &s);
+        result->measured++;
+        if (ms) {  // a candidate that does not compile is not a result
+          kiln_status_free(ms);
+          continue;
+        }
+        if (s < best * 0.98) {
+          best = s;
+          stage_best = cands[c];
+        }
+        if (tty)
+          fprintf(stderr, "\r[kiln autotune] @%s kernel %d/%d (%s) stage %d "
+                  "candidate %d/%d best %.3f ms   ", opts->label, o + 1, n,
+                  what, stage, c + 1, nc, best * 1e3);
+      }
+      configs[i] = stage_best;
+      if (result->budget_exhausted) break;
+    }
+    if (opts->done && !result->budget_exhausted) opts->done[i] = true;
+    if (opts->progress) {
+      char cfg[256];
+      kiln_autotune_config_format(&configs[i], cfg, sizeof(cfg));
+      fprintf(stderr, "%s[kiln autotune] @%s kernel %d/%d %s: %s (%.3f ms)\n",
+              tty ? "\r" : "", opts->label, o + 1, n, what, cfg, best * 1e3);
+    }
+  }
+  result->best_seconds = best;
+  if (opts->progress && result->budget_exhausted)
+    fprintf(stderr, "[kiln autotune] @%s: time budget of %.1f s spent after "
+            "%d measurements; the rest keep their current tiles\n",
+            opts->label, opts->budget_seconds, result->measured);
+  free(order);
+  free(trial);
+  free(cands);
+  return NULL;
+}
+
+//===--- tuning database ---------------------------------------------------===//
+
+#define KILN_TUNE_MAGIC "kiln-tune-v1"
+
+typedef struct {
+  char magic[16];
+  kiln_hash128_t kernel;
+  int32_t loop_count;
+  int32_t threads;
+  int64_t range[KILN_TILE_MAX_LOOPS];
+  kiln_tile_config_t config;
+  double seconds;
+} tune_record_t;
+
+static kiln_hash128_t db_key(const char *cpu_id, const kiln_kernel_desc_t *d,
+                             const kiln_cpu_target_t *t) {
+  kiln_hasher_t h;
+  kiln_hasher_init(&h);
+  kiln_hasher_update_str(&h, KILN_TUNE_MAGIC);
+  kiln_hasher_update_str(&h, cpu_id ? cpu_id : "");
+  kiln_hasher_update(&h, &d->hash, sizeof(d->hash));
+  kiln_hasher_update(&h, &t->threads, sizeof(t->threads));
+  return kiln_hasher_final(&h);
+}
+
+bool kiln_autotune_db_get(kiln_cache_t *cache, const char *cpu_id,
+                          const kiln_kernel_desc_t *d,
+                          const kiln_cpu_target_t *t, kiln_tile_config_t *out,
+                          double *out_seconds) {
+  if (!cache) return false;
+  void *data = NULL;
+  size_t size = 0;
+  char note[256];
+  if (!kiln_cache_get(cache, db_key(cpu_id, d, t), &data, &size, note,
+                      sizeof(note))) {
+    if (note[0])
+      fprintf(stderr, "[kiln autotune] discarded a bad tuning entry: %s\n", note);
+    return false;
+  }
+  tune_record_t r;
+  bool ok = size == sizeof(r);
+  if (ok) memcpy(&r, data, sizeof(r));
+  free(data);
+  ok = ok && memcmp(r.magic, KILN_TUNE_MAGIC, sizeof(KILN_TUNE_MAGIC)) == 0 &&
+       r.kernel.hi == d->hash.hi && r.kernel.lo == d->hash.lo &&
+       r.loop_count == d->loop_count && r.threads == t->threads &&
+       memcmp(r.range, d->range, sizeof(r.range)) == 0 &&
+       kiln_autotune_config_valid(d, t, &r.config, NULL, 0);
+  if (!ok) return false;
+  *out = r.config;
+  if (out_seconds) *out_seconds = r.seconds;
+  return true;
+}
+
+kiln_status_t kiln_autotune_db_put(kiln_cache_t *cache, const char *cpu_id,
+                                   const kiln_kernel_desc_t *d,
+                                   const kiln_cpu_target_t *t,
+                                   const kiln_tile_config_t *config,
+                                   double seconds) {
+  if (!cache) return NULL;
+  tune_record_t r;
+  memset(&r, 0, sizeof(r));
+  memcpy(r.magic, KILN_TUNE_MAGIC, sizeof(KILN_TUNE_MAGIC));
+  r.kernel = d->hash;
+  r.loop_count = d->loop_count;
+  r.threads = t->threads;
+  memcpy(r.range, d->range, sizeof(r.range));
+  r.config = *config;
+  r.seconds = seconds;
+  return kiln_cache_put(cache, db_key(cpu_id, d, t), &r, sizeof(r));
+}

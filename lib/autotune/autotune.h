@@ -1,0 +1,160 @@
+// lib/autotune: tile sizes for kernels — a heuristic choice, a search space,
+// a measured search, and a persistent tuning database.
+//
+// Knows neither MLIR nor CUDA. kernels/ describes each structured op it is
+// about to tile as a kiln_kernel_desc_t (kind, loop ranges, which loops
+// reduce, a hash of the op); this module answers with a kiln_tile_config_t.
+// lib/api decides which answer to use: the heuristic (mode "default"), a
+// tuning-database entry, or the candidate being measured ("max-autotune").
+//
+// The heuristic follows IREE's CPU strategy: distribution tiles from the
+// workload and the thread count, register tiles bounded by the vector
+// register file, cache tiles only where a contraction's operands outgrow L2.
+#ifndef KILN_LIB_AUTOTUNE_AUTOTUNE_H_
+#define KILN_LIB_AUTOTUNE_AUTOTUNE_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/base/base.h"
+#include "lib/cache/cache.h"
+
+#define KILN_TILE_MAX_LOOPS 16
+
+typedef enum kiln_kernel_kind_e {
+  KILN_KERNEL_ELEMENTWISE = 0,    // every loop parallel (fills, copies too)
+  KILN_KERNEL_TRANSPOSE = 1,      // the last two dims swapped
+  KILN_KERNEL_ROW_REDUCTION = 2,  // one reduction loop, the innermost
+  KILN_KERNEL_CONTRACTION = 3,    // matmul-like: one input misses n, one m
+} kiln_kernel_kind_t;
+
+// One structured op, as kernels/ sees it. All ranges are static.
+typedef struct kiln_kernel_desc {
+  kiln_kernel_kind_t kind;
+  int32_t loop_count;
+  int64_t range[KILN_TILE_MAX_LOOPS];
+  uint32_t reduction_mask;  // bit i: loop i is a reduction loop
+  // Contractions: the two parallel loops that get the register tile (the
+  // rows and columns of the output block); -1 otherwise.
+  int32_t m_dim, n_dim;
+  int32_t elem_bytes;  // bytes of one element of the computation (f32: 4)
+  bool nested;         // already inside a parallel loop: no forall of its own
+  kiln_hash128_t hash; // the op's identity (its printed form, shapes included)
+} kiln_kernel_desc_t;
+
+// Tile sizes at three levels; 0 means "not tiled at this level". Each
+// nonzero size divides the size of the level above (the loop range for
+// `forall`), so every tile is full and vectorizes with static shapes.
+typedef struct kiln_tile_config {
+  int32_t loop_count;
+  int64_t forall[KILN_TILE_MAX_LOOPS];  // one scf.forall over threads
+  int64_t cache[KILN_TILE_MAX_LOOPS];   // scf.for blocks that stay in cache
+  int64_t reg[KILN_TILE_MAX_LOOPS];     // the vectorized register tile
+  // A row reduction's reduction loop split by `reduction_tile` into a vector
+  // accumulator (tile_reduction_using_for); -1 for none.
+  int32_t reduction_dim;
+  int64_t reduction_tile;
+} kiln_tile_config_t;
+
+// What the heuristic needs to know of the machine.
+typedef struct kiln_cpu_target {
+  int32_t vector_bytes;      // 64 (AVX-512), 32 (AVX2), 16 (SSE, NEON)
+  int32_t vector_registers;  // 32 (AVX-512), 16 (AVX2)
+  int32_t threads;           // threads a kernel may use
+  int64_t l1_bytes, l2_bytes;
+} kiln_cpu_target_t;
+
+// Iterations of the whole loop nest (as a double: no overflow).
+double kiln_kernel_work(const kiln_kernel_desc_t *desc);
+
+// The default choice for `desc` on `target`.
+void kiln_autotune_heuristic(const kiln_kernel_desc_t *desc,
+                             const kiln_cpu_target_t *target,
+                             kiln_tile_config_t *out);
+
+// True when `config` fits `desc` (same loop count, every size divides the
+// level above, the register tile stays within the register file for
+// contractions). `why` (may be NULL) says what is wrong otherwise.
+bool kiln_autotune_config_valid(const kiln_kernel_desc_t *desc,
+                                const kiln_cpu_target_t *target,
+                                const kiln_tile_config_t *config, char *why,
+                                size_t why_len);
+
+// The search space, as stages of a coordinate descent: stage `stage` varies
+// one knob of `base` (register tile, cache tiles, distribution, vector
+// width) and writes up to `cap` valid configs other than `base` itself.
+// Returns how many; kiln_autotune_stage_count says how many stages `desc`
+// has.
+int kiln_autotune_stage_count(const kiln_kernel_desc_t *desc);
+int kiln_autotune_candidates(const kiln_kernel_desc_t *desc,
+                             const kiln_cpu_target_t *target,
+                             const kiln_tile_config_t *base, int stage,
+                             kiln_tile_config_t *out, int cap);
+
+// "forall=[0,64,0] cache=[...] reg=[...] split=-1:0", for logs.
+void kiln_autotune_config_format(const kiln_tile_config_t *config, char *buf,
+                                 size_t len);
+// "contraction 1024x1024x1024", for logs and progress lines.
+void kiln_autotune_desc_format(const kiln_kernel_desc_t *desc, char *buf,
+                               size_t len);
+
+//===--- measured search ---------------------------------------------------===//
+
+// Compiles the kernels with `configs` (one per kernel, in kernels/' order)
+// and returns the time of one run of the whole compiled function.
+typedef kiln_status_t (*kiln_autotune_measure_fn)(
+    void *user, const kiln_tile_config_t *configs, double *out_seconds);
+
+typedef struct kiln_autotune_search_options {
+  double budget_seconds;   // stop starting new measurements past this
+  double min_work;         // kernels with less work keep the heuristic
+  const char *label;       // progress lines name this (the graph)
+  bool progress;           // print progress to stderr
+  // Kernels whose config came from the tuning database: not searched.
+  const bool *known;
+  // Receives, per kernel, whether its search ran to the end (those results
+  // are worth keeping in the database). May be NULL.
+  bool *done;
+} kiln_autotune_search_options_t;
+
+typedef struct kiln_autotune_search_result {
+  int measured;            // configurations compiled and timed
+  int tuned;               // kernels searched
+  double baseline_seconds; // the function with the starting configs
+  double best_seconds;     // ... and with the chosen ones
+  bool budget_exhausted;
+} kiln_autotune_search_result_t;
+
+// Coordinate descent over every kernel of `descs` with enough work, biggest
+// first: for each stage of its search space, every candidate is measured
+// with all other kernels at their current best; a candidate replaces the
+// current config only when it is at least 2% faster (noise on shared
+// machines). `configs` holds the starting configs and receives the chosen
+// ones. A measurement that fails (the candidate does not compile) is
+// skipped and counted out, never fatal.
+kiln_status_t kiln_autotune_search(const kiln_kernel_desc_t *descs, int count,
+                                   const kiln_cpu_target_t *target,
+                                   const kiln_autotune_search_options_t *opts,
+                                   kiln_autotune_measure_fn measure, void *user,
+                                   kiln_tile_config_t *configs,
+                                   kiln_autotune_search_result_t *result);
+
+//===--- tuning database ---------------------------------------------------===//
+
+// Entries live in the compile cache (lib/cache: atomic writes, checksums,
+// ownership checks, LRU), under a key made of the kernel hash, the CPU model
+// (`cpu_id`) and the thread count, so a tuned config is reused by any graph
+// holding the same kernel on the same machine, in any later process. An
+// entry that does not fit `desc` is ignored.
+bool kiln_autotune_db_get(kiln_cache_t *cache, const char *cpu_id,
+                          const kiln_kernel_desc_t *desc,
+                          const kiln_cpu_target_t *target,
+                          kiln_tile_config_t *out, double *out_seconds);
+kiln_status_t kiln_autotune_db_put(kiln_cache_t *cache, const char *cpu_id,
+                                   const kiln_kernel_desc_t *desc,
+                                   const kiln_cpu_target_t *target,
+                                   const kiln_tile_config_t *config,
+                                   double seconds);
+
+#endif  // KILN_LIB_AUTOTUNE_AUTOTUNE_H_
