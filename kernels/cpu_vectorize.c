@@ -1,6 +1,7 @@
 // The CPU schedule: every tileable linalg op is described to lib/autotune,
 // gets its tiles (threads, cache blocks, register tile), and one
 // transform-dialect script tiles, vectorizes and cleans up the module.
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,9 +184,47 @@ static int32_t elem_bytes(MlirOperation op) {
   return best;
 }
 
-// The op's identity for the tuning database: its generic form printed in
-// local scope (SSA names do not depend on what precedes it), types and
-// body included.
+// Hashes `text` with every SSA name (%foo) replaced by its order of first
+// appearance, so the hash does not depend on the numbering of the enclosing
+// function (the printer numbers values function-wide even in local scope).
+static kiln_hash128_t hash_renumbered(const char *text, size_t n) {
+  kiln_hasher_t h;
+  kiln_hasher_init(&h);
+  enum { kNames = 256 };
+  const char *names[kNames];
+  size_t lens[kNames];
+  int count = 0;
+  size_t i = 0;
+  while (i < n) {
+    if (text[i] != '%') {
+      size_t j = i;
+      while (j < n && text[j] != '%') ++j;
+      kiln_hasher_update(&h, text + i, j - i);
+      i = j;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < n && (isalnum((unsigned char)text[j]) || text[j] == '_' ||
+                     text[j] == '#' || text[j] == '.' || text[j] == '$'))
+      ++j;
+    int id = -1;
+    for (int k = 0; k < count && id < 0; ++k)
+      if (lens[k] == j - i && memcmp(names[k], text + i, j - i) == 0) id = k;
+    if (id < 0 && count < kNames) {
+      names[count] = text + i;
+      lens[count] = j - i;
+      id = count++;
+    }
+    char tok[24];
+    int w = snprintf(tok, sizeof(tok), "%%v%d", id);
+    kiln_hasher_update(&h, tok, (size_t)w);
+    i = j;
+  }
+  return kiln_hasher_final(&h);
+}
+
+// The op's identity for the tuning database: its generic form (types and
+// body included) with SSA names renumbered.
 static kiln_hash128_t op_hash(MlirOperation op) {
   kiln_sbuf_t b;
   kiln_sbuf_init(&b);
@@ -194,11 +233,9 @@ static kiln_hash128_t op_hash(MlirOperation op) {
   mlirOpPrintingFlagsUseLocalScope(flags);
   mlirOperationPrintWithFlags(op, flags, sbuf_cb, &b);
   mlirOpPrintingFlagsDestroy(flags);
-  kiln_hasher_t h;
-  kiln_hasher_init(&h);
-  kiln_hasher_update(&h, b.data ? b.data : "", b.length);
+  kiln_hash128_t hash = hash_renumbered(b.data ? b.data : "", b.length);
   kiln_sbuf_free(&b);
-  return kiln_hasher_final(&h);
+  return hash;
 }
 
 // Describes one op; false when it is left alone (dynamic shapes, gathers,

@@ -530,7 +530,6 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   pthread_mutex_unlock(&c->lock);
   free(linalg);
   st->llvm_seconds += now_seconds() - t2;
-  if (!s) st->compiles++;
   return s;
 }
 
@@ -606,6 +605,13 @@ static void choose_tiles(void *user, const kiln_kernel_desc_t *d,
     ts->db_hits++;
   else
     kiln_autotune_heuristic(d, &ts->target, out);
+  if (ts->record && log_enabled("autotune")) {
+    char what[160];
+    kiln_autotune_desc_format(d, what, sizeof(what));
+    fprintf(stderr, "[kiln autotune] kernel %s (%016llx%016llx): %s\n", what,
+            (unsigned long long)d->hash.hi, (unsigned long long)d->hash.lo,
+            known ? "tiles from the tuning database" : "heuristic tiles");
+  }
   if (!ts->record || ts->oom) return;
   if (ts->count == ts->capacity) {
     int cap = ts->capacity ? ts->capacity * 2 : 16;
@@ -889,6 +895,7 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
       cpu_target(f->options.num_threads, &tiling.target);
       s = compile_object(f, v, &tiling, &st, &obj, &size);
     }
+    if (!s) st.compiles++;
     double t0 = now_seconds();
     if (!s) s = link_object(v, obj, size);
     st.llvm_seconds += now_seconds() - t0;

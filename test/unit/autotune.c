@@ -1,0 +1,286 @@
+// lib/autotune on its own: the heuristic gives valid tiles for every shape
+// and target, the search space holds only valid configs, the validity check
+// rejects what it must, the measured search follows its cost function and
+// its budget, and the tuning database round-trips and refuses what does not
+// fit. Links the module directly (no MLIR): kernels are plain descriptors.
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "lib/autotune/autotune.h"
+#include "test/unit/test_util.h"
+
+static const kiln_cpu_target_t kAvx512x2 = {64, 32, 2, 48 << 10, 1 << 20};
+static const kiln_cpu_target_t kAvx2x8 = {32, 16, 8, 32 << 10, 512 << 10};
+static const kiln_cpu_target_t kSse1 = {16, 16, 1, 32 << 10, 256 << 10};
+
+static kiln_kernel_desc_t matmul(int64_t m, int64_t n, int64_t k) {
+  kiln_kernel_desc_t d;
+  memset(&d, 0, sizeof(d));
+  d.kind = KILN_KERNEL_CONTRACTION;
+  d.loop_count = 3;
+  d.range[0] = m, d.range[1] = n, d.range[2] = k;
+  d.reduction_mask = 1u << 2;
+  d.m_dim = 0, d.n_dim = 1;
+  d.elem_bytes = 4;
+  d.hash.hi = (uint64_t)m * 1000003u + (uint64_t)n;
+  d.hash.lo = (uint64_t)k;
+  return d;
+}
+
+static kiln_kernel_desc_t batch_matmul(int64_t b, int64_t m, int64_t n,
+                                       int64_t k) {
+  kiln_kernel_desc_t d;
+  memset(&d, 0, sizeof(d));
+  d.kind = KILN_KERNEL_CONTRACTION;
+  d.loop_count = 4;
+  d.range[0] = b, d.range[1] = m, d.range[2] = n, d.range[3] = k;
+  d.reduction_mask = 1u << 3;
+  d.m_dim = 1, d.n_dim = 2;
+  d.elem_bytes = 4;
+  return d;
+}
+
+static kiln_kernel_desc_t rows(kiln_kernel_kind_t kind, int64_t r, int64_t c) {
+  kiln_kernel_desc_t d;
+  memset(&d, 0, sizeof(d));
+  d.kind = kind;
+  d.loop_count = 2;
+  d.range[0] = r, d.range[1] = c;
+  if (kind == KILN_KERNEL_ROW_REDUCTION) d.reduction_mask = 1u << 1;
+  d.m_dim = d.n_dim = -1;
+  d.elem_bytes = 4;
+  return d;
+}
+
+static int64_t forall_tiles(const kiln_kernel_desc_t *d,
+                            const kiln_tile_config_t *c) {
+  int64_t n = 1;
+  for (int i = 0; i < d->loop_count; ++i)
+    if (c->forall[i] > 0) n *= d->range[i] / c->forall[i];
+  return n;
+}
+
+static void check_valid(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
+                        const kiln_tile_config_t *c) {
+  char why[256];
+  if (!kiln_autotune_config_valid(d, t, c, why, sizeof(why))) {
+    char a[160], b[256];
+    kiln_autotune_desc_format(d, a, sizeof(a));
+    kiln_autotune_config_format(c, b, sizeof(b));
+    fprintf(stderr, "invalid config for %s: %s (%s)\n", a, b, why);
+    kt_failures++;
+  }
+}
+
+// The heuristic is valid for every shape, including primes and 1s, on
+// every target; the search space of each holds only valid configs.
+static void test_heuristic_valid_everywhere(void) {
+  const int64_t sizes[] = {1, 2, 3, 7, 16, 31, 64, 100, 128, 257, 512, 1024, 4096};
+  const kiln_cpu_target_t *targets[] = {&kAvx512x2, &kAvx2x8, &kSse1};
+  int checked = 0;
+  for (int ti = 0; ti < 3; ++ti)
+    for (int a = 0; a < 13; ++a)
+      for (int b = 0; b < 13; ++b) {
+        kiln_kernel_desc_t ds[5] = {
+            matmul(sizes[a], sizes[b], sizes[(a + b) % 13]),
+            batch_matmul(sizes[a % 4 + 1], sizes[b], sizes[a], 64),
+            rows(KILN_KERNEL_ELEMENTWISE, sizes[a], sizes[b]),
+            rows(KILN_KERNEL_ROW_REDUCTION, sizes[a], sizes[b]),
+            rows(KILN_KERNEL_TRANSPOSE, sizes[a], sizes[b])};
+        for (int k = 0; k < 5; ++k) {
+          kiln_tile_config_t c;
+          kiln_autotune_heuristic(&ds[k], targets[ti], &c);
+          check_valid(&ds[k], targets[ti], &c);
+          ds[k].nested = true;
+          kiln_autotune_heuristic(&ds[k], targets[ti], &c);
+          check_valid(&ds[k], targets[ti], &c);
+          for (int i = 0; i < c.loop_count; ++i) CHECK(c.forall[i] == 0);
+          ds[k].nested = false;
+          kiln_autotune_heuristic(&ds[k], targets[ti], &c);
+          kiln_tile_config_t cand[64];
+          for (int st = 0; st < kiln_autotune_stage_count(&ds[k]); ++st) {
+            int n = kiln_autotune_candidates(&ds[k], targets[ti], &c, st, cand, 64);
+            for (int i = 0; i < n; ++i) {
+              check_valid(&ds[k], targets[ti], &cand[i]);
+              CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
+              for (int j = 0; j < i; ++j)
+                CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
+            }
+            checked += n;
+          }
+        }
+      }
+  printf("heuristic and %d candidates valid over 3 targets x 845 kernels\n",
+         checked);
+}
+
+// What the heuristic picks for the bench's 1024^3 matmul: a register tile
+// that fills but does not overflow the register file, at least one thread
+// tile per thread, K in cache blocks once B outgrows L2.
+static void test_heuristic_matmul(void) {
+  kiln_kernel_desc_t d = matmul(1024, 1024, 1024);
+  kiln_tile_config_t c;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 8 && c.reg[1] == 32 && c.reg[2] == 1);
+  CHECK(forall_tiles(&d, &c) >= kAvx512x2.threads);
+  CHECK(c.cache[2] == 256);
+  // AVX2 has half the registers of half the width: 8x32 would spill.
+  kiln_autotune_heuristic(&d, &kAvx2x8, &c);
+  CHECK(c.reg[0] * (c.reg[1] / 8) + c.reg[1] / 8 + 1 <= 16);
+  CHECK(c.reg[1] >= 8);
+  CHECK(forall_tiles(&d, &c) >= kAvx2x8.threads);
+  // Small problems run on one thread and keep K whole.
+  d = matmul(16, 32, 16);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(forall_tiles(&d, &c) == 1 && c.cache[2] == 0);
+  // Batched: one batch per thread tile.
+  d = batch_matmul(8, 64, 64, 64);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[0] == 1 && c.forall[1] == 0 && c.forall[2] == 0);
+  // Row reductions: a vector accumulator, rows over threads.
+  d = rows(KILN_KERNEL_ROW_REDUCTION, 4096, 4096);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reduction_dim == 1 && c.reduction_tile == 16 && c.forall[0] > 0);
+}
+
+static void test_validity_rejects(void) {
+  kiln_kernel_desc_t d = matmul(64, 64, 64);
+  kiln_tile_config_t c;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  char why[256];
+  kiln_tile_config_t bad = c;
+  bad.reg[0] = 6;  // 6 does not divide 64
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "does not divide") != NULL);
+  bad = c;
+  bad.cache[0] = 32;  // a cache tile of an output dim
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "reduction loops") != NULL);
+  bad = c;
+  bad.forall[2] = 32;  // distributing the reduction
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.reg[0] = 16, bad.reg[1] = 64;  // 16 x 4 accumulators + 5
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "vector registers") != NULL);
+  bad = c;
+  bad.reg[2] = 4;  // contractions step K by one
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.loop_count = 2;
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  kiln_kernel_desc_t r = rows(KILN_KERNEL_ROW_REDUCTION, 64, 100);
+  kiln_autotune_heuristic(&r, &kAvx512x2, &c);
+  bad = c;
+  bad.reduction_dim = 1, bad.reduction_tile = 8;  // 8 does not divide 100
+  CHECK(!kiln_autotune_config_valid(&r, &kAvx512x2, &bad, why, sizeof(why)));
+}
+
+// A synthetic cost: time grows with the distance of the register tile from
+// 4x16 and of the K block from 128; candidates with reg[0] == 2 "fail to
+// compile". The search must end at the optimum, skip the failures and
+// count every measurement.
+typedef struct {
+  int calls, failures;
+} fake_t;
+
+static kiln_status_t fake_measure(void *user, const kiln_tile_config_t *cs,
+                                  double *out) {
+  fake_t *f = user;
+  f->calls++;
+  const kiln_tile_config_t *c = &cs[0];
+  if (c->reg[0] == 2) {
+    f->failures++;
+    return kiln_make_status(KILN_STATUS_COMPILE_ERROR, "fake: no");
+  }
+  double cost = 1.0 + labs((long)c->reg[0] - 4) + labs((long)c->reg[1] - 16) / 8.0 +
+                (c->cache[2] == 128 ? 0 : 0.5) + 0.001 * (double)(cs[1].reg[1] != 16);
+  *out = cost * 1e-3;
+  return NULL;
+}
+
+static void test_search(void) {
+  kiln_kernel_desc_t ds[2] = {matmul(512, 512, 512),
+                              rows(KILN_KERNEL_ELEMENTWISE, 8, 8)};
+  kiln_tile_config_t cs[2];
+  for (int i = 0; i < 2; ++i) kiln_autotune_heuristic(&ds[i], &kAvx512x2, &cs[i]);
+  kiln_tile_config_t small_before = cs[1];
+  fake_t f = {0, 0};
+  bool done[2] = {false, false};
+  kiln_autotune_search_options_t o = {60.0, 1 << 12, "fake", false, NULL, done};
+  kiln_autotune_search_result_t r;
+  CHECK_OK(kiln_autotune_search(ds, 2, &kAvx512x2, &o, fake_measure, &f, cs, &r));
+  CHECK(cs[0].reg[0] == 4 && cs[0].reg[1] == 16 && cs[0].cache[2] == 128);
+  CHECK(memcmp(&cs[1], &small_before, sizeof(cs[1])) == 0);  // below min_work
+  CHECK(done[0] && !done[1]);
+  CHECK(r.tuned == 1 && r.measured == f.calls && f.failures > 0);
+  CHECK(r.best_seconds < r.baseline_seconds && !r.budget_exhausted);
+  // A zero budget measures the baseline only and says so.
+  for (int i = 0; i < 2; ++i) kiln_autotune_heuristic(&ds[i], &kAvx512x2, &cs[i]);
+  fake_t g = {0, 0};
+  done[0] = done[1] = false;
+  o.budget_seconds = 0;
+  CHECK_OK(kiln_autotune_search(ds, 2, &kAvx512x2, &o, fake_measure, &g, cs, &r));
+  CHECK(g.calls == 1 && r.budget_exhausted && !done[0]);
+  // Kernels known from the database are not searched.
+  bool known[2] = {true, false};
+  o.budget_seconds = 60;
+  o.known = known;
+  fake_t h = {0, 0};
+  CHECK_OK(kiln_autotune_search(ds, 2, &kAvx512x2, &o, fake_measure, &h, cs, &r));
+  CHECK(h.calls == 1 && r.tuned == 0);
+  // A baseline that cannot be measured is an error, not a crash.
+  kiln_tile_config_t failing[2] = {cs[0], cs[1]};
+  failing[0].reg[0] = 2;
+  o.known = NULL;
+  kiln_status_t s = kiln_autotune_search(ds, 2, &kAvx512x2, &o, fake_measure,
+                                         &h, failing, &r);
+  CHECK(s != NULL);
+  kiln_status_free(s);
+}
+
+static void test_database(void) {
+  char dir[] = "/tmp/kiln-tune-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  kiln_cache_t *cache = NULL;
+  CHECK_OK(kiln_cache_open(dir, 0, &cache));
+  if (!cache) return;
+  kiln_kernel_desc_t d = matmul(256, 256, 256);
+  kiln_tile_config_t c, got;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  c.reg[0] = 4;
+  double secs = 0;
+  CHECK(!kiln_autotune_db_get(cache, "cpu-a", &d, &kAvx512x2, &got, &secs));
+  CHECK_OK(kiln_autotune_db_put(cache, "cpu-a", &d, &kAvx512x2, &c, 1.5e-3));
+  CHECK(kiln_autotune_db_get(cache, "cpu-a", &d, &kAvx512x2, &got, &secs));
+  CHECK(memcmp(&got, &c, sizeof(c)) == 0 && secs == 1.5e-3);
+  // Another CPU model or thread count is another entry.
+  CHECK(!kiln_autotune_db_get(cache, "cpu-b", &d, &kAvx512x2, &got, NULL));
+  kiln_cpu_target_t t4 = kAvx512x2;
+  t4.threads = 4;
+  CHECK(!kiln_autotune_db_get(cache, "cpu-a", &d, &t4, &got, NULL));
+  // An entry that does not fit the kernel (same hash, other sizes) is not
+  // used: the tiles would not divide.
+  kiln_kernel_desc_t other = matmul(256, 256, 256);
+  other.range[0] = 260;
+  CHECK(!kiln_autotune_db_get(cache, "cpu-a", &other, &kAvx512x2, &got, NULL));
+  // A corrupted entry is discarded (and reported), not loaded.
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "for f in %s/*.kobj; do printf 'XXXX' | dd of=$f "
+           "bs=1 seek=80 conv=notrunc status=none; done", dir);
+  CHECK(system(cmd) == 0);
+  CHECK(!kiln_autotune_db_get(cache, "cpu-a", &d, &kAvx512x2, &got, NULL));
+  kiln_cache_close(cache);
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
+}
+
+int main(void) {
+  test_heuristic_valid_everywhere();
+  test_heuristic_matmul();
+  test_validity_rejects();
+  test_search();
+  test_database();
+  return kt_finish("autotune");
+}
