@@ -33,6 +33,9 @@ OPTIONS = {
     "opt_level": (0, 1, 2, 3),           # LLVM optimization level
     "vectorize": (True, False),          # the kernels/ vectorization schedule
     "max_variants": tuple(range(1, 65)),  # variants per compiled graph
+    # torch.compile takes a mode or options, not both: this is mode
+    # "max-autotune" as an option (Inductor's name), for use with the budget
+    "max_autotune": (True, False),
     # max-autotune's search budget per compiled variant, in seconds
     "autotune_budget": (1, 2, 5, 10, 20, 30, 60, 120, 300),
 }
@@ -72,6 +75,8 @@ def parse_options(mode, options) -> dict:
             raise ValueError(f"kiln: option {k!r} is {v!r}; expected one of "
                              f"{OPTIONS[k]}")
         opts[k] = v
+    if opts.pop("max_autotune", False):
+        opts["mode"] = "max-autotune"
     # "max-autotune" measures tile sizes (lib/autotune); "reduce-overhead"
     # (CUDA graphs, the GPU issue) compiles like "default" on the CPU.
     return opts

@@ -64,6 +64,27 @@ def test_modes_reach_the_backend():
         kiln.backend.parse_options("fastest", None)
 
 
+def test_max_autotune_measures_tiles_and_matches_eager(tmp_path, monkeypatch):
+    # A fresh cache directory so nothing is known yet: the search runs.
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kiln._capi.Context, "_default", None)
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).eval()
+    x = torch.randn(128, 256)
+    before = kiln.compile_stats()
+    compiled = torch.compile(model, backend="kiln",
+                             options={"max_autotune": True, "autotune_budget": 5})
+    with torch.no_grad():
+        got = compiled(x)
+        want = model(x)
+    torch.testing.assert_close(got, want, **TOL[torch.float32])
+    after = kiln.compile_stats()
+    assert after["tune_measured"] > before["tune_measured"]
+    assert kiln.backend.parse_options("max-autotune", None)["mode"] == "max-autotune"
+    with pytest.raises(ValueError, match="autotune_budget"):
+        kiln.backend.parse_options(None, {"autotune_budget": 7})
+
+
 def test_two_threads_share_one_compiled_model():
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
     compiled = torch.compile(model, backend="kiln")
