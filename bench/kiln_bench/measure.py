@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -53,9 +58,34 @@ def check(got, want):
     return err <= tol, err
 
 
+def fma_peak_gflops(threads):
+    """The CPU's f32 FMA peak on `threads` threads (GFLOP/s): fma_peak.c,
+    compiled with the host C compiler for this CPU and run once. None when
+    there is no C compiler."""
+    src = Path(__file__).with_name("fma_peak.c")
+    cc = (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+          or shutil.which("clang"))
+    if not cc or not src.exists():
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "fma_peak"
+        r = subprocess.run([cc, "-O2", "-march=native", "-pthread", str(src),
+                            "-o", str(exe)], capture_output=True, text=True)
+        if r.returncode:
+            return None
+        out = subprocess.run([str(exe), str(threads)], capture_output=True,
+                             text=True, timeout=120)
+        try:
+            return float(out.stdout.strip())
+        except ValueError:
+            return None
+
+
 def roofline(device, quick):
-    """Measured memory bandwidth (GB/s, a large copy) and matmul peak
-    (GFLOP/s, torch.mm f32 on CPU, bf16 on CUDA), once per run."""
+    """Measured memory bandwidth (GB/s, a large copy) and compute peaks
+    (GFLOP/s) per dtype, once per run: torch.mm at 1024^3 (8192^3 on CUDA),
+    and on the CPU the f32 FMA peak of all cores, which replaces torch.mm's
+    as the f32 bound."""
     n = (1 << 27) if device == "cuda" else (1 << 25)  # 512 / 128 MB
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
@@ -69,9 +99,18 @@ def roofline(device, quick):
         t = median_time(lambda: torch.mm(a, b), device, min_iters=3, max_iters=20,
                         budget_s=1.0)
         peaks[str(dt).replace("torch.", "")] = 2.0 * m ** 3 / t / 1e9
+    source = f"torch.mm {m}^3 per dtype"
+    torch_mm = dict(peaks)
+    if device == "cpu":
+        fma = fma_peak_gflops(torch.get_num_threads())
+        if fma:
+            peaks["float32"] = fma
+            source = (f"float32: FMA loop on {torch.get_num_threads()} threads, "
+                      f"torch.mm {m}^3 {torch_mm['float32']:.1f}; "
+                      f"bfloat16: torch.mm {m}^3")
     return {"bandwidth_gbs": bw, "matmul_gflops": peaks["float32"],
-            "matmul_gflops_by_dtype": peaks,
-            "matmul_peak_from": f"torch.mm {m}^3 per dtype"}
+            "matmul_gflops_by_dtype": peaks, "torch_mm_gflops_by_dtype": torch_mm,
+            "matmul_peak_from": source}
 
 
 def roofline_fraction(case, seconds, roof):
