@@ -1352,11 +1352,97 @@ typedef struct {
   DLManagedTensor managed;
   int64_t shape[KILN_MAX_RANK];
   void *data;
+  size_t capacity;  // bytes of `data`
 } kiln_owned_tensor_t;
+
+// Large outputs come from a pool of buffers released by earlier outputs, so
+// a graph called in a loop writes into pages that are already mapped: a
+// fresh 64 MB buffer from malloc is a new mmap, and its 16K first-touch page
+// faults cost about as much as a memory-bound kernel itself. Buffers under
+// the threshold come from malloc (its free lists already reuse them). The
+// pool keeps at most KILN_OUTPUT_POOL_MB megabytes (default 1024; 0 turns it
+// off), evicting the least recently released.
+#define KILN_POOL_MIN_BYTES (256u << 10)
+#define KILN_POOL_SLOTS 64
+
+static struct {
+  pthread_mutex_t lock;
+  void *ptr[KILN_POOL_SLOTS];
+  size_t cap[KILN_POOL_SLOTS];
+  uint64_t tick[KILN_POOL_SLOTS];
+  uint64_t clock;
+  size_t bytes, limit;
+  bool limit_read;
+} out_pool = {PTHREAD_MUTEX_INITIALIZER, {0}, {0}, {0}, 0, 0, 0, false};
+
+static void *pool_take(size_t bytes, size_t *capacity) {
+  size_t cap = (bytes + 63) / 64 * 64 + 64;
+  *capacity = cap;
+  if (cap < KILN_POOL_MIN_BYTES) return aligned_alloc(64, cap);
+  pthread_mutex_lock(&out_pool.lock);
+  if (!out_pool.limit_read) {
+    const char *env = getenv("KILN_OUTPUT_POOL_MB");
+    out_pool.limit = (size_t)(env ? atol(env) : 1024) << 20;
+    out_pool.limit_read = true;
+  }
+  int best = -1;
+  for (int i = 0; i < KILN_POOL_SLOTS; ++i)
+    if (out_pool.ptr[i] && out_pool.cap[i] >= cap &&
+        out_pool.cap[i] <= cap + cap / 4 &&
+        (best < 0 || out_pool.cap[i] < out_pool.cap[best]))
+      best = i;
+  void *p = NULL;
+  if (best >= 0) {
+    p = out_pool.ptr[best];
+    *capacity = out_pool.cap[best];
+    out_pool.bytes -= out_pool.cap[best];
+    out_pool.ptr[best] = NULL;
+  }
+  pthread_mutex_unlock(&out_pool.lock);
+  return p ? p : aligned_alloc(64, cap);
+}
+
+static void pool_give(void *p, size_t cap) {
+  if (!p) return;
+  if (cap < KILN_POOL_MIN_BYTES) {
+    free(p);
+    return;
+  }
+  void *evicted[KILN_POOL_SLOTS + 1];
+  int n = 0;
+  pthread_mutex_lock(&out_pool.lock);
+  if (cap > out_pool.limit) {
+    evicted[n++] = p;
+    p = NULL;
+  }
+  // Make room: under the limit, and a free slot.
+  while (p) {
+    int empty = -1, oldest = -1;
+    for (int i = 0; i < KILN_POOL_SLOTS; ++i) {
+      if (!out_pool.ptr[i]) {
+        if (empty < 0) empty = i;
+      } else if (oldest < 0 || out_pool.tick[i] < out_pool.tick[oldest]) {
+        oldest = i;
+      }
+    }
+    if (empty >= 0 && out_pool.bytes + cap <= out_pool.limit) {
+      out_pool.ptr[empty] = p;
+      out_pool.cap[empty] = cap;
+      out_pool.tick[empty] = ++out_pool.clock;
+      out_pool.bytes += cap;
+      break;
+    }
+    evicted[n++] = out_pool.ptr[oldest];
+    out_pool.bytes -= out_pool.cap[oldest];
+    out_pool.ptr[oldest] = NULL;
+  }
+  pthread_mutex_unlock(&out_pool.lock);
+  for (int i = 0; i < n; ++i) free(evicted[i]);
+}
 
 static void owned_deleter(DLManagedTensor *self) {
   kiln_owned_tensor_t *t = (kiln_owned_tensor_t *)self;
-  free(t->data);
+  pool_give(t->data, t->capacity);
   free(t);
 }
 
@@ -1395,7 +1481,8 @@ kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
     kiln_owned_tensor_t *o = calloc(1, sizeof(*o));
     size_t bytes = (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype);
     // 64-byte alignment: a cache line, and enough for any vector load.
-    void *data = o ? aligned_alloc(64, (bytes + 63) / 64 * 64 + 64) : NULL;
+    size_t capacity = 0;
+    void *data = o ? pool_take(bytes, &capacity) : NULL;
     if (!o || !data) {
       free(o);
       free(data);
@@ -1404,6 +1491,7 @@ kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
       break;
     }
     o->data = data;
+    o->capacity = capacity;
     for (int k = 0; k < t->rank; ++k) o->shape[k] = t->dims[k];
     DLTensor *dl = &o->managed.dl_tensor;
     dl->data = data;

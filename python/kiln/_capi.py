@@ -128,10 +128,25 @@ kiln_function_release = _fn("kiln_function_release", None, _P)
 kiln_function_call = _fn("kiln_function_call", _status, _P,
                          ctypes.POINTER(DLTensor), ctypes.c_size_t,
                          ctypes.POINTER(DLTensor), ctypes.c_size_t)
+kiln_function_call_alloc = _fn("kiln_function_call_alloc", _status, _P,
+                               ctypes.POINTER(DLTensor), ctypes.c_size_t,
+                               ctypes.POINTER(_P), ctypes.c_size_t)
 kiln_function_variant_count = _fn("kiln_function_variant_count", ctypes.c_int, _P)
 kiln_function_output_types = _fn("kiln_function_output_types", _status, _P,
                                  ctypes.POINTER(DLTensor), ctypes.c_size_t,
                                  ctypes.POINTER(TensorType), ctypes.c_size_t)
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+
+
+def dlpack_capsule(managed) -> object:
+    """A "dltensor" capsule around a DLManagedTensor* that kiln allocated;
+    torch.from_dlpack takes ownership and calls its deleter when the tensor
+    dies (returning the buffer to kiln's output pool)."""
+    return _PyCapsule_New(managed, b"dltensor", None)
 
 
 def check(status) -> None:

@@ -166,6 +166,10 @@ class CompiledSubgraph(torch.nn.Module):
         self.out_strides = [
             tuple(v.stride()) if self.static_out and not v.is_contiguous() else None
             for v in vals]
+        # Outputs of 256 KiB and more come from kiln's output pool (see
+        # kiln_function_call_alloc): no page faults on every call.
+        self.pooled_out = (self.static_out and os.environ.get("KILN_OUTPUT_POOL_MB") != "0"
+                           and max(v.numel() * v.element_size() for v in vals) >= 256 << 10)
         out = [n for n in gm.graph.nodes if n.op == "output"][0]
         self.tuple_out = isinstance(out.args[0], (tuple, list))
         self.n_in, self.n_out = len(self.in_dtypes), len(vals)
@@ -211,6 +215,16 @@ class CompiledSubgraph(torch.nn.Module):
                                 f"{t.stride()}; passing a contiguous copy")
                 t = t.contiguous()
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
+        if self.pooled_out:
+            # Large outputs: kiln allocates them from its pool of released
+            # output buffers (pages already mapped), torch owns them through
+            # DLPack.
+            managed = (ctypes.c_void_p * self.n_out)()
+            _capi.check(_capi.kiln_function_call_alloc(self.fn.handle, b.ins, self.n_in,
+                                                       managed, self.n_out))
+            outs = [torch.utils.dlpack.from_dlpack(_capi.dlpack_capsule(m))
+                    for m in managed]
+            return self._finish(outs)
         if self.static_out:
             outs = [torch.empty(s, dtype=d) for s, d in zip(self.out_shapes, self.out_dtypes)]
         else:
@@ -223,6 +237,9 @@ class CompiledSubgraph(torch.nn.Module):
             self._fill(b.outs[k], t, b.shapes[self.n_in + k], None)
         _capi.check(_capi.kiln_function_call(self.fn.handle, b.ins, self.n_in,
                                              b.outs, self.n_out))
+        return self._finish(outs)
+
+    def _finish(self, outs):
         for k, stride in enumerate(self.out_strides):
             if stride is not None:
                 outs[k] = torch.empty_strided(outs[k].shape, stride,
