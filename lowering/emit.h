@@ -6,6 +6,7 @@
 #define KILN_LOWERING_EMIT_H_
 
 #include "lib/graph/graph.h"
+#include "lowering/lowering.h"
 
 // A tensor SSA value and its kiln type.
 typedef struct kiln_tv {
@@ -32,6 +33,7 @@ typedef struct kiln_emitter {
   kiln_tv_t *values;  // SSA value of each graph value, once emitted
   const kiln_node_t *node;  // the node being lowered, for error messages
   char (*sym_ssa)[24];      // index SSA value of each symbolic size
+  kiln_lower_options_t options;
 } kiln_emitter_t;
 
 // Fresh SSA name "%t<N>".

@@ -41,11 +41,14 @@ static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
 }
 
 kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
-                                   const bool *input_strided, char **out_text) {
+                                   const bool *input_strided,
+                                   const kiln_lower_options_t *options,
+                                   char **out_text) {
   *out_text = NULL;
   kiln_emitter_t e;
   memset(&e, 0, sizeof(e));
   e.g = g;
+  if (options) e.options = *options;
   kiln_sbuf_init(&e.out);
   e.values = calloc((size_t)g->value_count + 1, sizeof(kiln_tv_t));
   e.sym_ssa = calloc((size_t)g->symbol_count + 1, sizeof(*e.sym_ssa));

@@ -10,12 +10,21 @@
 // The name of the entry point every lowered graph defines.
 #define KILN_ENTRY_NAME "kiln_main"
 
+// What the target CPU offers the lowering beyond linalg.
+typedef struct kiln_lower_options {
+  // AVX512-BF16 (vdpbf16ps): bf16 matmuls use the packed dot-product
+  // microkernel of lowering/ops/matmul.c instead of f32 FMAs.
+  bool x86_bf16_dot;
+} kiln_lower_options_t;
+
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking
 // one memref per input (strided layout where `input_strided[i]`, which may be
 // NULL for all-contiguous) then one contiguous memref per output, with the
-// body in linalg on tensors.
+// body in linalg on tensors. `options` may be NULL (generic CPU).
 kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
-                                   const bool *input_strided, char **out_text);
+                                   const bool *input_strided,
+                                   const kiln_lower_options_t *options,
+                                   char **out_text);
 
 // An MLIR context set up for kiln: every dialect, pass and LLVM translation
 // registered, diagnostics captured for error messages.

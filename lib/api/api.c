@@ -500,7 +500,8 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
     strided[i] = (v->strided_mask >> i) & 1;
   char *linalg = NULL;
   double t0 = now_seconds();
-  kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &linalg);
+  kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL};
+  kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
   double t1 = now_seconds();
   st->lower_seconds += t1 - t0;
   pthread_mutex_lock(&c->lock);
@@ -1590,12 +1591,13 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   if (options) opts = *options;
   KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
   char *mlir_text = NULL;
+  kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));
     kiln_status_t s = stop == KILN_STAGE_GRAPH
                           ? kiln_graph_print_text(g, out_text)
-                          : kiln_lower_to_linalg(g, NULL, &mlir_text);
+                          : kiln_lower_to_linalg(g, NULL, &lopts, &mlir_text);
     kiln_graph_free(g);
     if (s || stop == KILN_STAGE_GRAPH) return s;
   } else {

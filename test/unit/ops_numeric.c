@@ -102,6 +102,13 @@ static const op_case_t kCases[] = {
                         " %e = aten.addmm(%c, %at, %bt)\n return %d, %e, %bt\n}"},
     {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[128,96]) {\n %bt = aten.permute(%b) {dims = [1, 0]}\n %c = aten.mm(%a, %bt)\n return %c\n}"},
     {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    // bf16 shapes the AVX512-BF16 microkernel takes (K even, N a multiple
+    // of 32; M of 8, 4 and 2 rows per register tile), strided A included,
+    // and an addmm epilogue; on other CPUs the f32-FMA path.
+    {"matmul", "bf16", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", "bf16", "graph @t(%a: $T[12,34], %b: $T[34,64]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", "bf16", "graph @t(%a: $T[6,2], %b: $T[2,32]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", "bf16", "graph @t(%c: $T[96], %a: $T[40,256], %b: $T[256,96]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
     {"conv", FLOATS, "graph @t(%x: $T[2,4,9,9], %w: $T[6,4,3,3], %b: $T[6]) {\n"
                      " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 f64", "graph @t(%x: $T[2,4,9,8], %w: $T[6,2,3,2]) {\n"
