@@ -28,9 +28,12 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
          a->type.dims[0] % 2 == 0 && a->type.dims[1] >= 2;
 }
 
+// `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
+// are rounded as they are stored (a plain mm: no f32 C written and re-read).
 static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
                           const kiln_tv_t *b, const char *init,
-                          const char *oty, char out[24]) {
+                          const char *oty, bool store_bf16, char out[24]) {
+  const char *el = store_bf16 ? "bf16" : "f32";
   int64_t m = a->type.dims[0], k = a->type.dims[1], nn = b->type.dims[1];
   int64_t k2 = k / 2;
   int rm = m % 8 == 0 ? 8 : m % 4 == 0 ? 4 : 2;
@@ -84,16 +87,16 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
       "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n"
       "      %%row0 = arith.muli %%blk, %%cmb : index\n"
       "      %%cblk = tensor.extract_slice %%cout[%%row0, 0] [%lld, %lld] [1, 1] : "
-      "%s to tensor<%lldx%lldxf32>\n"
+      "%s to tensor<%lldx%lldx%s>\n"
       "      %%r1 = scf.for %%j = %%c0 to %%cn step %%c32 iter_args(%%c1t = %%cblk) "
-      "-> (tensor<%lldx%lldxf32>) {\n"
+      "-> (tensor<%lldx%lldx%s>) {\n"
       "        %%r2 = scf.for %%i = %%c0 to %%cmb step %%crm iter_args(%%c2t = %%c1t) "
-      "-> (tensor<%lldx%lldxf32>) {\n"
+      "-> (tensor<%lldx%lldx%s>) {\n"
       "          %%j16 = arith.addi %%j, %%c16 : index\n"
       "          %%p0 = arith.addi %%j, %%j : index\n"
       "          %%p1 = arith.addi %%p0, %%c32 : index\n",
-      res, MB > 0 ? M / MB : 1, init, oty, MB, rm, N, K2, MB, N, oty, MB, N, MB, N,
-      MB, N);
+      res, MB > 0 ? M / MB : 1, init, oty, MB, rm, N, K2, MB, N, oty, MB, N, el,
+      MB, N, el, MB, N, el);
   for (int r = 0; r < rm; ++r)
     kiln_sbuf_printf(o, "          %%gr%d = affine.apply affine_map<(d0, d1) -> "
                         "(d0 + d1 + %d)>(%%row0, %%i)\n", r, r);
@@ -139,24 +142,31 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
     for (int h = 0; h < 2; ++h) {
       char cur[24];
       snprintf(cur, sizeof(cur), "%%w%d", 2 * r + h);
+      char val[24];
+      snprintf(val, sizeof(val), "%%acc#%d", 2 * r + h);
+      if (store_bf16) {
+        kiln_sbuf_printf(o, "          %%tr%d = arith.truncf %s : vector<16xf32> "
+                            "to vector<16xbf16>\n", 2 * r + h, val);
+        snprintf(val, sizeof(val), "%%tr%d", 2 * r + h);
+      }
       kiln_sbuf_printf(o,
-          "          %s = vector.transfer_write %%acc#%d, %s[%%li%d, %s] "
-          "{in_bounds = [true]} : vector<16xf32>, tensor<%lldx%lldxf32>\n",
-          cur, 2 * r + h, prev, r, h ? "%j16" : "%j", MB, N);
+          "          %s = vector.transfer_write %s, %s[%%li%d, %s] "
+          "{in_bounds = [true]} : vector<16x%s>, tensor<%lldx%lldx%s>\n",
+          cur, val, prev, r, h ? "%j16" : "%j", el, MB, N, el);
       memcpy(prev, cur, sizeof(prev));
     }
   }
   kiln_sbuf_printf(o,
-      "          scf.yield %s : tensor<%lldx%lldxf32>\n"
+      "          scf.yield %s : tensor<%lldx%lldx%s>\n"
       "        }\n"
-      "        scf.yield %%r2 : tensor<%lldx%lldxf32>\n"
+      "        scf.yield %%r2 : tensor<%lldx%lldx%s>\n"
       "      }\n"
       "      scf.forall.in_parallel {\n"
       "        tensor.parallel_insert_slice %%r1 into %%cout[%%row0, 0] [%lld, %lld] "
-      "[1, 1] : tensor<%lldx%lldxf32> into %s\n"
+      "[1, 1] : tensor<%lldx%lldx%s> into %s\n"
       "      }\n"
       "    }\n",
-      prev, MB, N, MB, N, MB, N, MB, N, oty);
+      prev, MB, N, el, MB, N, el, MB, N, MB, N, el, oty);
   snprintf(out, 24, "%s", res);
 }
 
@@ -174,10 +184,21 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_mlir_tensor_type(&b->type, bty, sizeof(bty));
   kiln_mlir_tensor_type(&at, oty, sizeof(oty));
   mm.type = at;
+  if (n->op == KILN_OP_MM && rt->dtype == KILN_BF16 && bf16_dot_applies(e, a, b)) {
+    // A plain bf16 mm: the kernel rounds as it stores; nothing else to do.
+    kiln_tv_t out;
+    char rty[256];
+    kiln_mlir_tensor_type(rt, rty, sizeof(rty));
+    kiln_emit_empty(e, rt, init.ssa);
+    emit_bf16_dot(e, a, b, init.ssa, rty, true, out.ssa);
+    out.type = *rt;
+    kiln_emit_set_result(e, n, 0, &out);
+    return NULL;
+  }
   if (n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b)) {
     // Every element is written by the kernel: no fill.
     kiln_emit_empty(e, &at, init.ssa);
-    emit_bf16_dot(e, a, b, init.ssa, oty, mm.ssa);
+    emit_bf16_dot(e, a, b, init.ssa, oty, false, mm.ssa);
   } else {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &init));
     kiln_emit_fresh(e, mm.ssa);
