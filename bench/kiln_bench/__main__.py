@@ -241,7 +241,8 @@ def main(argv=None):
     info = machine()
     peaks = ", ".join(f"{k} {v:.1f}" for k, v in roof["matmul_gflops_by_dtype"].items())
     print(f"kiln-bench on {device}: {info.get('cpu')} ({info.get('cores')} cores), torch "
-          f"{torch.__version__}; bandwidth {roof['bandwidth_gbs']:.1f} GB/s, matmul peak "
+          f"{torch.__version__}; bandwidth {roof['bandwidth_gbs']:.1f} GB/s "
+          f"({roof.get('bandwidth_from', 'torch copy_')}), matmul peak "
           f"GFLOP/s {peaks} ({roof['matmul_peak_from']})")
     compile_cases = [] if args.no_compile_times or args.demo else [
         c for c in cases if c.group == "blocks"][:1 if quick else 3]

@@ -60,27 +60,30 @@ def check(got, want):
     return err <= tol, err
 
 
-def fma_peak_gflops(threads):
-    """The CPU's f32 FMA peak on `threads` threads (GFLOP/s): fma_peak.c,
-    compiled with the host C compiler for this CPU and run once. None when
-    there is no C compiler."""
-    src = Path(__file__).with_name("fma_peak.c")
+def cpu_peaks(threads):
+    """The CPU's f32 FMA peak (GFLOP/s) and memcpy bandwidth (GB/s) on
+    `threads` threads: peaks.c, compiled with the host C compiler for this
+    CPU. (None, None) when there is no C compiler."""
+    src = Path(__file__).with_name("peaks.c")
     cc = (shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
           or shutil.which("clang"))
     if not cc or not src.exists():
-        return None
+        return None, None
     with tempfile.TemporaryDirectory() as d:
-        exe = Path(d) / "fma_peak"
+        exe = Path(d) / "peaks"
         r = subprocess.run([cc, "-O2", "-march=native", "-pthread", str(src),
                             "-o", str(exe)], capture_output=True, text=True)
         if r.returncode:
-            return None
-        out = subprocess.run([str(exe), str(threads)], capture_output=True,
-                             text=True, timeout=120)
-        try:
-            return float(out.stdout.strip())
-        except ValueError:
-            return None
+            return None, None
+        out = []
+        for mode in ("fma", "copy"):
+            p = subprocess.run([str(exe), mode, str(threads)], capture_output=True,
+                               text=True, timeout=120)
+            try:
+                out.append(float(p.stdout.strip()))
+            except ValueError:
+                out.append(None)
+        return out[0], out[1]
 
 
 def roofline(device, quick):
@@ -104,14 +107,19 @@ def roofline(device, quick):
         peaks[str(dt).replace("torch.", "")] = 2.0 * m ** 3 / t / 1e9
     source = f"torch.mm {m}^3 per dtype"
     torch_mm = dict(peaks)
+    bw_source = "torch copy_"
     if device == "cpu":
-        fma = fma_peak_gflops(torch.get_num_threads())
+        fma, copy = cpu_peaks(torch.get_num_threads())
         if fma:
             peaks["float32"] = fma
             source = (f"float32: FMA loop on {torch.get_num_threads()} threads, "
                       f"torch.mm {m}^3 {torch_mm['float32']:.1f}; "
                       f"bfloat16: torch.mm {m}^3")
-    return {"bandwidth_gbs": bw, "matmul_gflops": peaks["float32"],
+        if copy and copy > bw:
+            bw_source = f"memcpy on {torch.get_num_threads()} threads (torch copy_ {bw:.1f})"
+            bw = copy
+    return {"bandwidth_gbs": bw, "bandwidth_from": bw_source,
+            "matmul_gflops": peaks["float32"],
             "matmul_gflops_by_dtype": peaks, "torch_mm_gflops_by_dtype": torch_mm,
             "matmul_peak_from": source}
 

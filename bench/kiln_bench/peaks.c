@@ -1,12 +1,16 @@
-// The machine's f32 FMA peak: every thread runs 12 independent chains of
-// vector FMAs held in registers (enough to cover FMA latency on two
-// pipes), so nothing but the FMA units limits it. kiln-bench compiles this
-// with the host C compiler (-O2 -march=native) and uses the result as the
-// compute roofline of f32 kernels on the CPU.
-// Usage: fma_peak THREADS  -> prints GFLOP/s of all threads together.
+// The machine's peaks, for kiln-bench's CPU roofline. kiln-bench compiles
+// this with the host C compiler (-O2 -march=native) and runs it once.
+//   peaks fma THREADS   f32 FMA peak in GFLOP/s: every thread runs 12
+//                       independent chains of vector FMAs held in registers
+//                       (enough to cover FMA latency on two pipes).
+//   peaks copy THREADS  memory bandwidth in GB/s (bytes read + written):
+//                       each thread memcpy's its share of a 256 MB buffer
+//                       pair (libc's copy: non-temporal stores at this size).
+// Best of three runs each: the machine is shared.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #if defined(__AVX512F__)
@@ -48,9 +52,45 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static size_t copy_bytes = (size_t)256 << 20;
+static char *copy_src, *copy_dst;
+static int copy_threads;
+
+static void *copy_part(void *arg) {
+  size_t i = (size_t)arg, part = copy_bytes / (size_t)copy_threads;
+  memcpy(copy_dst + i * part, copy_src + i * part, part);
+  return NULL;
+}
+
+static int copy_peak(int threads) {
+  copy_threads = threads;
+  copy_src = aligned_alloc(64, copy_bytes);
+  copy_dst = aligned_alloc(64, copy_bytes);
+  if (!copy_src || !copy_dst) return 1;
+  memset(copy_src, 1, copy_bytes);  // map every page before timing
+  memset(copy_dst, 0, copy_bytes);
+  pthread_t *t = calloc((size_t)threads, sizeof(*t));
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    double t0 = now();
+    for (int i = 0; i < threads; ++i)
+      pthread_create(&t[i], NULL, copy_part, (void *)(size_t)i);
+    for (int i = 0; i < threads; ++i) pthread_join(t[i], NULL);
+    double g = 2.0 * (double)copy_bytes / (now() - t0) / 1e9;
+    if (g > best) best = g;
+  }
+  printf("%.1f\n", best);
+  free(t);
+  free(copy_src);
+  free(copy_dst);
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  int threads = argc > 1 ? atoi(argv[1]) : 1;
+  const char *mode = argc > 1 ? argv[1] : "fma";
+  int threads = argc > 2 ? atoi(argv[2]) : 1;
   if (threads < 1 || threads > 1024) threads = 1;
+  if (strcmp(mode, "copy") == 0) return copy_peak(threads);
   pthread_t *t = calloc((size_t)threads, sizeof(*t));
   float *sink = calloc((size_t)threads, sizeof(*sink));
   double best = 0;
