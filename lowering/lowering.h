@@ -58,4 +58,54 @@ kiln_status_t kiln_mlir_print(MlirModule module, char **out_text);
 void kiln_pipeline_dump(const kiln_pipeline_options_t *opts, kiln_stage_t stage,
                         const char *text);
 
+// Runs a pass pipeline (textual form) on `module`; errors carry MLIR's
+// diagnostics and `what`.
+kiln_status_t kiln_pipeline_run_text(kiln_mlir_t *m, MlirModule module,
+                                     const char *pipeline, const char *what);
+
+//===--- the CUDA target ---------------------------------------------------===//
+
+#define KILN_GPU_MAX_ARGS 64
+
+// One step of a compiled graph on the device: a kernel launch with its grid
+// and block sizes and each kernel argument as a buffer index (the
+// function's inputs then outputs, then the temporaries), or a
+// device-to-device copy of args[0] into args[1] (`bytes`).
+typedef enum kiln_gpu_step_kind_e {
+  KILN_GPU_LAUNCH = 0,
+  KILN_GPU_COPY = 1,
+} kiln_gpu_step_kind_t;
+
+typedef struct kiln_gpu_launch {
+  kiln_gpu_step_kind_t kind;
+  int64_t bytes;  // KILN_GPU_COPY
+  char name[128];
+  uint32_t grid[3], block[3];
+  int32_t arg_count;
+  int32_t args[KILN_GPU_MAX_ARGS];
+} kiln_gpu_launch_t;
+
+// A graph compiled for CUDA: PTX for all its kernels and the launches, in
+// order, that the host function makes (kiln's launcher replays them on the
+// caller's stream; memrefs are passed as bare device pointers).
+typedef struct kiln_gpu_program {
+  char *ptx;  // NUL-terminated; NULL when there is no kernel
+  int32_t arg_count;
+  int32_t temp_count;
+  int64_t *temp_bytes;
+  int32_t launch_count;
+  kiln_gpu_launch_t *launches;
+} kiln_gpu_program_t;
+
+// Lowers a module at the linalg stage for an NVIDIA GPU of `chip`
+// ("sm_90"): fusion and bufferization as on the CPU, then parallel loops
+// tiled to blocks of threads, outlined kernels, NVVM, PTX (no CUDA toolkit
+// needed; libdevice is linked when installed). Graphs whose host side is
+// more than launches and temporaries are UNSUPPORTED, with the op named.
+kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
+                                    const char *chip,
+                                    const kiln_pipeline_options_t *opts,
+                                    kiln_gpu_program_t *out);
+void kiln_gpu_program_free(kiln_gpu_program_t *program);
+
 #endif  // KILN_LOWERING_LOWERING_H_

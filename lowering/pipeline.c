@@ -188,6 +188,11 @@ static kiln_status_t run_pipeline(kiln_mlir_t *m, MlirModule module,
   return NULL;
 }
 
+kiln_status_t kiln_pipeline_run_text(kiln_mlir_t *m, MlirModule module,
+                                     const char *pipeline, const char *what) {
+  return run_pipeline(m, module, pipeline, what);
+}
+
 // After the LLVM stage every op must be in the LLVM (or OpenMP) dialect; a
 // leftover op
 // would only surface later as an opaque JIT failure.

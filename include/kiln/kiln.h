@@ -242,8 +242,8 @@ typedef enum kiln_autotune_e {
 } kiln_autotune_t;
 
 typedef struct kiln_compile_options_t {
-  // "cpu" (the default when NULL). "cuda" is reserved for the GPU target and
-  // answers KILN_STATUS_UNAVAILABLE until it exists.
+  // "cpu" (the default when NULL) or "cuda" (an NVIDIA GPU, device 0; answers
+  // KILN_STATUS_UNAVAILABLE "no CUDA device: ..." where there is none).
   const char *target;
   // LLVM optimization level, 0..3 (default 3).
   int opt_level;
@@ -300,6 +300,15 @@ KILN_API kiln_status_t kiln_function_call(kiln_function_t *function,
 
 // Number of compiled variants (for tests and statistics).
 KILN_API int kiln_function_variant_count(kiln_function_t *function);
+
+// Calls `function` on a CUDA stream (a CUstream; NULL: the legacy default
+// stream): inputs and outputs are device tensors (kDLCUDA) of the device the
+// function was compiled for (device 0), contiguous; the kernels are queued
+// on `stream` and the call returns without waiting for them. For target cpu
+// `stream` must be NULL and this is kiln_function_call.
+KILN_API kiln_status_t kiln_function_call_async(
+    kiln_function_t *function, const DLTensor *inputs, size_t input_count,
+    DLTensor *outputs, size_t output_count, void *stream);
 
 // Calls `function` and allocates its outputs. On success `out_outputs[i]`
 // holds a tensor the caller owns; release it with its `deleter`

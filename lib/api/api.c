@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "jit/cuda.h"
 #include "jit/jit.h"
 #include "kernels/kernels.h"
 #include "lib/autotune/autotune.h"
@@ -280,17 +281,19 @@ static int64_t dl_numel(const DLTensor *t) {
 static kiln_status_t check_tensor(const kiln_graph_t *g, const char *what,
                                   size_t i, const DLTensor *t,
                                   const kiln_type_t *want, int64_t *binding,
-                                  bool need_contiguous) {
+                                  bool need_contiguous, int device_type) {
   char tb[160], db[64], sb[160];
   kiln_type_str(g, want, tb, sizeof(tb));
   if (!t->shape && t->ndim > 0)
     return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
                             "%s %zu: shape is NULL; expected %s", what, i, tb);
-  if (t->device.device_type != kDLCPU)
+  if ((int)t->device.device_type != device_type)
     return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
-                            "%s %zu: device type %d; expected a CPU tensor "
-                            "(kDLCPU) for target cpu",
-                            what, i, (int)t->device.device_type);
+                            "%s %zu: device type %d; expected %s",
+                            what, i, (int)t->device.device_type,
+                            device_type == kDLCUDA
+                                ? "a CUDA tensor (kDLCUDA) for target cuda"
+                                : "a CPU tensor (kDLCPU) for target cpu");
   kiln_dtype_t dt;
   if (!kiln_dtype_from_dl(t->dtype, &dt) || dt != want->dtype)
     return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
@@ -382,10 +385,16 @@ typedef struct kiln_variant {
   kiln_jit_t *jit;
   void *entry;
   kiln_ffi_sig_t *sig;
+  // Target cuda: the launch program, its module and one function per launch.
+  kiln_gpu_program_t gpu;
+  kiln_cuda_module_t *cuda_module;
+  void **cuda_fns;
 } kiln_variant_t;
 
 struct kiln_function {
   int refcount;  // atomic
+  bool cuda;        // target "cuda": device tensors, kernels on a stream
+  int cuda_device;  // the device of the first call's tensors
   kiln_context_t *context;
   kiln_graph_t *graph;  // owned copy of the graph as compiled
   kiln_compile_options_t options;
@@ -432,16 +441,19 @@ static int resolve_threads(int requested) {
 static kiln_status_t check_target(const kiln_compile_options_t *o) {
   const char *t = o->target ? o->target : "cpu";
   if (strcmp(t, "cpu") == 0) return NULL;
-  if (strcmp(t, "cuda") == 0)
-    return kiln_make_status(KILN_STATUS_UNAVAILABLE,
-                            "target 'cuda': the GPU target is not built into "
-                            "this libkiln; expected target 'cpu'");
+  if (strcmp(t, "cuda") == 0) {
+    kiln_status_t s = kiln_cuda_available();
+    return s ? kiln_status_annotate(s, "target 'cuda'") : NULL;
+  }
   return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
                           "unknown target '%s'; expected 'cpu' or 'cuda'", t);
 }
 
 static void variant_free(kiln_variant_t *v) {
   if (!v) return;
+  free(v->cuda_fns);
+  kiln_cuda_module_unload(v->cuda_module);
+  kiln_gpu_program_free(&v->gpu);
   kiln_ffi_sig_destroy(v->sig);
   kiln_jit_destroy(v->jit);
   kiln_graph_free(v->graph);
@@ -828,6 +840,52 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
   return s;
 }
 
+// A variant for target cuda: the graph lowered through the GPU pipeline for
+// the device's architecture, its PTX loaded, one function per launch. (Not
+// in the compile cache yet: every process compiles its GPU variants.)
+static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
+                                  kiln_stats_t *st) {
+  kiln_context_t *c = f->context;
+  int major = 0, minor = 0;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_use_device(f->cuda_device));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_device_arch(f->cuda_device, &major, &minor));
+  char chip[16];
+  snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
+  kiln_lower_options_t lopts = {false};
+  char *linalg = NULL;
+  double t0 = now_seconds();
+  kiln_status_t s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
+  double t1 = now_seconds();
+  st->lower_seconds += t1 - t0;
+  pthread_mutex_lock(&c->lock);
+  char tag[256];
+  snprintf(tag, sizeof(tag), "%s-cuda-%d", f->graph->name ? f->graph->name : "graph",
+           c->dump_counter++);
+  kiln_pipeline_options_t popts = {0, 1, c->dump_dir, tag, NULL};
+  if (!s && c->dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
+  MlirModule mod = {NULL};
+  if (!s) s = kiln_mlir_parse(c->mlir, linalg, &mod);
+  if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
+  if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
+  pthread_mutex_unlock(&c->lock);
+  free(linalg);
+  double t2 = now_seconds();
+  st->mlir_seconds += t2 - t1;
+  if (!s && v->gpu.ptx) {
+    s = kiln_cuda_module_load_ptx(v->gpu.ptx, &v->cuda_module);
+    v->cuda_fns = s ? NULL : calloc((size_t)v->gpu.launch_count, sizeof(void *));
+    if (!s && !v->cuda_fns)
+      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "kernels");
+    for (int l = 0; !s && l < v->gpu.launch_count; ++l)
+      if (v->gpu.launches[l].kind == KILN_GPU_LAUNCH)
+        s = kiln_cuda_module_function(v->cuda_module, v->gpu.launches[l].name,
+                                      &v->cuda_fns[l]);
+  }
+  st->llvm_seconds += now_seconds() - t2;
+  if (!s) st->compiles++;
+  return s;
+}
+
 // One variant: from the cache when possible, else compiled and cached.
 static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
                                      uint64_t strided_mask,
@@ -852,9 +910,14 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   if (!s) s = kiln_graph_print_text(v->graph, &text);
   kiln_hash128_t key = {0, 0};
   bool loaded = false;
-  if (!s && c->cache) key = variant_key(f, text, strided_mask);
+  if (!s && f->cuda) {
+    // The GPU variant: PTX and a launch program, not host code.
+    s = compile_cuda(f, v, &st);
+    loaded = true;  // nothing for the CPU path below
+  }
+  if (!s && c->cache && !f->cuda) key = variant_key(f, text, strided_mask);
   // With KILN_DUMP_DIR the point is to see the IR: compile, do not load.
-  if (!s && c->cache && !c->dump_dir) {
+  if (!s && c->cache && !c->dump_dir && !f->cuda) {
     double t0 = now_seconds();
     void *obj = NULL;
     size_t size = 0;
@@ -934,8 +997,8 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
             (unsigned long long)st.tune_db_hits);
   if (s) {
     variant_free(v);
-    return kiln_status_annotate(s, "compiling graph @%s for cpu",
-                                g->name ? g->name : "main");
+    return kiln_status_annotate(s, "compiling graph @%s for %s",
+                                g->name ? g->name : "main", f->target);
   }
   *out = v;
   return NULL;
@@ -980,6 +1043,12 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   if (opts.max_variants < 1) opts.max_variants = 1;
   f->options.max_variants = opts.max_variants;
   f->options.num_threads = resolve_threads(opts.num_threads);
+  f->cuda = strcmp(f->target, "cuda") == 0;
+  if (f->cuda) {
+    // Kernel launches need static sizes: a variant per set of sizes.
+    f->options.dynamic = KILN_DYNAMIC_NEVER;
+    f->options.autotune = KILN_AUTOTUNE_HEURISTIC;
+  }
   kiln_status_t gs = kiln_guard_table_create(0, &f->guards);
   if (gs) {
     pthread_mutex_destroy(&f->lock);
@@ -1060,7 +1129,7 @@ static kiln_status_t bind_inputs(kiln_function_t *f, const DLTensor *inputs,
   for (size_t i = 0; i < input_count; ++i) {
     KILN_RETURN_IF_ERROR(check_tensor(g, "input", i, &inputs[i],
                                       &g->values[g->inputs[i]].type, binding,
-                                      false),
+                                      f->cuda, f->cuda ? kDLCUDA : kDLCPU),
                          "graph @%s", g->name);
     if (!dl_is_contiguous(&inputs[i])) *strided_mask |= (uint64_t)1 << i;
   }
@@ -1183,8 +1252,63 @@ static void fill_memref(kiln_memref_t *m, const DLTensor *t) {
   }
 }
 
+// A CUDA variant's launches, on `stream`: inputs and outputs are passed as
+// bare device pointers, temporaries are allocated for the call.
+static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
+                                      const DLTensor *inputs, DLTensor *outputs,
+                                      void *stream) {
+  const kiln_graph_t *g = f->graph;
+  const kiln_gpu_program_t *p = &v->gpu;
+  int nbuf = p->arg_count + p->temp_count;
+  void *stack_ptrs[128];
+  void **ptrs = nbuf <= 128 ? stack_ptrs : calloc((size_t)nbuf, sizeof(void *));
+  if (!ptrs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "launch");
+  for (int i = 0; i < g->input_count + g->output_count; ++i) {
+    const DLTensor *t = i < g->input_count ? &inputs[i] : &outputs[i - g->input_count];
+    if (t->device.device_id != f->cuda_device) {
+      if (ptrs != stack_ptrs) free(ptrs);
+      return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                              "graph @%s: %s %d is on cuda:%d; expected "
+                              "cuda:%d", g->name,
+                              i < g->input_count ? "input" : "output",
+                              i < g->input_count ? i : i - g->input_count,
+                              t->device.device_id, f->cuda_device);
+    }
+  }
+  int n = 0;
+  for (int i = 0; i < g->input_count; ++i)
+    ptrs[n++] = (char *)inputs[i].data + inputs[i].byte_offset;
+  for (int i = 0; i < g->output_count; ++i)
+    ptrs[n++] = (char *)outputs[i].data + outputs[i].byte_offset;
+  kiln_status_t s = kiln_cuda_use_device(f->cuda_device);
+  int allocated = 0;
+  for (int t = 0; !s && t < p->temp_count; ++t, ++allocated)
+    s = kiln_cuda_alloc((size_t)p->temp_bytes[t], stream, &ptrs[n + t]);
+  for (int l = 0; !s && l < p->launch_count; ++l) {
+    const kiln_gpu_launch_t *ln = &p->launches[l];
+    if (ln->kind == KILN_GPU_COPY) {
+      s = kiln_cuda_memcpy(ptrs[ln->args[1]], ptrs[ln->args[0]],
+                           (size_t)ln->bytes, stream);
+      continue;
+    }
+    void *params[KILN_GPU_MAX_ARGS];
+    for (int a = 0; a < ln->arg_count; ++a) params[a] = &ptrs[ln->args[a]];
+    s = kiln_cuda_launch(v->cuda_fns[l], ln->grid, ln->block, 0, stream, params);
+    if (s)
+      s = kiln_status_annotate(s, "graph @%s, kernel %s", g->name, ln->name);
+  }
+  // Temporaries are freed after the launches that use them were queued
+  // (cuMemFree waits for the device); kiln_cuda_free is stream-ordered
+  // where the driver supports it.
+  for (int t = 0; t < allocated; ++t) kiln_cuda_free(ptrs[n + t], stream);
+  if (ptrs != stack_ptrs) free(ptrs);
+  return s;
+}
+
 static kiln_status_t run_variant(kiln_function_t *f, kiln_variant_t *v,
-                                 const DLTensor *inputs, DLTensor *outputs) {
+                                 const DLTensor *inputs, DLTensor *outputs,
+                                 void *stream) {
+  if (f->cuda) return run_cuda_variant(f, v, inputs, outputs, stream);
   const kiln_graph_t *g = f->graph;
   kiln_memref_t refs[512];
   int32_t n = 0;
@@ -1263,12 +1387,14 @@ static bool hit_inputs_ok(const DLTensor *inputs, size_t n) {
 }
 
 static bool hit_outputs_ok(const kiln_guard_entry_t *e, DLTensor *outputs,
-                           size_t n, const DLTensor *inputs, size_t nin) {
+                           size_t n, const DLTensor *inputs, size_t nin,
+                           int device_type) {
   for (size_t i = 0; i < n; ++i) {
     const DLTensor *t = &outputs[i];
     const kiln_type_t *want = &e->outputs[i];
     kiln_dtype_t dt;
-    if (!t->data || t->device.device_type != kDLCPU || t->ndim != want->rank ||
+    if (!t->data || (int)t->device.device_type != device_type ||
+        t->ndim != want->rank ||
         !kiln_dtype_from_dl(t->dtype, &dt) || dt != want->dtype ||
         ((uintptr_t)t->data + t->byte_offset) % kiln_dtype_size(dt))
       return false;
@@ -1286,12 +1412,10 @@ static bool hit_outputs_ok(const kiln_guard_entry_t *e, DLTensor *outputs,
   return true;
 }
 
-kiln_status_t kiln_function_call(kiln_function_t *function,
-                                 const DLTensor *inputs, size_t input_count,
-                                 DLTensor *outputs, size_t output_count) {
-  if (!function)
-    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
-                            "kiln_function_call: function is NULL");
+static kiln_status_t call_impl(kiln_function_t *function,
+                               const DLTensor *inputs, size_t input_count,
+                               DLTensor *outputs, size_t output_count,
+                               void *stream) {
   const kiln_graph_t *g = function->graph;
   // Fast path: one hash probe, no allocation, no lock.
   kiln_guard_key_t key;
@@ -1302,8 +1426,9 @@ kiln_status_t kiln_function_call(kiln_function_t *function,
   if (keyed) {
     const kiln_guard_entry_t *e = kiln_guard_lookup(function->guards, &key);
     if (e && hit_inputs_ok(inputs, input_count) &&
-        hit_outputs_ok(e, outputs, output_count, inputs, input_count))
-      return run_variant(function, e->variant, inputs, outputs);
+        hit_outputs_ok(e, outputs, output_count, inputs, input_count,
+                       function->cuda ? kDLCUDA : kDLCPU))
+      return run_variant(function, e->variant, inputs, outputs, stream);
   }
   // Slow path: every check with its message, the variant policy, and a
   // guard entry for next time.
@@ -1329,7 +1454,8 @@ kiln_status_t kiln_function_call(kiln_function_t *function,
     memcpy(scratch, binding, sizeof(int64_t) * (size_t)g->symbol_count);
     KILN_RETURN_IF_ERROR(
         check_tensor(g, "output", i, &outputs[i],
-                     &g->values[g->outputs[i]].type, scratch, true),
+                     &g->values[g->outputs[i]].type, scratch, true,
+                     function->cuda ? kDLCUDA : kDLCPU),
         "graph @%s", g->name);
     uintptr_t olo, ohi;
     dl_extent(&outputs[i], &olo, &ohi);
@@ -1344,7 +1470,32 @@ kiln_status_t kiln_function_call(kiln_function_t *function,
     }
   }
   if (keyed) remember(function, &key, v, binding);
-  return run_variant(function, v, inputs, outputs);
+  return run_variant(function, v, inputs, outputs, stream);
+}
+
+kiln_status_t kiln_function_call(kiln_function_t *function,
+                                 const DLTensor *inputs, size_t input_count,
+                                 DLTensor *outputs, size_t output_count) {
+  if (!function)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_call: function is NULL");
+  return call_impl(function, inputs, input_count, outputs, output_count, NULL);
+}
+
+kiln_status_t kiln_function_call_async(kiln_function_t *function,
+                                       const DLTensor *inputs,
+                                       size_t input_count, DLTensor *outputs,
+                                       size_t output_count, void *stream) {
+  if (!function)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_call_async: function is NULL");
+  if (stream && !function->cuda)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "kiln_function_call_async: a stream for graph @%s "
+                            "compiled for target cpu; expected NULL",
+                            function->graph->name);
+  return call_impl(function, inputs, input_count, outputs, output_count,
+                   stream);
 }
 
 //===--- kiln-allocated outputs -------------------------------------------===//
@@ -1458,6 +1609,11 @@ kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
                             "out_outputs must not be NULL");
   for (size_t i = 0; i < output_count; ++i) out_outputs[i] = NULL;
   const kiln_graph_t *g = function->graph;
+  if (function->cuda)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "graph @%s: kiln_function_call_alloc allocates "
+                            "host memory; for target cuda pass device outputs "
+                            "to kiln_function_call_async", g->name);
   if (output_count != (size_t)g->output_count)
     return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
                             "graph @%s: room for %zu outputs; expected %d",
@@ -1506,7 +1662,7 @@ kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
     owned[i] = o;
     outs[i] = *dl;
   }
-  if (!s) s = run_variant(function, v, inputs, outs);
+  if (!s) s = run_variant(function, v, inputs, outs, NULL);
   if (s) {
     for (size_t i = 0; i < output_count; ++i)
       if (owned[i]) owned_deleter(&owned[i]->managed);
@@ -1539,7 +1695,7 @@ kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
   for (size_t i = 0; i < input_count; ++i)
     KILN_RETURN_IF_ERROR(check_tensor(graph, "input", i, &inputs[i],
                                       &graph->values[graph->inputs[i]].type,
-                                      binding, false),
+                                      binding, false, kDLCPU),
                          "reference interpreter, graph @%s", graph->name);
   kiln_graph_t *spec = NULL;
   if (graph->symbol_count)
@@ -1549,7 +1705,7 @@ kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
   for (size_t i = 0; i < output_count && !s; ++i) {
     int64_t scratch[1] = {0};
     s = check_tensor(g, "output", i, &outputs[i],
-                     &g->values[g->outputs[i]].type, scratch, true);
+                     &g->values[g->outputs[i]].type, scratch, true, kDLCPU);
   }
   if (!s) s = kiln_ref_run(g, inputs, outputs);
   kiln_graph_free(spec);
@@ -1589,9 +1745,17 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   kiln_compile_options_t opts;
   kiln_compile_options_init(&opts);
   if (options) opts = *options;
-  KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
+  // Printing GPU code needs no GPU: the architecture is the device's when
+  // there is one, else sm_90.
+  bool cuda = opts.target && strcmp(opts.target, "cuda") == 0;
+  if (!cuda) KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
+  char chip[16] = "sm_90";
+  int major = 0, minor = 0;
+  kiln_status_t as = cuda ? kiln_cuda_device_arch(0, &major, &minor) : NULL;
+  if (cuda && !as) snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
+  kiln_status_free(as);
   char *mlir_text = NULL;
-  kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL};
+  kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16")};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));
@@ -1615,10 +1779,16 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   kiln_status_t s = kiln_mlir_parse(context->mlir, mlir_text, &mod);
   kiln_kernel_tiling_t tiling = {{0}, NULL, NULL};
   cpu_target(resolve_threads(opts.num_threads), &tiling.target);
-  kiln_pipeline_options_t popts = {opts.vectorize, tiling.target.threads,
+  kiln_pipeline_options_t popts = {opts.vectorize && !cuda, tiling.target.threads,
                                    NULL, NULL, &tiling};
-  if (!s)
+  if (cuda) popts.threads = 1;
+  if (!s && cuda && stop > KILN_STAGE_BUFFERIZED) {
+    kiln_gpu_program_t program;
+    s = kiln_pipeline_run_gpu(context->mlir, mod, chip, &popts, &program);
+    kiln_gpu_program_free(&program);
+  } else if (!s) {
     s = kiln_pipeline_run(context->mlir, mod, KILN_STAGE_LINALG, stop, &popts);
+  }
   if (!s) s = kiln_mlir_print(mod, out_text);
   if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
   pthread_mutex_unlock(&context->lock);

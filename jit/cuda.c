@@ -1,0 +1,415 @@
+// kiln's CUDA runtime: the driver API through dlopen, kiln statuses, and the
+// mgpu* entry points of MLIR's host code.
+#include "jit/cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef KILN_HAVE_CUDA_H
+#include <cuda.h>
+
+// The driver entry points kiln uses, resolved once from libcuda.so.1 (the
+// exported names: the _v2 variants where cuda.h maps to them).
+#define KILN_CUDA_FUNCTIONS(X)                                                \
+  X(cuInit, CUresult, (unsigned int))                                         \
+  X(cuGetErrorName, CUresult, (CUresult, const char **))                      \
+  X(cuDeviceGetCount, CUresult, (int *))                                      \
+  X(cuDeviceGet, CUresult, (CUdevice *, int))                                 \
+  X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))    \
+  X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))              \
+  X(cuCtxGetCurrent, CUresult, (CUcontext *))                                 \
+  X(cuCtxSetCurrent, CUresult, (CUcontext))                                   \
+  X(cuModuleLoadData, CUresult, (CUmodule *, const void *))                   \
+  X(cuModuleLoadDataEx, CUresult,                                             \
+    (CUmodule *, const void *, unsigned int, CUjit_option *, void **))        \
+  X(cuModuleUnload, CUresult, (CUmodule))                                     \
+  X(cuModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *))    \
+  X(cuLaunchKernel, CUresult,                                                 \
+    (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,  \
+     unsigned, CUstream, void **, void **))                                   \
+  X(cuStreamCreate, CUresult, (CUstream *, unsigned int))                     \
+  X(cuStreamSynchronize, CUresult, (CUstream))                                \
+  X(cuStreamDestroy_v2, CUresult, (CUstream))                                 \
+  X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned int))           \
+  X(cuEventCreate, CUresult, (CUevent *, unsigned int))                       \
+  X(cuEventRecord, CUresult, (CUevent, CUstream))                             \
+  X(cuEventSynchronize, CUresult, (CUevent))                                  \
+  X(cuEventDestroy_v2, CUresult, (CUevent))                                   \
+  X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                         \
+  X(cuMemFree_v2, CUresult, (CUdeviceptr))                                    \
+  X(cuMemAllocManaged, CUresult, (CUdeviceptr *, size_t, unsigned int))       \
+  X(cuMemcpyAsync, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))    \
+  X(cuMemsetD32Async, CUresult, (CUdeviceptr, unsigned int, size_t, CUstream)) \
+  X(cuMemsetD16Async, CUresult,                                               \
+    (CUdeviceptr, unsigned short, size_t, CUstream))
+
+static struct {
+#define X(name, ret, args) ret(*name) args;
+  KILN_CUDA_FUNCTIONS(X)
+#undef X
+} cu;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static char load_error[512];  // empty when the driver and a device are there
+
+static void load_driver(void) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(load_error, sizeof(load_error),
+             "no CUDA device: libcuda.so.1 cannot be loaded (%s)", dlerror());
+    return;
+  }
+#define X(name, ret, args)                                                    \
+  cu.name = (ret(*) args)dlsym(h, #name);                                     \
+  if (!cu.name) {                                                             \
+    snprintf(load_error, sizeof(load_error),                                  \
+             "no CUDA device: libcuda.so.1 lacks %s (driver too old)", #name); \
+    return;                                                                   \
+  }
+  KILN_CUDA_FUNCTIONS(X)
+#undef X
+  CUresult r = cu.cuInit(0);
+  int count = 0;
+  if (r == CUDA_SUCCESS) r = cu.cuDeviceGetCount(&count);
+  if (r != CUDA_SUCCESS || count == 0) {
+    const char *name = "CUDA_ERROR_NO_DEVICE";
+    if (r != CUDA_SUCCESS) cu.cuGetErrorName(r, &name);
+    snprintf(load_error, sizeof(load_error), "no CUDA device: cuInit / "
+             "cuDeviceGetCount: %s (%d devices)", name ? name : "?", count);
+  }
+}
+
+kiln_status_t kiln_cuda_available(void) {
+  pthread_once(&load_once, load_driver);
+  if (load_error[0])
+    return kiln_make_status(KILN_STATUS_UNAVAILABLE, "%s", load_error);
+  return NULL;
+}
+
+// A status for a failed driver call.
+static kiln_status_t cuda_error(CUresult r, const char *call) {
+  const char *name = NULL;
+  if (cu.cuGetErrorName) cu.cuGetErrorName(r, &name);
+  return kiln_make_status(KILN_STATUS_INTERNAL, "CUDA %s failed: %s (%d)", call,
+                          name ? name : "unknown error", (int)r);
+}
+
+#define CU_CHECK(expr, call)                                                  \
+  do {                                                                        \
+    CUresult r_ = (expr);                                                     \
+    if (r_ != CUDA_SUCCESS) return cuda_error(r_, call);                      \
+  } while (0)
+
+#define CU_READY() KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_available())
+
+kiln_status_t kiln_cuda_device_arch(int device, int *major, int *minor) {
+  CU_READY();
+  CUdevice d;
+  CU_CHECK(cu.cuDeviceGet(&d, device), "cuDeviceGet");
+  CU_CHECK(cu.cuDeviceGetAttribute(
+               major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d),
+           "cuDeviceGetAttribute");
+  CU_CHECK(cu.cuDeviceGetAttribute(
+               minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d),
+           "cuDeviceGetAttribute");
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_use_device(int device) {
+  CU_READY();
+  CUdevice d;
+  CUcontext ctx = NULL, cur = NULL;
+  CU_CHECK(cu.cuDeviceGet(&d, device), "cuDeviceGet");
+  CU_CHECK(cu.cuDevicePrimaryCtxRetain(&ctx, d), "cuDevicePrimaryCtxRetain");
+  CU_CHECK(cu.cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
+  if (cur != ctx) CU_CHECK(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  return NULL;
+}
+
+struct kiln_cuda_module {
+  CUmodule module;
+};
+
+kiln_status_t kiln_cuda_module_load_ptx(const char *ptx,
+                                        kiln_cuda_module_t **out_module) {
+  *out_module = NULL;
+  CU_READY();
+  char log[4096] = {0};
+  CUjit_option opts[3] = {CU_JIT_ERROR_LOG_BUFFER,
+                          CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                          CU_JIT_OPTIMIZATION_LEVEL};
+  void *vals[3] = {log, (void *)(uintptr_t)sizeof(log), (void *)(uintptr_t)4};
+  CUmodule m = NULL;
+  CUresult r = cu.cuModuleLoadDataEx(&m, ptx, 3, opts, vals);
+  if (r != CUDA_SUCCESS) {
+    kiln_status_t s = cuda_error(r, "cuModuleLoadDataEx (PTX)");
+    return log[0] ? kiln_status_annotate(s, "ptxas: %.1000s", log) : s;
+  }
+  kiln_cuda_module_t *km = malloc(sizeof(*km));
+  if (!km) {
+    cu.cuModuleUnload(m);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "CUDA module");
+  }
+  km->module = m;
+  *out_module = km;
+  return NULL;
+}
+
+void kiln_cuda_module_unload(kiln_cuda_module_t *module) {
+  if (!module) return;
+  if (cu.cuModuleUnload) cu.cuModuleUnload(module->module);
+  free(module);
+}
+
+kiln_status_t kiln_cuda_module_function(kiln_cuda_module_t *module,
+                                        const char *name, void **out_fn) {
+  CUfunction f = NULL;
+  CUresult r = cu.cuModuleGetFunction(&f, module->module, name);
+  if (r != CUDA_SUCCESS)
+    return kiln_status_annotate(cuda_error(r, "cuModuleGetFunction"),
+                                "kernel '%s'", name);
+  *out_fn = f;
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],
+                               const uint32_t block[3], uint32_t shared_bytes,
+                               void *stream, void **params) {
+  CU_CHECK(cu.cuLaunchKernel((CUfunction)fn, grid[0], grid[1], grid[2],
+                             block[0], block[1], block[2], shared_bytes,
+                             (CUstream)stream, params, NULL),
+           "cuLaunchKernel");
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_alloc(size_t bytes, void *stream, void **out_ptr) {
+  (void)stream;
+  CU_READY();
+  CUdeviceptr p = 0;
+  CU_CHECK(cu.cuMemAlloc_v2(&p, bytes ? bytes : 1), "cuMemAlloc");
+  *out_ptr = (void *)(uintptr_t)p;
+  return NULL;
+}
+
+void kiln_cuda_free(void *ptr, void *stream) {
+  (void)stream;
+  if (ptr && cu.cuMemFree_v2) cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr);
+}
+
+kiln_status_t kiln_cuda_memcpy(void *dst, const void *src, size_t bytes,
+                               void *stream) {
+  CU_CHECK(cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst,
+                            (CUdeviceptr)(uintptr_t)src, bytes, (CUstream)stream),
+           "cuMemcpyAsync");
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_stream_synchronize(void *stream) {
+  CU_CHECK(cu.cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
+  return NULL;
+}
+
+//===--- mgpu* entry points of MLIR 22.1 host code --------------------------===//
+//
+// Signatures as in the LLVM IR that gpu-to-llvm emits (DESIGN.md). They
+// cannot return errors: a failure is printed once per call site kind to
+// stderr and leaves a NULL result; kiln never aborts the process.
+
+static void mgpu_report(CUresult r, const char *call) {
+  if (r == CUDA_SUCCESS) return;
+  const char *name = NULL;
+  if (cu.cuGetErrorName) cu.cuGetErrorName(r, &name);
+  fprintf(stderr, "[kiln cuda] %s failed: %s\n", call, name ? name : "?");
+}
+
+static bool mgpu_ready(const char *call) {
+  kiln_status_t s = kiln_cuda_available();
+  if (!s) return true;
+  fprintf(stderr, "[kiln cuda] %s: %s\n", call, kiln_status_message(s));
+  kiln_status_free(s);
+  return false;
+}
+
+static void *mgpuModuleLoad(void *data, size_t size) {
+  (void)size;
+  CUmodule m = NULL;
+  if (mgpu_ready("mgpuModuleLoad"))
+    mgpu_report(cu.cuModuleLoadData(&m, data), "cuModuleLoadData");
+  return m;
+}
+
+static void *mgpuModuleLoadJIT(void *data, int opt_level) {
+  CUmodule m = NULL;
+  if (!mgpu_ready("mgpuModuleLoadJIT")) return NULL;
+  CUjit_option o = CU_JIT_OPTIMIZATION_LEVEL;
+  void *v = (void *)(intptr_t)opt_level;
+  mgpu_report(cu.cuModuleLoadDataEx(&m, data, 1, &o, &v), "cuModuleLoadDataEx");
+  return m;
+}
+
+static void mgpuModuleUnload(void *module) {
+  if (module) mgpu_report(cu.cuModuleUnload((CUmodule)module), "cuModuleUnload");
+}
+
+static void *mgpuModuleGetFunction(void *module, const char *name) {
+  CUfunction f = NULL;
+  if (module)
+    mgpu_report(cu.cuModuleGetFunction(&f, (CUmodule)module, name),
+                "cuModuleGetFunction");
+  return f;
+}
+
+static void mgpuLaunchKernel(void *fn, intptr_t gx, intptr_t gy, intptr_t gz,
+                             intptr_t bx, intptr_t by, intptr_t bz,
+                             int32_t smem, void *stream, void **params,
+                             void **extra, size_t param_count) {
+  (void)param_count;
+  mgpu_report(cu.cuLaunchKernel((CUfunction)fn, (unsigned)gx, (unsigned)gy,
+                                (unsigned)gz, (unsigned)bx, (unsigned)by,
+                                (unsigned)bz, (unsigned)smem, (CUstream)stream,
+                                params, extra),
+              "cuLaunchKernel");
+}
+
+static void *mgpuStreamCreate(void) {
+  CUstream s = NULL;
+  if (mgpu_ready("mgpuStreamCreate"))
+    mgpu_report(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  return s;
+}
+
+static void mgpuStreamSynchronize(void *stream) {
+  mgpu_report(cu.cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
+}
+
+static void mgpuStreamDestroy(void *stream) {
+  mgpu_report(cu.cuStreamDestroy_v2((CUstream)stream), "cuStreamDestroy");
+}
+
+static void mgpuStreamWaitEvent(void *stream, void *event) {
+  mgpu_report(cu.cuStreamWaitEvent((CUstream)stream, (CUevent)event, 0),
+              "cuStreamWaitEvent");
+}
+
+static void *mgpuEventCreate(void) {
+  CUevent e = NULL;
+  if (mgpu_ready("mgpuEventCreate"))
+    mgpu_report(cu.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  return e;
+}
+
+static void mgpuEventDestroy(void *event) {
+  mgpu_report(cu.cuEventDestroy_v2((CUevent)event), "cuEventDestroy");
+}
+
+static void mgpuEventSynchronize(void *event) {
+  mgpu_report(cu.cuEventSynchronize((CUevent)event), "cuEventSynchronize");
+}
+
+static void mgpuEventRecord(void *event, void *stream) {
+  mgpu_report(cu.cuEventRecord((CUevent)event, (CUstream)stream),
+              "cuEventRecord");
+}
+
+static void *mgpuMemAlloc(uint64_t bytes, void *stream, bool host_shared) {
+  (void)stream;
+  CUdeviceptr p = 0;
+  if (!mgpu_ready("mgpuMemAlloc")) return NULL;
+  if (host_shared)
+    mgpu_report(cu.cuMemAllocManaged(&p, bytes ? bytes : 1,
+                                     CU_MEM_ATTACH_GLOBAL),
+                "cuMemAllocManaged");
+  else
+    mgpu_report(cu.cuMemAlloc_v2(&p, bytes ? bytes : 1), "cuMemAlloc");
+  return (void *)(uintptr_t)p;
+}
+
+static void mgpuMemFree(void *ptr, void *stream) {
+  (void)stream;
+  if (ptr) mgpu_report(cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr), "cuMemFree");
+}
+
+static void mgpuMemcpy(void *dst, void *src, size_t bytes, void *stream) {
+  mgpu_report(cu.cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst,
+                               (CUdeviceptr)(uintptr_t)src, bytes,
+                               (CUstream)stream),
+              "cuMemcpyAsync");
+}
+
+static void mgpuMemset32(void *dst, unsigned int value, size_t count,
+                         void *stream) {
+  mgpu_report(cu.cuMemsetD32Async((CUdeviceptr)(uintptr_t)dst, value, count,
+                                  (CUstream)stream),
+              "cuMemsetD32Async");
+}
+
+static void mgpuMemset16(void *dst, unsigned short value, size_t count,
+                         void *stream) {
+  mgpu_report(cu.cuMemsetD16Async((CUdeviceptr)(uintptr_t)dst, value, count,
+                                  (CUstream)stream),
+              "cuMemsetD16Async");
+}
+
+static void mgpuSetDefaultDevice(int32_t device) {
+  kiln_status_t s = kiln_cuda_use_device(device);
+  if (s) {
+    fprintf(stderr, "[kiln cuda] mgpuSetDefaultDevice(%d): %s\n", device,
+            kiln_status_message(s));
+    kiln_status_free(s);
+  }
+}
+
+#define KILN_MGPU(name) {#name, (void *)name}
+static const kiln_cuda_symbol_t mgpu_symbols[] = {
+    KILN_MGPU(mgpuModuleLoad),        KILN_MGPU(mgpuModuleLoadJIT),
+    KILN_MGPU(mgpuModuleUnload),      KILN_MGPU(mgpuModuleGetFunction),
+    KILN_MGPU(mgpuLaunchKernel),      KILN_MGPU(mgpuStreamCreate),
+    KILN_MGPU(mgpuStreamSynchronize), KILN_MGPU(mgpuStreamDestroy),
+    KILN_MGPU(mgpuStreamWaitEvent),   KILN_MGPU(mgpuEventCreate),
+    KILN_MGPU(mgpuEventDestroy),      KILN_MGPU(mgpuEventSynchronize),
+    KILN_MGPU(mgpuEventRecord),       KILN_MGPU(mgpuMemAlloc),
+    KILN_MGPU(mgpuMemFree),           KILN_MGPU(mgpuMemcpy),
+    KILN_MGPU(mgpuMemset32),          KILN_MGPU(mgpuMemset16),
+    KILN_MGPU(mgpuSetDefaultDevice),
+};
+
+const kiln_cuda_symbol_t *kiln_cuda_mgpu_symbols(int *out_count) {
+  *out_count = (int)(sizeof(mgpu_symbols) / sizeof(mgpu_symbols[0]));
+  return mgpu_symbols;
+}
+
+#else  // !KILN_HAVE_CUDA_H: built without the CUDA headers.
+
+kiln_status_t kiln_cuda_available(void) {
+  return kiln_make_status(KILN_STATUS_UNAVAILABLE,
+                          "no CUDA device: this libkiln was built without "
+                          "cuda.h (install the CUDA toolkit headers and "
+                          "rebuild)");
+}
+#define KILN_NO_CUDA return kiln_cuda_available()
+kiln_status_t kiln_cuda_device_arch(int d, int *a, int *b) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_use_device(int d) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_module_load_ptx(const char *p, kiln_cuda_module_t **m) {
+  *m = NULL;
+  KILN_NO_CUDA;
+}
+void kiln_cuda_module_unload(kiln_cuda_module_t *m) {}
+kiln_status_t kiln_cuda_module_function(kiln_cuda_module_t *m, const char *n,
+                                        void **f) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_launch(void *f, const uint32_t g[3], const uint32_t b[3],
+                               uint32_t s, void *st, void **p) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_alloc(size_t n, void *s, void **p) { KILN_NO_CUDA; }
+void kiln_cuda_free(void *p, void *s) {}
+kiln_status_t kiln_cuda_memcpy(void *d, const void *s, size_t n, void *st) {
+  KILN_NO_CUDA;
+}
+kiln_status_t kiln_cuda_stream_synchronize(void *s) { KILN_NO_CUDA; }
+const kiln_cuda_symbol_t *kiln_cuda_mgpu_symbols(int *n) {
+  *n = 0;
+  return NULL;
+}
+#endif

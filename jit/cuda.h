@@ -1,0 +1,60 @@
+// jit/cuda: kiln's CUDA runtime on the driver API.
+//
+// libcuda.so.1 is loaded with dlopen on first use, through one table of
+// entry points, so libkiln loads and runs on machines without a GPU and
+// answers KILN_STATUS_UNAVAILABLE ("no CUDA device: ...") when the GPU
+// target is asked for. Every driver error becomes a kiln status naming the
+// call and the CUDA error (cuGetErrorName). Work goes to the stream the
+// caller passes (PyTorch's current stream); nothing synchronizes the device.
+//
+// Knows CUDA, nothing of graphs or MLIR. The mgpu* entry points that MLIR
+// 22.1's host code calls (gpu-to-llvm) are implemented on the same table and
+// listed by kiln_cuda_mgpu_symbols() for the JIT to resolve.
+#ifndef KILN_JIT_CUDA_H_
+#define KILN_JIT_CUDA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/base/base.h"
+
+// NULL when a CUDA device is usable; otherwise why not (UNAVAILABLE). The
+// driver is loaded and initialized once per process.
+kiln_status_t kiln_cuda_available(void);
+// Compute capability of `device` (9.0 for H100/H200).
+kiln_status_t kiln_cuda_device_arch(int device, int *major, int *minor);
+// Makes the primary context of `device` current on this thread (the one
+// PyTorch uses).
+kiln_status_t kiln_cuda_use_device(int device);
+
+typedef struct kiln_cuda_module kiln_cuda_module_t;
+// Loads PTX (NUL-terminated) into the current context; the driver JITs it
+// for the device.
+kiln_status_t kiln_cuda_module_load_ptx(const char *ptx,
+                                        kiln_cuda_module_t **out_module);
+void kiln_cuda_module_unload(kiln_cuda_module_t *module);
+kiln_status_t kiln_cuda_module_function(kiln_cuda_module_t *module,
+                                        const char *name, void **out_fn);
+
+// Launches `fn` on `stream` (NULL: the legacy default stream) with
+// `params` (one pointer per kernel parameter).
+kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],
+                               const uint32_t block[3], uint32_t shared_bytes,
+                               void *stream, void **params);
+
+kiln_status_t kiln_cuda_alloc(size_t bytes, void *stream, void **out_ptr);
+void kiln_cuda_free(void *ptr, void *stream);
+// Stream-ordered copy in either direction (unified addressing).
+kiln_status_t kiln_cuda_memcpy(void *dst, const void *src, size_t bytes,
+                               void *stream);
+kiln_status_t kiln_cuda_stream_synchronize(void *stream);
+
+// The mgpu* runtime functions MLIR's generated host code calls, by name,
+// for the JIT's symbol table. *out_count entries, static storage.
+typedef struct kiln_cuda_symbol {
+  const char *name;
+  void *address;
+} kiln_cuda_symbol_t;
+const kiln_cuda_symbol_t *kiln_cuda_mgpu_symbols(int *out_count);
+
+#endif  // KILN_JIT_CUDA_H_

@@ -1,0 +1,322 @@
+// The CUDA target: linalg (after fusion and bufferization) -> parallel loops
+// -> gpu.launch -> outlined kernels -> NVVM -> PTX, and the host function
+// read back as a launch program for kiln's own launcher (jit/cuda), so
+// kernels run on the caller's stream with no generated host code.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <mlir-c/Dialect/GPU.h>
+
+#include "lowering/lowering.h"
+
+// Threads per block for the 1-D tiling of every parallel loop nest's
+// innermost dim (outer dims map to blocks).
+#define KILN_GPU_BLOCK 256
+
+// libdevice from the CUDA toolkit, linked when present so f64 math
+// (__nv_exp, ...) resolves; f32 math is kiln's own arithmetic.
+static const char *libdevice_path(void) {
+  static const char *const paths[] = {
+      "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc",
+      "/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc"};
+  for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); ++i)
+    if (access(paths[i], R_OK) == 0) return paths[i];
+  return NULL;
+}
+
+static bool name_is(MlirOperation op, const char *name) {
+  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
+  return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
+}
+
+void kiln_gpu_program_free(kiln_gpu_program_t *p) {
+  if (!p) return;
+  free(p->ptx);
+  free(p->temp_bytes);
+  free(p->launches);
+  memset(p, 0, sizeof(*p));
+}
+
+// Bytes of a static memref type, or -1.
+static int64_t memref_bytes(MlirType t) {
+  if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t)) return -1;
+  MlirType el = mlirShapedTypeGetElementType(t);
+  int64_t bits = -1;
+  if (mlirTypeIsAFloat(el)) bits = (int64_t)mlirFloatTypeGetWidth(el);
+  else if (mlirTypeIsAInteger(el)) bits = (int64_t)mlirIntegerTypeGetWidth(el);
+  else if (mlirTypeIsAIndex(el)) bits = 64;
+  if (bits < 0) return -1;
+  int64_t n = 1;
+  for (intptr_t i = 0; i < mlirShapedTypeGetRank(t); ++i)
+    n *= mlirShapedTypeGetDimSize(t, i);
+  return n * ((bits + 7) / 8);
+}
+
+typedef struct {
+  kiln_gpu_program_t *p;
+  MlirValue *temps;  // the memref.alloc result of each temporary
+  int temp_cap;
+  MlirBlock entry;
+  int nargs;
+} reader_t;
+
+// The buffer a host value names: a function argument, a temporary, or a
+// zero-offset view of one (reshapes); -1 otherwise.
+static int buffer_of(reader_t *r, MlirValue v) {
+  for (int depth = 0; depth < 8; ++depth) {
+    if (mlirValueIsABlockArgument(v)) {
+      if (!mlirBlockEqual(mlirBlockArgumentGetOwner(v), r->entry)) return -1;
+      return (int)mlirBlockArgumentGetArgNumber(v);
+    }
+    for (int i = 0; i < r->p->temp_count; ++i)
+      if (mlirValueEqual(r->temps[i], v)) return r->nargs + i;
+    MlirOperation def = mlirOpResultGetOwner(v);
+    if (!(name_is(def, "memref.expand_shape") ||
+          name_is(def, "memref.collapse_shape") ||
+          name_is(def, "memref.cast")))
+      return -1;
+    v = mlirOperationGetOperand(def, 0);
+  }
+  return -1;
+}
+
+static bool constant_index(MlirValue v, int64_t *out) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation def = mlirOpResultGetOwner(v);
+  if (!name_is(def, "arith.constant")) return false;
+  MlirAttribute a = mlirOperationGetAttributeByName(
+      def, mlirStringRefCreateFromCString("value"));
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return false;
+  *out = mlirIntegerAttrGetValueInt(a);
+  return true;
+}
+
+static kiln_status_t push_step(kiln_gpu_program_t *p, const kiln_gpu_launch_t *l) {
+  kiln_gpu_launch_t *nl =
+      realloc(p->launches, sizeof(*nl) * (size_t)(p->launch_count + 1));
+  if (!nl) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "launches");
+  p->launches = nl;
+  p->launches[p->launch_count++] = *l;
+  return NULL;
+}
+
+static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
+  kiln_gpu_program_t *p = r->p;
+  intptr_t n = mlirOperationGetNumOperands(op);
+  // Operands: grid x/y/z, block x/y/z, then the kernel's (no async tokens,
+  // clusters or dynamic shared memory in what kiln generates).
+  MlirAttribute seg = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("operandSegmentSizes"));
+  if (!mlirAttributeIsNull(seg) && mlirAttributeIsADenseI32Array(seg) &&
+      mlirDenseArrayGetNumElements(seg) >= 6) {
+    int32_t async = mlirDenseI32ArrayGetElement(seg, 0);
+    int32_t cluster = mlirDenseI32ArrayGetElement(seg, 7);
+    int32_t smem = mlirDenseI32ArrayGetElement(seg, 10);
+    if (async || cluster || smem)
+      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                              "cuda: a kernel launch with async tokens, "
+                              "clusters or dynamic shared memory");
+  }
+  if (n < 6)
+    return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: malformed launch");
+  kiln_gpu_launch_t l;
+  memset(&l, 0, sizeof(l));
+  for (int k = 0; k < 6; ++k) {
+    int64_t v = 0;
+    if (!constant_index(mlirOperationGetOperand(op, k), &v) || v < 1 ||
+        v > 0x7fffffff)
+      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                              "cuda: a kernel launch size that is not a "
+                              "constant (dynamic shapes)");
+    (k < 3 ? l.grid : l.block)[k % 3] = (uint32_t)v;
+  }
+  l.arg_count = (int32_t)(n - 6);
+  if (l.arg_count > KILN_GPU_MAX_ARGS)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: a kernel with %d arguments; at most %d",
+                            l.arg_count, KILN_GPU_MAX_ARGS);
+  for (int k = 0; k < l.arg_count; ++k) {
+    MlirValue v = mlirOperationGetOperand(op, 6 + k);
+    int b = buffer_of(r, v);
+    if (b < 0)
+      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                              "cuda: kernel argument %d is not a whole "
+                              "buffer (a view with an offset, or a scalar)", k);
+    l.args[k] = b;
+  }
+  MlirAttribute kernel = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("kernel"));
+  if (mlirAttributeIsNull(kernel) || !mlirAttributeIsASymbolRef(kernel))
+    return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: launch without kernel");
+  MlirStringRef leaf = mlirSymbolRefAttrGetLeafReference(kernel);
+  snprintf(l.name, sizeof(l.name), "%.*s", (int)leaf.length, leaf.data);
+  l.kind = KILN_GPU_LAUNCH;
+  return push_step(p, &l);
+}
+
+// memref.copy between whole buffers (bufferization's copy of a result into
+// an output): a stream-ordered device-to-device copy.
+static kiln_status_t read_copy(reader_t *r, MlirOperation op) {
+  kiln_gpu_launch_t l;
+  memset(&l, 0, sizeof(l));
+  l.kind = KILN_GPU_COPY;
+  MlirValue src = mlirOperationGetOperand(op, 0);
+  MlirValue dst = mlirOperationGetOperand(op, 1);
+  int64_t sb = memref_bytes(mlirValueGetType(src));
+  int64_t db = memref_bytes(mlirValueGetType(dst));
+  MlirAttribute sl = mlirMemRefTypeGetLayout(mlirValueGetType(src));
+  MlirAttribute dl = mlirMemRefTypeGetLayout(mlirValueGetType(dst));
+  l.args[0] = buffer_of(r, src);
+  l.args[1] = buffer_of(r, dst);
+  l.arg_count = 2;
+  l.bytes = sb;
+  snprintf(l.name, sizeof(l.name), "memref.copy");
+  if (sb < 0 || sb != db || l.args[0] < 0 || l.args[1] < 0 ||
+      !mlirAttributeIsAAffineMap(sl) || !mlirAttributeIsAAffineMap(dl))
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: a host memref.copy between views (not "
+                            "whole contiguous buffers)");
+  return push_step(r->p, &l);
+}
+
+static kiln_status_t read_host(reader_t *r, MlirOperation func) {
+  MlirRegion body = mlirOperationGetRegion(func, 0);
+  r->entry = mlirRegionGetFirstBlock(body);
+  r->nargs = (int)mlirBlockGetNumArguments(r->entry);
+  r->p->arg_count = r->nargs;
+  if (!mlirBlockIsNull(mlirBlockGetNextInRegion(r->entry)))
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: control flow left in the host function");
+  for (MlirOperation op = mlirBlockGetFirstOperation(r->entry);
+       !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
+    if (name_is(op, "arith.constant") || name_is(op, "memref.dealloc") ||
+        name_is(op, "func.return") || name_is(op, "memref.expand_shape") ||
+        name_is(op, "memref.collapse_shape") || name_is(op, "memref.cast"))
+      continue;
+    if (name_is(op, "gpu.launch_func")) {
+      KILN_RETURN_IF_ERROR_PLAIN(read_launch(r, op));
+      continue;
+    }
+    if (name_is(op, "memref.copy")) {
+      KILN_RETURN_IF_ERROR_PLAIN(read_copy(r, op));
+      continue;
+    }
+    if (name_is(op, "memref.alloc") || name_is(op, "memref.alloca")) {
+      int64_t bytes = memref_bytes(mlirValueGetType(mlirOperationGetResult(op, 0)));
+      if (bytes < 0)
+        return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                                "cuda: a temporary of dynamic size");
+      if (r->p->temp_count == r->temp_cap) {
+        int cap = r->temp_cap ? r->temp_cap * 2 : 8;
+        MlirValue *nt = realloc(r->temps, sizeof(*nt) * (size_t)cap);
+        int64_t *nb = realloc(r->p->temp_bytes, sizeof(*nb) * (size_t)cap);
+        if (nt) r->temps = nt;
+        if (nb) r->p->temp_bytes = nb;
+        if (!nt || !nb) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "temps");
+        r->temp_cap = cap;
+      }
+      r->temps[r->p->temp_count] = mlirOperationGetResult(op, 0);
+      r->p->temp_bytes[r->p->temp_count++] = bytes;
+      continue;
+    }
+    MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(op));
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: host op '%.*s' left in @%s after the GPU "
+                            "pipeline; kiln's launcher runs kernel launches "
+                            "and temporaries only",
+                            (int)nm.length, nm.data, KILN_ENTRY_NAME);
+  }
+  return NULL;
+}
+
+typedef struct {
+  MlirOperation func, binary;
+} finder_t;
+
+static MlirWalkResult find_parts(MlirOperation op, void *user) {
+  finder_t *f = user;
+  if (name_is(op, "gpu.binary")) f->binary = op;
+  if (name_is(op, "func.func")) {
+    MlirAttribute n = mlirOperationGetAttributeByName(
+        op, mlirStringRefCreateFromCString("sym_name"));
+    MlirStringRef s = mlirStringAttrGetValue(n);
+    if (s.length == strlen(KILN_ENTRY_NAME) &&
+        memcmp(s.data, KILN_ENTRY_NAME, s.length) == 0)
+      f->func = op;
+  }
+  return MlirWalkResultAdvance;
+}
+
+kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
+                                    const char *chip,
+                                    const kiln_pipeline_options_t *opts,
+                                    kiln_gpu_program_t *out) {
+  memset(out, 0, sizeof(*out));
+  kiln_pipeline_options_t o = {0};
+  if (opts) o = *opts;
+  o.vectorize = 0;  // the CPU schedules are not for the GPU
+  o.threads = 1;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_LINALG,
+                                               KILN_STAGE_BUFFERIZED, &o));
+  const char *ld = libdevice_path();
+  char link[512] = "";
+  if (ld) snprintf(link, sizeof(link), " l=%s", ld);
+  char pipeline[2048];
+  snprintf(pipeline, sizeof(pipeline),
+           "builtin.module(func.func(scf-forall-to-parallel,"
+           "convert-linalg-to-parallel-loops,"
+           "scf-parallel-loop-tiling{parallel-loop-tile-sizes=%d no-min-max-bounds=true},"
+           "gpu-map-parallel-loops,convert-parallel-loops-to-gpu,canonicalize),"
+           "gpu-launch-sink-index-computations,gpu-kernel-outlining,"
+           "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
+           "gpu.module(lower-affine,convert-scf-to-cf,"
+           "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
+           "reconcile-unrealized-casts),"
+           "gpu-module-to-binary{format=isa})",
+           KILN_GPU_BLOCK, chip, link);
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
+                                                    "the CUDA pipeline"));
+  if (o.dump_dir) {
+    char *text = NULL;
+    if (!kiln_mlir_print(module, &text)) {
+      kiln_pipeline_dump(&o, KILN_STAGE_LLVM, text);
+      free(text);
+    }
+  }
+  finder_t f = {{NULL}, {NULL}};
+  mlirOperationWalk(mlirModuleGetOperation(module), find_parts, &f,
+                    MlirWalkPreOrder);
+  if (mlirOperationIsNull(f.func))
+    return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: no @%s", KILN_ENTRY_NAME);
+  reader_t r = {out, NULL, 0, {NULL}, 0};
+  kiln_status_t s = read_host(&r, f.func);
+  free(r.temps);
+  int kernels = 0;
+  for (int l = 0; !s && l < out->launch_count; ++l)
+    kernels += out->launches[l].kind == KILN_GPU_LAUNCH;
+  if (!s && kernels > 0) {
+    MlirAttribute objs = mlirOperationGetAttributeByName(
+        f.binary, mlirStringRefCreateFromCString("objects"));
+    if (mlirOperationIsNull(f.binary) || mlirAttributeIsNull(objs) ||
+        !mlirAttributeIsAArray(objs) || mlirArrayAttrGetNumElements(objs) < 1 ||
+        !mlirAttributeIsAGPUObjectAttr(mlirArrayAttrGetElement(objs, 0))) {
+      s = kiln_make_status(KILN_STATUS_INTERNAL, "cuda: no PTX object");
+    } else {
+      MlirStringRef ptx =
+          mlirGPUObjectAttrGetObject(mlirArrayAttrGetElement(objs, 0));
+      out->ptx = malloc(ptx.length + 1);
+      if (!out->ptx) {
+        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "PTX");
+      } else {
+        memcpy(out->ptx, ptx.data, ptx.length);
+        out->ptx[ptx.length] = 0;
+      }
+    }
+  }
+  if (s) kiln_gpu_program_free(out);
+  return s;
+}
