@@ -8,7 +8,7 @@ JOBS       ?= $(shell nproc)
 
 PYTHON     ?= python3
 
-.PHONY: all deps build demo check check-unit check-lit check-asan check-python python-install clean
+.PHONY: all deps build demo check check-unit check-lit check-asan check-python python-install gpu-pack gpu-check clean
 
 all: build
 
@@ -55,6 +55,16 @@ check-asan: deps $(BUILD_ASAN)/build.ninja
 	@cmake --build $(BUILD_ASAN) -j $(JOBS)
 	KILN_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -L unit -j $(JOBS)
+
+# The GPU machine has no LLVM/MLIR and no package index: `make gpu-pack`
+# (here) builds and packs libkiln, the test binaries, the wheel and Debian's
+# LLVM/MLIR runtime into .device/; `make gpu-check` (there, with .device
+# carried) runs the CUDA-target tests on the GPU and the suites beside them.
+gpu-pack: build
+	tools/device/pack.sh
+
+gpu-check:
+	bash tools/device/run-gpu-check.sh
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -35,6 +35,7 @@ static bool name_is(MlirOperation op, const char *name) {
 
 void kiln_gpu_program_free(kiln_gpu_program_t *p) {
   if (!p) return;
+  for (int i = 0; i < p->module_count; ++i) free(p->ptx[i]);
   free(p->ptx);
   free(p->temp_bytes);
   free(p->launches);
@@ -62,6 +63,8 @@ typedef struct {
   int temp_cap;
   MlirBlock entry;
   int nargs;
+  char (*module_names)[128];  // the gpu.binary of each PTX module
+  int module_count;
 } reader_t;
 
 // The buffer a host value names: a function argument, a temporary, or a
@@ -155,6 +158,18 @@ static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
   MlirStringRef leaf = mlirSymbolRefAttrGetLeafReference(kernel);
   snprintf(l.name, sizeof(l.name), "%.*s", (int)leaf.length, leaf.data);
   l.kind = KILN_GPU_LAUNCH;
+  // The module: kernels of different launches share a name, each in its
+  // own gpu.module (@kiln_main_kernel_3::@kiln_main_kernel).
+  MlirStringRef root = mlirSymbolRefAttrGetRootReference(kernel);
+  l.module = -1;
+  for (int i = 0; i < r->module_count; ++i)
+    if (strlen(r->module_names[i]) == root.length &&
+        memcmp(r->module_names[i], root.data, root.length) == 0)
+      l.module = i;
+  if (l.module < 0)
+    return kiln_make_status(KILN_STATUS_INTERNAL,
+                            "cuda: no binary for kernel module @%.*s",
+                            (int)root.length, root.data);
   return push_step(p, &l);
 }
 
@@ -234,12 +249,15 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
 }
 
 typedef struct {
-  MlirOperation func, binary;
+  MlirOperation func;
+  MlirOperation binaries[256];
+  int binary_count;
 } finder_t;
 
 static MlirWalkResult find_parts(MlirOperation op, void *user) {
   finder_t *f = user;
-  if (name_is(op, "gpu.binary")) f->binary = op;
+  if (name_is(op, "gpu.binary") && f->binary_count < 256)
+    f->binaries[f->binary_count++] = op;
   if (name_is(op, "func.func")) {
     MlirAttribute n = mlirOperationGetAttributeByName(
         op, mlirStringRefCreateFromCString("sym_name"));
@@ -287,35 +305,62 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
       free(text);
     }
   }
-  finder_t f = {{NULL}, {NULL}};
+  finder_t f;
+  memset(&f, 0, sizeof(f));
   mlirOperationWalk(mlirModuleGetOperation(module), find_parts, &f,
                     MlirWalkPreOrder);
   if (mlirOperationIsNull(f.func))
     return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: no @%s", KILN_ENTRY_NAME);
-  reader_t r = {out, NULL, 0, {NULL}, 0};
-  kiln_status_t s = read_host(&r, f.func);
-  free(r.temps);
-  int kernels = 0;
-  for (int l = 0; !s && l < out->launch_count; ++l)
-    kernels += out->launches[l].kind == KILN_GPU_LAUNCH;
-  if (!s && kernels > 0) {
+  // Every gpu.binary's PTX, by module name.
+  kiln_status_t s = NULL;
+  char(*names)[128] = calloc((size_t)f.binary_count + 1, sizeof(*names));
+  out->ptx = calloc((size_t)f.binary_count + 1, sizeof(char *));
+  if (!names || !out->ptx) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "PTX");
+  for (int i = 0; !s && i < f.binary_count; ++i) {
+    MlirOperation b = f.binaries[i];
+    MlirStringRef nm = mlirStringAttrGetValue(mlirOperationGetAttributeByName(
+        b, mlirStringRefCreateFromCString("sym_name")));
+    snprintf(names[i], sizeof(names[i]), "%.*s", (int)nm.length, nm.data);
     MlirAttribute objs = mlirOperationGetAttributeByName(
-        f.binary, mlirStringRefCreateFromCString("objects"));
-    if (mlirOperationIsNull(f.binary) || mlirAttributeIsNull(objs) ||
-        !mlirAttributeIsAArray(objs) || mlirArrayAttrGetNumElements(objs) < 1 ||
+        b, mlirStringRefCreateFromCString("objects"));
+    if (mlirAttributeIsNull(objs) || !mlirAttributeIsAArray(objs) ||
+        mlirArrayAttrGetNumElements(objs) < 1 ||
         !mlirAttributeIsAGPUObjectAttr(mlirArrayAttrGetElement(objs, 0))) {
-      s = kiln_make_status(KILN_STATUS_INTERNAL, "cuda: no PTX object");
-    } else {
-      MlirStringRef ptx =
-          mlirGPUObjectAttrGetObject(mlirArrayAttrGetElement(objs, 0));
-      out->ptx = malloc(ptx.length + 1);
-      if (!out->ptx) {
-        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "PTX");
-      } else {
-        memcpy(out->ptx, ptx.data, ptx.length);
-        out->ptx[ptx.length] = 0;
-      }
+      s = kiln_make_status(KILN_STATUS_INTERNAL, "cuda: no PTX in @%s", names[i]);
+      break;
     }
+    MlirStringRef ptx = mlirGPUObjectAttrGetObject(mlirArrayAttrGetElement(objs, 0));
+    out->ptx[i] = malloc(ptx.length + 1);
+    if (!out->ptx[i]) {
+      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "PTX");
+      break;
+    }
+    memcpy(out->ptx[i], ptx.data, ptx.length);
+    out->ptx[i][ptx.length] = 0;
+    out->module_count = i + 1;
+  }
+  reader_t r = {out, NULL, 0, {NULL}, 0, names, f.binary_count};
+  if (!s) s = read_host(&r, f.func);
+  free(r.temps);
+  free(names);
+  // Every kernel takes one bare pointer per memref argument; a memref with
+  // a non-identity layout would have become a full descriptor, and a launch
+  // passing fewer parameters than the kernel reads would crash the driver.
+  for (int l = 0; !s && l < out->launch_count; ++l) {
+    const kiln_gpu_launch_t *ln = &out->launches[l];
+    if (ln->kind != KILN_GPU_LAUNCH) continue;
+    char entry[160];
+    snprintf(entry, sizeof(entry), ".entry %s(", ln->name);
+    const char *e = strstr(out->ptx[ln->module], entry);
+    const char *end = e ? strchr(e, ')') : NULL;
+    int params = 0;
+    for (const char *q = e; q && q < end && (q = strstr(q, ".param")) && q < end; q += 6)
+      ++params;
+    if (!e || !end || params != ln->arg_count)
+      s = kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                           "cuda: kernel %s takes %d parameters, its launch "
+                           "passes %d (a memref argument with a non-identity "
+                           "layout)", ln->name, params, ln->arg_count);
   }
   if (s) kiln_gpu_program_free(out);
   return s;

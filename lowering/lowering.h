@@ -78,7 +78,8 @@ typedef enum kiln_gpu_step_kind_e {
 
 typedef struct kiln_gpu_launch {
   kiln_gpu_step_kind_t kind;
-  int64_t bytes;  // KILN_GPU_COPY
+  int64_t bytes;   // KILN_GPU_COPY
+  int32_t module;  // KILN_GPU_LAUNCH: index into the program's PTX modules
   char name[128];
   uint32_t grid[3], block[3];
   int32_t arg_count;
@@ -89,7 +90,8 @@ typedef struct kiln_gpu_launch {
 // order, that the host function makes (kiln's launcher replays them on the
 // caller's stream; memrefs are passed as bare device pointers).
 typedef struct kiln_gpu_program {
-  char *ptx;  // NUL-terminated; NULL when there is no kernel
+  int32_t module_count;
+  char **ptx;  // per module (one per outlined kernel), NUL-terminated
   int32_t arg_count;
   int32_t temp_count;
   int64_t *temp_bytes;

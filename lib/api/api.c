@@ -387,7 +387,7 @@ typedef struct kiln_variant {
   kiln_ffi_sig_t *sig;
   // Target cuda: the launch program, its module and one function per launch.
   kiln_gpu_program_t gpu;
-  kiln_cuda_module_t *cuda_module;
+  kiln_cuda_module_t **cuda_modules;  // one per PTX module
   void **cuda_fns;
 } kiln_variant_t;
 
@@ -452,7 +452,9 @@ static kiln_status_t check_target(const kiln_compile_options_t *o) {
 static void variant_free(kiln_variant_t *v) {
   if (!v) return;
   free(v->cuda_fns);
-  kiln_cuda_module_unload(v->cuda_module);
+  for (int i = 0; v->cuda_modules && i < v->gpu.module_count; ++i)
+    kiln_cuda_module_unload(v->cuda_modules[i]);
+  free(v->cuda_modules);
   kiln_gpu_program_free(&v->gpu);
   kiln_ffi_sig_destroy(v->sig);
   kiln_jit_destroy(v->jit);
@@ -871,15 +873,17 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   free(linalg);
   double t2 = now_seconds();
   st->mlir_seconds += t2 - t1;
-  if (!s && v->gpu.ptx) {
-    s = kiln_cuda_module_load_ptx(v->gpu.ptx, &v->cuda_module);
-    v->cuda_fns = s ? NULL : calloc((size_t)v->gpu.launch_count, sizeof(void *));
-    if (!s && !v->cuda_fns)
+  if (!s && v->gpu.module_count) {
+    v->cuda_modules = calloc((size_t)v->gpu.module_count, sizeof(*v->cuda_modules));
+    v->cuda_fns = calloc((size_t)v->gpu.launch_count + 1, sizeof(void *));
+    if (!v->cuda_modules || !v->cuda_fns)
       s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "kernels");
+    for (int i = 0; !s && i < v->gpu.module_count; ++i)
+      s = kiln_cuda_module_load_ptx(v->gpu.ptx[i], &v->cuda_modules[i]);
     for (int l = 0; !s && l < v->gpu.launch_count; ++l)
       if (v->gpu.launches[l].kind == KILN_GPU_LAUNCH)
-        s = kiln_cuda_module_function(v->cuda_module, v->gpu.launches[l].name,
-                                      &v->cuda_fns[l]);
+        s = kiln_cuda_module_function(v->cuda_modules[v->gpu.launches[l].module],
+                                      v->gpu.launches[l].name, &v->cuda_fns[l]);
   }
   st->llvm_seconds += now_seconds() - t2;
   if (!s) st->compiles++;

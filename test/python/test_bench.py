@@ -12,7 +12,7 @@ from kiln_bench.measure import check, roofline_fraction
 
 
 def test_one_case_run_writes_results(tmp_path, capsys):
-    rc = main(["--demo", "--cases", "softmax", "--no-compile-times",
+    rc = main(["--demo", "--device", "cpu", "--cases", "softmax", "--no-compile-times",
                "--results", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out

@@ -98,6 +98,7 @@ static void run_graph(kiln_context_t *ctx, const char *text, mgpu_t *m,
   // Host tensors are refused, naming the device expected.
   CHECK_ERR(kiln_function_call(fn, in_dl, nin, dout, nout),
             KILN_STATUS_INVALID_ARGUMENT, "expected a CUDA tensor");
+  printf("cuda: %.*s compiled, running\n", (int)(strchr(text, '(') - text), text);
   CHECK_OK(kiln_function_call_async(fn, din, nin, dout, nout, stream));
   for (size_t i = 0; i < nout; ++i)
     m->memcpy_(got_dl[i].data, dout[i].data, bytes_of(&ot[i]), stream);
@@ -122,6 +123,7 @@ static void run_graph(kiln_context_t *ctx, const char *text, mgpu_t *m,
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);  // a crash on the GPU machine keeps its log
   kiln_status_t s = kiln_cuda_available();
   if (s) {
     printf("cuda: skipped: %s\n", kiln_status_message(s));
@@ -137,6 +139,7 @@ int main(void) {
   if (kt_failures) return kt_finish("cuda");
   void *stream = m.stream_create();
   CHECK(stream != NULL);
+  printf("cuda: stream %p\n", stream);
   uint64_t seed = (uint64_t)time(NULL);
   printf("cuda: seed %llu\n", (unsigned long long)seed);
   for (size_t i = 0; i < sizeof(kGraphs) / sizeof(kGraphs[0]); ++i)

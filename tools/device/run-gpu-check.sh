@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# `make gpu-check` on the GPU machine (after `make gpu-pack` here, with
+# carry [".device"]): unpacks Debian's LLVM/MLIR runtime, then runs the
+# CUDA-target C tests on the GPU, the C API checks, the IR check of the
+# CUDA pipeline for this device, and the pytest suite on the machine's
+# PyTorch. Prints one summary line per suite; exits non-zero on a failure.
+set -u
+# Run from the repository root (make gpu-check does).
+mkdir -p /tmp/llvm
+for f in .device/debs/*.deb; do dpkg -x "$f" /tmp/llvm; done
+export LD_LIBRARY_PATH=$PWD/.device/bin:/tmp/llvm/usr/lib/llvm-22/lib:/tmp/llvm/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export KILN_CACHE_DIR=/tmp/kiln-gpu-check-cache
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
+fail=0
+for t in cuda api_errors output_pool autotune_api; do
+  out=$(.device/bin/$t 2>&1); rc=$?
+  echo "$out" | tail -12
+  echo "[gpu-check] $t: rc=$rc"
+  [ $rc -eq 0 ] || fail=1
+done
+.device/bin/ops_numeric matmul 2>&1 | tail -1
+printf 'graph @ew(%%x: f32[1000], %%y: f32[1000]) {\n  %%s = aten.add(%%x, %%y)\n  return %%s\n}\n' > /tmp/ew.kiln
+.device/bin/kiln-opt --target=cuda --emit=llvm /tmp/ew.kiln | grep -o '\.target sm_[0-9a-z]*' | head -1
+if [ "${KILN_GPU_CHECK_PYTEST:-1}" = 1 ] && [ -d .device/wheel ]; then
+  bash .device/run-python-tests.sh 2>&1 | tail -4
+fi
+echo "[gpu-check] $([ $fail = 0 ] && echo PASSED || echo FAILED)"
+exit $fail
