@@ -128,6 +128,9 @@ kiln_function_release = _fn("kiln_function_release", None, _P)
 kiln_function_call = _fn("kiln_function_call", _status, _P,
                          ctypes.POINTER(DLTensor), ctypes.c_size_t,
                          ctypes.POINTER(DLTensor), ctypes.c_size_t)
+kiln_function_call_async = _fn("kiln_function_call_async", _status, _P,
+                               ctypes.POINTER(DLTensor), ctypes.c_size_t,
+                               ctypes.POINTER(DLTensor), ctypes.c_size_t, _P)
 kiln_function_call_alloc = _fn("kiln_function_call_alloc", _status, _P,
                                ctypes.POINTER(DLTensor), ctypes.c_size_t,
                                ctypes.POINTER(_P), ctypes.c_size_t)
@@ -208,7 +211,8 @@ class Function:
     def __init__(self, ctx: Context, text: str, name: str = "graph",
                  opt_level: int = 3, vectorize: bool = True,
                  dynamic: int = DYNAMIC_AUTO, max_variants: int = 8,
-                 autotune: int = AUTOTUNE_HEURISTIC, autotune_budget: float = 0.0):
+                 autotune: int = AUTOTUNE_HEURISTIC, autotune_budget: float = 0.0,
+                 target: str = "cpu"):
         self.ctx = ctx  # keeps the context alive
         graph = _P()
         data = text.encode()
@@ -222,6 +226,8 @@ class Function:
         opts.max_variants = max_variants
         opts.autotune = autotune
         opts.autotune_budget_seconds = autotune_budget
+        target_bytes = target.encode()  # alive until the compile returns
+        opts.target = target_bytes
         self.handle = _P()
         try:
             check(kiln_function_compile(ctx.handle, graph, ctypes.byref(opts),

@@ -101,12 +101,13 @@ _FUNCTIONS: dict[str, _capi.Function] = {}
 _FUNCTIONS_LOCK = threading.Lock()
 
 
-def _function_for(text: str, name: str, opts: dict, dynamic: int) -> _capi.Function:
+def _function_for(text: str, name: str, opts: dict, dynamic: int,
+                  target: str = "cpu") -> _capi.Function:
     body = text[text.index("("):]
     autotune = (_capi.AUTOTUNE_MEASURE if opts["mode"] == "max-autotune"
                 else _capi.AUTOTUNE_HEURISTIC)
     key = (f"{opts['opt_level']}/{opts['vectorize']}/{opts['max_variants']}/"
-           f"{dynamic}/{autotune}/{opts['autotune_budget']}/{body}")
+           f"{dynamic}/{autotune}/{opts['autotune_budget']}/{target}/{body}")
     with _FUNCTIONS_LOCK:
         fn = _FUNCTIONS.get(key)
         if fn is None:
@@ -115,7 +116,8 @@ def _function_for(text: str, name: str, opts: dict, dynamic: int) -> _capi.Funct
                                 vectorize=opts["vectorize"], dynamic=dynamic,
                                 max_variants=opts["max_variants"],
                                 autotune=autotune,
-                                autotune_budget=float(opts["autotune_budget"]))
+                                autotune_budget=float(opts["autotune_budget"]),
+                                target=target)
             _FUNCTIONS[key] = fn
         else:
             _note("stats", f"{name}: same graph as an earlier partition, reused")
@@ -152,8 +154,13 @@ class CompiledSubgraph(torch.nn.Module):
         symbolic = any(not isinstance(d, int)
                        for n in gm.graph.nodes if n.op == "placeholder"
                        for d in n.meta["val"].shape)
+        vals_in = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        vals_out = [o.meta["val"] for o in out_nodes]
+        self.device = (vals_in + vals_out)[0].device if vals_in + vals_out else torch.device("cpu")
+        self.cuda = self.device.type == "cuda"
         self.fn = _function_for(text, name, opts,
-                                _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO)
+                                _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
+                                "cuda" if self.cuda else "cpu")
         self.in_dtypes = [n.meta["val"].dtype for n in gm.graph.nodes if n.op == "placeholder"]
         vals = [o.meta["val"] for o in out_nodes]
         self.out_dtypes = [v.dtype for v in vals]
@@ -168,7 +175,8 @@ class CompiledSubgraph(torch.nn.Module):
             for v in vals]
         # Outputs of 256 KiB and more come from kiln's output pool (see
         # kiln_function_call_alloc): no page faults on every call.
-        self.pooled_out = (self.static_out and os.environ.get("KILN_OUTPUT_POOL_MB") != "0"
+        self.pooled_out = (not self.cuda and self.static_out
+                           and os.environ.get("KILN_OUTPUT_POOL_MB") != "0"
                            and max(v.numel() * v.element_size() for v in vals) >= 256 << 10)
         out = [n for n in gm.graph.nodes if n.op == "output"][0]
         self.tuple_out = isinstance(out.args[0], (tuple, list))
@@ -188,8 +196,9 @@ class CompiledSubgraph(torch.nn.Module):
     @staticmethod
     def _fill(dl, t, shape_buf, stride_buf):
         dl.data = t.data_ptr()
-        dl.device.device_type = 1  # kDLCPU
-        dl.device.device_id = 0
+        cuda = t.device.type == "cuda"
+        dl.device.device_type = 2 if cuda else 1  # kDLCUDA / kDLCPU
+        dl.device.device_id = (t.device.index or 0) if cuda else 0
         dl.ndim = t.dim()
         code, bits = _DL_CODES[t.dtype]
         dl.dtype.code, dl.dtype.bits, dl.dtype.lanes = code, bits, 1
@@ -207,9 +216,13 @@ class CompiledSubgraph(torch.nn.Module):
     def forward(self, *args):
         b = self._arg_structs()
         for k, t in enumerate(args):
-            if t.dtype not in _DL_CODES or t.device.type != "cpu":
+            if t.dtype not in _DL_CODES or t.device.type != self.device.type:
                 raise _capi.KilnError("INVALID_ARGUMENT",
-                                      f"input {k}: {t.dtype} on {t.device}")
+                                      f"input {k}: {t.dtype} on {t.device}; expected "
+                                      f"{self.device}")
+            if self.cuda and not t.is_contiguous():
+                # The CUDA target takes contiguous device tensors.
+                t = t.contiguous()
             if any(s < 0 for s in t.stride()):
                 _note("layout", f"input {k} {tuple(t.shape)} has negative strides "
                                 f"{t.stride()}; passing a contiguous copy")
@@ -226,24 +239,32 @@ class CompiledSubgraph(torch.nn.Module):
                     for m in managed]
             return self._finish(outs)
         if self.static_out:
-            outs = [torch.empty(s, dtype=d) for s, d in zip(self.out_shapes, self.out_dtypes)]
+            outs = [torch.empty(s, dtype=d, device=self.device)
+                    for s, d in zip(self.out_shapes, self.out_dtypes)]
         else:
             types = (_capi.TensorType * self.n_out)()
             _capi.check(_capi.kiln_function_output_types(self.fn.handle, b.ins, self.n_in,
                                                          types, self.n_out))
-            outs = [torch.empty(tuple(tt.shape[i] for i in range(tt.rank)), dtype=d)
+            outs = [torch.empty(tuple(tt.shape[i] for i in range(tt.rank)), dtype=d,
+                                device=self.device)
                     for tt, d in zip(types, self.out_dtypes)]
         for k, t in enumerate(outs):
             self._fill(b.outs[k], t, b.shapes[self.n_in + k], None)
-        _capi.check(_capi.kiln_function_call(self.fn.handle, b.ins, self.n_in,
-                                             b.outs, self.n_out))
+        if self.cuda:
+            # Queued on PyTorch's current stream, like any CUDA op.
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            _capi.check(_capi.kiln_function_call_async(self.fn.handle, b.ins, self.n_in,
+                                                       b.outs, self.n_out, stream))
+        else:
+            _capi.check(_capi.kiln_function_call(self.fn.handle, b.ins, self.n_in,
+                                                 b.outs, self.n_out))
         return self._finish(outs)
 
     def _finish(self, outs):
         for k, stride in enumerate(self.out_strides):
             if stride is not None:
-                outs[k] = torch.empty_strided(outs[k].shape, stride,
-                                              dtype=outs[k].dtype).copy_(outs[k])
+                outs[k] = torch.empty_strided(outs[k].shape, stride, dtype=outs[k].dtype,
+                                              device=outs[k].device).copy_(outs[k])
         return tuple(outs) if self.tuple_out else outs[0]
 
 

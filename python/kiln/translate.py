@@ -51,8 +51,10 @@ def tensor_type(val) -> str:
         raise Unsupported(f"value of type {type(val).__name__} is not a tensor")
     if val.dtype not in DTYPES:
         raise Unsupported(f"dtype {val.dtype}")
-    if val.device.type != "cpu":
-        raise Unsupported(f"device {val.device} (this kiln build targets cpu)")
+    if val.device.type == "cuda" and (val.device.index or 0) != 0:
+        raise Unsupported(f"device {val.device} (kiln's CUDA target uses cuda:0)")
+    if val.device.type not in ("cpu", "cuda"):
+        raise Unsupported(f"device {val.device} (kiln targets cpu and cuda:0)")
     if val.dim() > MAX_RANK:
         raise Unsupported(f"rank {val.dim()} > {MAX_RANK}")
     if val.is_sparse or val.is_quantized:
@@ -178,8 +180,9 @@ def _to_copy(e, n):
     for k, v in n.kwargs.items():
         if k == "dtype":
             continue
-        if k == "device" and v is not None and torch.device(v).type != "cpu":
-            raise Unsupported(f"_to_copy to device {v}")
+        if k == "device" and v is not None and \
+                torch.device(v).type != n.args[0].meta["val"].device.type:
+            raise Unsupported(f"_to_copy to device {v} (a copy between devices)")
         if k in ("layout",) and v not in (None, torch.strided):
             raise Unsupported(f"_to_copy with layout {v}")
     return _convert_to(e, n, n.kwargs.get("dtype"))
@@ -606,6 +609,13 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]
             out_nodes = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         else:
             raise Unsupported(f"{n.op} node {n.name}")
+    # One device per compiled graph (cpu, or cuda:0).
+    devices = {n.meta["val"].device.type for n in gm.graph.nodes
+               if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
+    devices |= {o.meta["val"].device.type for o in out_nodes
+                if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)}
+    if len(devices) > 1:
+        raise Unsupported(f"tensors on {sorted(devices)} in one partition")
     rets = [e.operand(o) for o in out_nodes]
     safe = re.sub(r"[^A-Za-z0-9_]", "_", name)
     text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
