@@ -28,8 +28,8 @@ def backends(device: str, quick: bool):
     else:
         out.append(("inductor-max", lambda m: torch.compile(m, backend="inductor",
                                                             mode="max-autotune"), ""))
-    kiln_ok = device == "cpu"
-    note = "" if kiln_ok else "kiln has no CUDA target yet (issue 7)"
+    kiln_ok = device in ("cpu", "cuda")
+    note = ""
     out.append(("kiln", (lambda m: torch.compile(m, backend="kiln")) if kiln_ok else None, note))
     out.append(("kiln-max", (lambda m: torch.compile(m, backend="kiln", mode="max-autotune"))
                 if kiln_ok and not quick else None,
