@@ -365,3 +365,112 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   if (s) kiln_gpu_program_free(out);
   return s;
 }
+
+//===--- serialization (the compile cache's payload) -----------------------===//
+
+typedef struct {
+  char *p;
+  size_t n, cap;
+  bool oom;
+} wbuf_t;
+
+static void put(wbuf_t *w, const void *d, size_t n) {
+  if (w->oom) return;
+  if (w->n + n > w->cap) {
+    size_t cap = (w->cap ? w->cap * 2 : 4096) + n;
+    char *np = realloc(w->p, cap);
+    if (!np) {
+      w->oom = true;
+      return;
+    }
+    w->p = np;
+    w->cap = cap;
+  }
+  memcpy(w->p + w->n, d, n);
+  w->n += n;
+}
+
+#define KILN_GPU_MAGIC "kiln-gpu-program-v1"
+
+kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
+                                         void **out_data, size_t *out_size) {
+  wbuf_t w = {NULL, 0, 0, false};
+  put(&w, KILN_GPU_MAGIC, sizeof(KILN_GPU_MAGIC));
+  put(&w, &p->module_count, sizeof(p->module_count));
+  for (int i = 0; i < p->module_count; ++i) {
+    uint64_t len = strlen(p->ptx[i]);
+    put(&w, &len, sizeof(len));
+    put(&w, p->ptx[i], len);
+  }
+  put(&w, &p->arg_count, sizeof(p->arg_count));
+  put(&w, &p->temp_count, sizeof(p->temp_count));
+  put(&w, p->temp_bytes, sizeof(int64_t) * (size_t)p->temp_count);
+  put(&w, &p->launch_count, sizeof(p->launch_count));
+  put(&w, p->launches, sizeof(kiln_gpu_launch_t) * (size_t)p->launch_count);
+  if (w.oom) {
+    free(w.p);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU program");
+  }
+  *out_data = w.p;
+  *out_size = w.n;
+  return NULL;
+}
+
+typedef struct {
+  const char *p;
+  size_t n, at;
+} rbuf_t;
+
+static bool get(rbuf_t *r, void *d, size_t n) {
+  if (r->at + n > r->n || r->at + n < r->at) return false;
+  memcpy(d, r->p + r->at, n);
+  r->at += n;
+  return true;
+}
+
+kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
+                                           kiln_gpu_program_t *out) {
+  memset(out, 0, sizeof(*out));
+  rbuf_t r = {data, size, 0};
+  char magic[sizeof(KILN_GPU_MAGIC)];
+  bool ok = get(&r, magic, sizeof(magic)) &&
+            memcmp(magic, KILN_GPU_MAGIC, sizeof(magic)) == 0 &&
+            get(&r, &out->module_count, sizeof(out->module_count)) &&
+            out->module_count >= 0 && out->module_count < 65536;
+  if (ok) {
+    out->ptx = calloc((size_t)out->module_count + 1, sizeof(char *));
+    ok = out->ptx != NULL;
+  }
+  for (int i = 0; ok && i < out->module_count; ++i) {
+    uint64_t len = 0;
+    ok = get(&r, &len, sizeof(len)) && len <= size;
+    if (ok) ok = (out->ptx[i] = malloc(len + 1)) != NULL;
+    if (ok) ok = get(&r, out->ptx[i], len);
+    if (ok) out->ptx[i][len] = 0;
+  }
+  ok = ok && get(&r, &out->arg_count, sizeof(out->arg_count)) &&
+       get(&r, &out->temp_count, sizeof(out->temp_count)) &&
+       out->temp_count >= 0 && (size_t)out->temp_count <= size;
+  if (ok) ok = (out->temp_bytes = calloc((size_t)out->temp_count + 1, sizeof(int64_t))) != NULL;
+  ok = ok && get(&r, out->temp_bytes, sizeof(int64_t) * (size_t)out->temp_count) &&
+       get(&r, &out->launch_count, sizeof(out->launch_count)) &&
+       out->launch_count >= 0 && (size_t)out->launch_count <= size;
+  if (ok)
+    ok = (out->launches = calloc((size_t)out->launch_count + 1, sizeof(kiln_gpu_launch_t))) != NULL;
+  ok = ok && get(&r, out->launches, sizeof(kiln_gpu_launch_t) * (size_t)out->launch_count) &&
+       r.at == size;
+  for (int l = 0; ok && l < out->launch_count; ++l) {
+    const kiln_gpu_launch_t *ln = &out->launches[l];
+    ok = ln->arg_count >= 0 && ln->arg_count <= KILN_GPU_MAX_ARGS &&
+         (ln->kind != KILN_GPU_LAUNCH ||
+          (ln->module >= 0 && ln->module < out->module_count));
+    for (int a = 0; ok && a < ln->arg_count; ++a)
+      ok = ln->args[a] >= 0 && ln->args[a] < out->arg_count + out->temp_count;
+  }
+  if (!ok) {
+    kiln_gpu_program_free(out);
+    return kiln_make_status(KILN_STATUS_INTERNAL, "a GPU program entry that "
+                            "does not parse");
+  }
+  return NULL;
+}

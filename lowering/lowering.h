@@ -109,5 +109,11 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
                                     const kiln_pipeline_options_t *opts,
                                     kiln_gpu_program_t *out);
 void kiln_gpu_program_free(kiln_gpu_program_t *program);
+// A program as bytes (the compile cache's payload for a CUDA variant) and
+// back; deserializing checks every count and index.
+kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *program,
+                                         void **out_data, size_t *out_size);
+kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
+                                           kiln_gpu_program_t *out);
 
 #endif  // KILN_LOWERING_LOWERING_H_

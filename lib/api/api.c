@@ -843,36 +843,87 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
 }
 
 // A variant for target cuda: the graph lowered through the GPU pipeline for
-// the device's architecture, its PTX loaded, one function per launch. (Not
-// in the compile cache yet: every process compiles its GPU variants.)
+// the device's architecture, or its launch program and PTX from the compile
+// cache (keyed like a CPU variant, plus the architecture); then the PTX
+// loaded, one function per launch.
 static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
-                                  kiln_stats_t *st) {
+                                  const char *text, kiln_stats_t *st) {
   kiln_context_t *c = f->context;
   int major = 0, minor = 0;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_use_device(f->cuda_device));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_device_arch(f->cuda_device, &major, &minor));
   char chip[16];
   snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
-  kiln_lower_options_t lopts = {false};
-  char *linalg = NULL;
-  double t0 = now_seconds();
-  kiln_status_t s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
-  double t1 = now_seconds();
-  st->lower_seconds += t1 - t0;
-  pthread_mutex_lock(&c->lock);
-  char tag[256];
-  snprintf(tag, sizeof(tag), "%s-cuda-%d", f->graph->name ? f->graph->name : "graph",
-           c->dump_counter++);
-  kiln_pipeline_options_t popts = {0, 1, c->dump_dir, tag, NULL};
-  if (!s && c->dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
-  MlirModule mod = {NULL};
-  if (!s) s = kiln_mlir_parse(c->mlir, linalg, &mod);
-  if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
-  if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
-  pthread_mutex_unlock(&c->lock);
-  free(linalg);
+  kiln_hash128_t key = {0, 0};
+  bool loaded = false;
+  kiln_status_t s = NULL;
+  if (c->cache) {
+    kiln_hash128_t base = variant_key(f, text, 0);
+    kiln_hasher_t h;
+    kiln_hasher_init(&h);
+    kiln_hasher_update(&h, &base, sizeof(base));
+    kiln_hasher_update_str(&h, chip);
+    key = kiln_hasher_final(&h);
+  }
+  if (c->cache && !c->dump_dir) {
+    double t0 = now_seconds();
+    void *data = NULL;
+    size_t size = 0;
+    char note[512];
+    if (kiln_cache_get(c->cache, key, &data, &size, note, sizeof(note))) {
+      kiln_status_t ds = kiln_gpu_program_deserialize(data, size, &v->gpu);
+      loaded = ds == NULL;
+      if (ds) {
+        fprintf(stderr, "[kiln cache] discarded a bad entry, rebuilding: %s\n",
+                kiln_status_message(ds));
+        st->cache_rejected++;
+      }
+      kiln_status_free(ds);
+      free(data);
+    } else if (note[0]) {
+      fprintf(stderr, "[kiln cache] discarded a bad entry, rebuilding: %s\n", note);
+      st->cache_rejected++;
+    }
+    if (loaded)
+      st->cache_hits++;
+    else
+      st->cache_misses++;
+    st->cache_seconds += now_seconds() - t0;
+  }
   double t2 = now_seconds();
-  st->mlir_seconds += t2 - t1;
+  if (!loaded) {
+    kiln_lower_options_t lopts = {false};
+    char *linalg = NULL;
+    double t0 = now_seconds();
+    s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
+    double t1 = now_seconds();
+    st->lower_seconds += t1 - t0;
+    pthread_mutex_lock(&c->lock);
+    char tag[256];
+    snprintf(tag, sizeof(tag), "%s-cuda-%d",
+             f->graph->name ? f->graph->name : "graph", c->dump_counter++);
+    kiln_pipeline_options_t popts = {0, 1, c->dump_dir, tag, NULL};
+    if (!s && c->dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
+    MlirModule mod = {NULL};
+    if (!s) s = kiln_mlir_parse(c->mlir, linalg, &mod);
+    if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
+    if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
+    pthread_mutex_unlock(&c->lock);
+    free(linalg);
+    t2 = now_seconds();
+    st->mlir_seconds += t2 - t1;
+    if (!s) st->compiles++;
+    if (!s && c->cache) {
+      void *data = NULL;
+      size_t size = 0;
+      kiln_status_t cs = kiln_gpu_program_serialize(&v->gpu, &data, &size);
+      if (!cs) cs = kiln_cache_put(c->cache, key, data, size);
+      if (cs && log_enabled("cache"))
+        fprintf(stderr, "[kiln cache] not stored: %s\n", kiln_status_message(cs));
+      kiln_status_free(cs);
+      free(data);
+    }
+  }
   if (!s && v->gpu.module_count) {
     v->cuda_modules = calloc((size_t)v->gpu.module_count, sizeof(*v->cuda_modules));
     v->cuda_fns = calloc((size_t)v->gpu.launch_count + 1, sizeof(void *));
@@ -885,8 +936,7 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
         s = kiln_cuda_module_function(v->cuda_modules[v->gpu.launches[l].module],
                                       v->gpu.launches[l].name, &v->cuda_fns[l]);
   }
-  st->llvm_seconds += now_seconds() - t2;
-  if (!s) st->compiles++;
+  st->llvm_seconds += now_seconds() - t2;  // the driver's PTX JIT
   return s;
 }
 
@@ -916,7 +966,7 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   bool loaded = false;
   if (!s && f->cuda) {
     // The GPU variant: PTX and a launch program, not host code.
-    s = compile_cuda(f, v, &st);
+    s = compile_cuda(f, v, text, &st);
     loaded = true;  // nothing for the CPU path below
   }
   if (!s && c->cache && !f->cuda) key = variant_key(f, text, strided_mask);

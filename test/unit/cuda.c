@@ -3,7 +3,9 @@
 // on fresh random inputs; calls on a stream made through the mgpu* entry
 // points; host tensors are refused with a clear error. Without a GPU the
 // test reports why and exits 77 (ctest: skipped).
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "jit/cuda.h"
@@ -130,8 +132,14 @@ int main(void) {
     kiln_status_free(s);
     return 77;
   }
+  // A private compile cache: the first context compiles, the second loads.
+  char dir[] = "/tmp/kiln-cuda-test-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL);
+  kiln_context_options_t co;
+  kiln_context_options_init(&co);
+  co.cache_dir = dir;
   kiln_context_t *ctx = NULL;
-  CHECK_OK(kiln_context_create(NULL, &ctx));
+  CHECK_OK(kiln_context_create(&co, &ctx));
   CHECK_OK(kiln_cuda_use_device(0));
   mgpu_t m = {lookup("mgpuStreamCreate"), lookup("mgpuStreamSynchronize"),
               lookup("mgpuStreamDestroy"), lookup("mgpuMemAlloc"),
@@ -144,7 +152,26 @@ int main(void) {
   printf("cuda: seed %llu\n", (unsigned long long)seed);
   for (size_t i = 0; i < sizeof(kGraphs) / sizeof(kGraphs[0]); ++i)
     run_graph(ctx, kGraphs[i], &m, stream, &seed);
+  kiln_stats_t first;
+  kiln_context_stats(ctx, &first);
+  kiln_context_destroy(ctx);
+  // A fresh context on the same cache directory: the launch programs and
+  // their PTX come from the compile cache; nothing goes through MLIR.
+  CHECK_OK(kiln_context_create(&co, &ctx));
+  for (size_t i = 0; i < sizeof(kGraphs) / sizeof(kGraphs[0]); ++i)
+    run_graph(ctx, kGraphs[i], &m, stream, &seed);
+  kiln_stats_t second;
+  kiln_context_stats(ctx, &second);
+  printf("cuda: first context %llu compiles, second %llu compiles and %llu "
+         "cache hits\n", (unsigned long long)first.compiles,
+         (unsigned long long)second.compiles,
+         (unsigned long long)second.cache_hits);
+  CHECK(first.compiles >= 5);
+  CHECK(second.compiles == 0 && second.cache_hits >= 5);
   m.stream_destroy(stream);
   kiln_context_destroy(ctx);
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  CHECK(system(cmd) == 0);
   return kt_finish("cuda");
 }
