@@ -240,7 +240,7 @@ static kiln_hash128_t op_hash(MlirOperation op) {
 
 // Describes one op; false when it is left alone (dynamic shapes, gathers,
 // convolutions and other named ops).
-static bool describe(MlirOperation op, kiln_kernel_desc_t *d) {
+bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   int64_t dims[KILN_TILE_MAX_LOOPS];
   int r = result_shape(op, dims);
@@ -366,7 +366,7 @@ static bool describe(MlirOperation op, kiln_kernel_desc_t *d) {
 
 // True when `op` already sits inside a parallel loop (the lowering's own
 // row loops): it must not open a nested one.
-static bool inside_forall(MlirOperation op) {
+bool kiln_kernels_inside_forall(MlirOperation op) {
   for (MlirOperation p = mlirOperationGetParentOperation(op);
        !mlirOperationIsNull(p); p = mlirOperationGetParentOperation(p))
     if (equals(mlirIdentifierStr(mlirOperationGetName(p)), "scf.forall"))
@@ -379,8 +379,8 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   if (!starts_with(name, "linalg.")) return MlirWalkResultAdvance;
   kiln_kernel_desc_t d;
-  if (!describe(op, &d)) return MlirWalkResultAdvance;
-  d.nested = inside_forall(op);
+  if (!kiln_kernels_describe(op, &d)) return MlirWalkResultAdvance;
+  d.nested = kiln_kernels_inside_forall(op);
   d.hash = op_hash(op);
   kiln_tile_config_t t;
   const kiln_kernel_tiling_t *tl = c->tiling;

@@ -39,4 +39,25 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
                                          const kiln_kernel_tiling_t *tiling);
 
+// The descriptor of a tileable linalg op (static shapes; not gathers, not
+// convolutions); false when kernels/ leaves the op alone. `nested` and
+// `hash` are not filled.
+bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *desc);
+// True when `op` already sits inside an scf.forall.
+bool kiln_kernels_inside_forall(MlirOperation op);
+
+//===--- GPU schedules (kernels/gpu_schedule.c) ----------------------------===//
+
+// On tensors: every describable op not already inside a parallel loop is
+// tiled to a 2-D (or 3-D) grid of blocks over its innermost parallel dims
+// (scf.forall mapped to #gpu.block) and within a block to one output
+// element per thread, the innermost dim on thread x so a warp's accesses
+// are contiguous (scf.forall mapped to #gpu.thread). Reduction loops stay
+// sequential per thread. The block foralls are tagged kiln.gpu_block = i.
+kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module);
+// After bufferization: each tagged block forall becomes a gpu.launch
+// (transform.gpu.map_forall_to_blocks) with its threads mapped
+// (map_nested_forall_to_threads, the block's own dims).
+kiln_status_t kiln_kernels_map_gpu(MlirContext ctx, MlirModule module);
+
 #endif  // KILN_KERNELS_KERNELS_H_

@@ -11,6 +11,7 @@
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Dialect/GPU.h>
 
+#include "kernels/kernels.h"
 #include "lowering/lowering.h"
 
 // Threads per block for the 1-D tiling of every parallel loop nest's
@@ -276,22 +277,35 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   memset(out, 0, sizeof(*out));
   kiln_pipeline_options_t o = {0};
   if (opts) o = *opts;
+  // opts->vectorize selects kernels/' GPU schedules (blocks and threads
+  // through the transform dialect); ops they leave, and everything when
+  // off, take the parallel-loop mapping below.
+  bool schedules = o.vectorize != 0;
   o.vectorize = 0;  // the CPU schedules are not for the GPU
   o.threads = 1;
+  o.tiling = NULL;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_LINALG,
+                                               KILN_STAGE_FUSED, &o));
+  if (schedules)
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_tile_gpu(kiln_mlir_context(m), module));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
+  if (schedules)
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_map_gpu(kiln_mlir_context(m), module));
   const char *ld = libdevice_path();
   char link[512] = "";
   if (ld) snprintf(link, sizeof(link), " l=%s", ld);
   char pipeline[2048];
   snprintf(pipeline, sizeof(pipeline),
-           "builtin.module(func.func(scf-forall-to-parallel,"
+           "builtin.module(gpu-launch-sink-index-computations,gpu-kernel-outlining,"
+           "func.func(scf-forall-to-parallel,"
            "convert-linalg-to-parallel-loops,"
            "scf-parallel-loop-tiling{parallel-loop-tile-sizes=%d no-min-max-bounds=true},"
            "gpu-map-parallel-loops,convert-parallel-loops-to-gpu,canonicalize),"
            "gpu-launch-sink-index-computations,gpu-kernel-outlining,"
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
-           "gpu.module(lower-affine,convert-scf-to-cf,"
+           "gpu.module(convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
+           "convert-scf-to-cf,"
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts),"
            "gpu-module-to-binary{format=isa})",

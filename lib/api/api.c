@@ -902,12 +902,23 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     char tag[256];
     snprintf(tag, sizeof(tag), "%s-cuda-%d",
              f->graph->name ? f->graph->name : "graph", c->dump_counter++);
-    kiln_pipeline_options_t popts = {0, 1, c->dump_dir, tag, NULL};
+    // With kernels/' GPU schedules first; a graph they cannot take is
+    // compiled again with the plain parallel-loop mapping.
+    kiln_pipeline_options_t popts = {f->options.vectorize, 1, c->dump_dir, tag, NULL};
     if (!s && c->dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
-    MlirModule mod = {NULL};
-    if (!s) s = kiln_mlir_parse(c->mlir, linalg, &mod);
-    if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
-    if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
+    for (int attempt = 0; !s && attempt < 2; ++attempt) {
+      MlirModule mod = {NULL};
+      s = kiln_mlir_parse(c->mlir, linalg, &mod);
+      if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
+      if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
+      if (!s || !popts.vectorize) break;
+      if (log_enabled("cuda"))
+        fprintf(stderr, "[kiln cuda] @%s: GPU schedules failed (%s); plain "
+                "mapping\n", f->graph->name, kiln_status_message(s));
+      kiln_status_free(s);
+      s = NULL;
+      popts.vectorize = 0;
+    }
     pthread_mutex_unlock(&c->lock);
     free(linalg);
     t2 = now_seconds();
@@ -1833,7 +1844,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   kiln_status_t s = kiln_mlir_parse(context->mlir, mlir_text, &mod);
   kiln_kernel_tiling_t tiling = {{0}, NULL, NULL};
   cpu_target(resolve_threads(opts.num_threads), &tiling.target);
-  kiln_pipeline_options_t popts = {opts.vectorize && !cuda, tiling.target.threads,
+  kiln_pipeline_options_t popts = {opts.vectorize, tiling.target.threads,
                                    NULL, NULL, &tiling};
   if (cuda) popts.threads = 1;
   if (!s && cuda && stop > KILN_STAGE_BUFFERIZED) {

@@ -1,0 +1,214 @@
+// GPU schedules: linalg ops tiled to blocks and threads with the
+// transform dialect (tile_using_forall with #gpu.block / #gpu.thread
+// mappings), then mapped to gpu.launch after bufferization.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <mlir-c/Dialect/Transform/Interpreter.h>
+
+#include "kernels/kernels.h"
+
+// Threads per block: 2-D blocks of up to 32 x 32, or 256 in a row for ops
+// with one parallel dim.
+#define KILN_GPU_ROW 256
+#define KILN_GPU_SIDE 32
+
+static int64_t pow2_divisor(int64_t n, int64_t cap) {
+  int64_t p = 1;
+  while (p * 2 <= cap && n % (p * 2) == 0) p *= 2;
+  return p;
+}
+
+static bool equals(MlirStringRef s, const char *p) {
+  return s.length == strlen(p) && memcmp(s.data, p, s.length) == 0;
+}
+
+typedef struct {
+  MlirContext ctx;
+  kiln_sbuf_t script;
+  int count;
+} tiler_t;
+
+static MlirWalkResult tile_op(MlirOperation op, void *user) {
+  tiler_t *t = user;
+  MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
+  if (name.length < 7 || memcmp(name.data, "linalg.", 7) != 0)
+    return MlirWalkResultAdvance;
+  kiln_kernel_desc_t d;
+  if (!kiln_kernels_describe(op, &d) || kiln_kernels_inside_forall(op))
+    return MlirWalkResultAdvance;
+  // Parallel dims of more than one iteration, innermost first: x, then y,
+  // then z.
+  int par[3], np = 0;
+  for (int i = d.loop_count - 1; i >= 0 && np < 3; --i)
+    if (!((d.reduction_mask >> i) & 1u) && d.range[i] > 1) par[np++] = i;
+  if (np == 0) return MlirWalkResultAdvance;
+  int64_t block[KILN_TILE_MAX_LOOPS] = {0}, thread[KILN_TILE_MAX_LOOPS] = {0};
+  int64_t tx = pow2_divisor(d.range[par[0]], np == 1 ? KILN_GPU_ROW : KILN_GPU_SIDE);
+  int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]], KILN_GPU_SIDE) : 1;
+  // Whole tiles only (the thread mapping needs static trip counts): a dim
+  // whose power-of-two divisor is small (1000 = 8 x 125) would make tiny
+  // blocks; such ops take the parallel-loop mapping with guarded tails.
+  if (tx < 32 && d.range[par[0]] >= 32) return MlirWalkResultAdvance;
+  block[par[0]] = tx;
+  thread[par[0]] = 1;
+  if (np > 1) block[par[1]] = ty, thread[par[1]] = 1;
+  if (np > 2) block[par[2]] = 1;  // one block per index along z
+  int i = t->count++;
+  mlirOperationSetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_op"),
+      mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
+  kiln_sbuf_t *b = &t->script;
+  kiln_sbuf_printf(b,
+                   "    %%op%d = transform.structured.match attributes "
+                   "{kiln.gpu_op = %d : i64} in %%root : (!transform.any_op) -> "
+                   "!transform.any_op\n"
+                   "    %%bt%d, %%bf%d = transform.structured.tile_using_forall "
+                   "%%op%d tile_sizes [",
+                   i, i, i, i, i);
+  for (int k = 0; k < d.loop_count; ++k)
+    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)block[k]);
+  // Mapping attributes in loop order of the tiled dims.
+  static const char *const xyz = "xyz";
+  kiln_sbuf_puts(b, "] (mapping = [");
+  bool first = true;
+  for (int k = 0; k < d.loop_count; ++k) {
+    if (!block[k]) continue;
+    int which = k == par[0] ? 0 : (np > 1 && k == par[1]) ? 1 : 2;
+    kiln_sbuf_printf(b, "%s#gpu.block<%c>", first ? "" : ", ", xyz[which]);
+    first = false;
+  }
+  kiln_sbuf_puts(b, "]) : (!transform.any_op) -> (!transform.any_op, "
+                    "!transform.any_op)\n");
+  kiln_sbuf_printf(b,
+                   "    %%p%d = transform.param.constant %d : i64 -> "
+                   "!transform.param<i64>\n"
+                   "    transform.annotate %%bf%d \"kiln.gpu_block\" = %%p%d : "
+                   "!transform.any_op, !transform.param<i64>\n"
+                   "    %%px%d = transform.param.constant %lld : i64 -> "
+                   "!transform.param<i64>\n"
+                   "    transform.annotate %%bf%d \"kiln.gpu_tx\" = %%px%d : "
+                   "!transform.any_op, !transform.param<i64>\n"
+                   "    %%py%d = transform.param.constant %lld : i64 -> "
+                   "!transform.param<i64>\n"
+                   "    transform.annotate %%bf%d \"kiln.gpu_ty\" = %%py%d : "
+                   "!transform.any_op, !transform.param<i64>\n",
+                   i, i, i, i, i, (long long)tx, i, i, i, (long long)ty, i, i);
+  kiln_sbuf_printf(b, "    %%tt%d, %%tf%d = transform.structured.tile_using_forall "
+                      "%%bt%d tile_sizes [", i, i, i);
+  for (int k = 0; k < d.loop_count; ++k)
+    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)thread[k]);
+  kiln_sbuf_puts(b, "] (mapping = [");
+  first = true;
+  for (int k = 0; k < d.loop_count; ++k) {
+    if (!thread[k]) continue;
+    int which = k == par[0] ? 0 : 1;
+    kiln_sbuf_printf(b, "%s#gpu.thread<%c>", first ? "" : ", ", xyz[which]);
+    first = false;
+  }
+  kiln_sbuf_puts(b, "]) : (!transform.any_op) -> (!transform.any_op, "
+                    "!transform.any_op)\n");
+  return MlirWalkResultAdvance;
+}
+
+// Parses and applies a transform script (`body` inside @__transform_main).
+static kiln_status_t apply(MlirContext ctx, MlirModule module, const char *body,
+                           const char *what) {
+  kiln_sbuf_t b;
+  kiln_sbuf_init(&b);
+  kiln_sbuf_printf(&b,
+                   "module attributes {transform.with_named_sequence} {\n"
+                   "  transform.named_sequence @__transform_main(%%root: "
+                   "!transform.any_op {transform.readonly}) {\n%s"
+                   "    transform.yield\n  }\n}\n",
+                   body);
+  char *text = kiln_sbuf_take(&b);
+  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "%s", what);
+  MlirModule script =
+      mlirModuleCreateParse(ctx, mlirStringRefCreateFromCString(text));
+  free(text);
+  if (mlirModuleIsNull(script))
+    return kiln_make_status(KILN_STATUS_INTERNAL, "kernels: the %s does not "
+                            "parse", what);
+  MlirOperation script_op = mlirModuleGetOperation(script);
+  MlirOperation entry = mlirBlockGetFirstOperation(
+      mlirRegionGetFirstBlock(mlirOperationGetRegion(script_op, 0)));
+  MlirTransformOptions topts = mlirTransformOptionsCreate();
+  MlirLogicalResult r = mlirTransformApplyNamedSequence(
+      mlirModuleGetOperation(module), entry, script_op, topts);
+  mlirTransformOptionsDestroy(topts);
+  mlirModuleDestroy(script);
+  if (mlirLogicalResultIsFailure(r))
+    return kiln_make_status(KILN_STATUS_COMPILE_ERROR, "kernels: applying the "
+                            "%s failed", what);
+  return NULL;
+}
+
+kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
+  tiler_t t;
+  t.ctx = ctx;
+  t.count = 0;
+  kiln_sbuf_init(&t.script);
+  mlirOperationWalk(mlirModuleGetOperation(module), tile_op, &t,
+                    MlirWalkPreOrder);
+  char *body = kiln_sbuf_take(&t.script);
+  kiln_status_t s = NULL;
+  if (t.count > 0)
+    s = body ? apply(ctx, module, body, "GPU tiling schedule")
+             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+  free(body);
+  return s;
+}
+
+typedef struct {
+  kiln_sbuf_t script;
+  int count;
+} mapper_t;
+
+static int64_t int_attr(MlirOperation op, const char *name) {
+  MlirAttribute a =
+      mlirOperationGetAttributeByName(op, mlirStringRefCreateFromCString(name));
+  return mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)
+             ? -1
+             : mlirIntegerAttrGetValueInt(a);
+}
+
+static MlirWalkResult map_forall(MlirOperation op, void *user) {
+  mapper_t *m = user;
+  if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "scf.forall"))
+    return MlirWalkResultAdvance;
+  int64_t i = int_attr(op, "kiln.gpu_block");
+  int64_t tx = int_attr(op, "kiln.gpu_tx"), ty = int_attr(op, "kiln.gpu_ty");
+  if (i < 0 || tx < 1 || ty < 1) return MlirWalkResultAdvance;
+  kiln_sbuf_printf(&m->script,
+                   "    %%f%lld = transform.structured.match ops{[\"scf.forall\"]} "
+                   "attributes {kiln.gpu_block = %lld : i64} in %%root : "
+                   "(!transform.any_op) -> !transform.any_op\n"
+                   "    %%l%lld = transform.gpu.map_forall_to_blocks %%f%lld "
+                   "generate_gpu_launch : (!transform.any_op) -> !transform.any_op\n"
+                   "    %%m%lld = transform.gpu.map_nested_forall_to_threads %%l%lld "
+                   "block_dims = [%lld, %lld, 1] : (!transform.any_op) -> "
+                   "!transform.any_op\n",
+                   (long long)i, (long long)i, (long long)i, (long long)i,
+                   (long long)i, (long long)i, (long long)tx, (long long)ty);
+  m->count++;
+  return MlirWalkResultSkip;  // its nested forall is mapped with it
+}
+
+kiln_status_t kiln_kernels_map_gpu(MlirContext ctx, MlirModule module) {
+  mapper_t m;
+  m.count = 0;
+  kiln_sbuf_init(&m.script);
+  mlirOperationWalk(mlirModuleGetOperation(module), map_forall, &m,
+                    MlirWalkPreOrder);
+  char *body = kiln_sbuf_take(&m.script);
+  kiln_status_t s = NULL;
+  if (m.count > 0)
+    s = body ? apply(ctx, module, body, "GPU mapping schedule")
+             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+  free(body);
+  return s;
+}
