@@ -433,22 +433,28 @@ kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
   free(c.descs);
   free(c.configs);
   if (s) return s;
+  s = kiln_kernels_apply_script(ctx, module, text, "CPU schedule");
+  free(text);
+  return s;
+}
+
+kiln_status_t kiln_kernels_apply_script(MlirContext ctx, MlirModule module,
+                                        const char *text, const char *what) {
   MlirModule script =
       mlirModuleCreateParse(ctx, mlirStringRefCreateFromCString(text));
-  free(text);
   if (mlirModuleIsNull(script))
     return kiln_make_status(KILN_STATUS_INTERNAL,
-                            "kernels: the CPU schedule does not parse");
+                            "kernels: the %s does not parse", what);
   MlirOperation script_op = mlirModuleGetOperation(script);
   MlirOperation entry = mlirBlockGetFirstOperation(
       mlirRegionGetFirstBlock(mlirOperationGetRegion(script_op, 0)));
   MlirTransformOptions topts = mlirTransformOptionsCreate();
-  MlirLogicalResult r =
-      mlirTransformApplyNamedSequence(root, entry, script_op, topts);
+  MlirLogicalResult r = mlirTransformApplyNamedSequence(
+      mlirModuleGetOperation(module), entry, script_op, topts);
   mlirTransformOptionsDestroy(topts);
   mlirModuleDestroy(script);
   if (mlirLogicalResultIsFailure(r))
     return kiln_make_status(KILN_STATUS_COMPILE_ERROR,
-                            "kernels: applying the CPU schedule failed");
+                            "kernels: applying the %s failed", what);
   return NULL;
 }

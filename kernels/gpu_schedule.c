@@ -7,7 +7,6 @@
 
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
-#include <mlir-c/Dialect/Transform/Interpreter.h>
 
 #include "kernels/kernels.h"
 
@@ -114,7 +113,7 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
-// Parses and applies a transform script (`body` inside @__transform_main).
+// Wraps `body` into @__transform_main and applies it to `module`.
 static kiln_status_t apply(MlirContext ctx, MlirModule module, const char *body,
                            const char *what) {
   kiln_sbuf_t b;
@@ -127,24 +126,25 @@ static kiln_status_t apply(MlirContext ctx, MlirModule module, const char *body,
                    body);
   char *text = kiln_sbuf_take(&b);
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "%s", what);
-  MlirModule script =
-      mlirModuleCreateParse(ctx, mlirStringRefCreateFromCString(text));
+  kiln_status_t s = kiln_kernels_apply_script(ctx, module, text, what);
   free(text);
-  if (mlirModuleIsNull(script))
-    return kiln_make_status(KILN_STATUS_INTERNAL, "kernels: the %s does not "
-                            "parse", what);
-  MlirOperation script_op = mlirModuleGetOperation(script);
-  MlirOperation entry = mlirBlockGetFirstOperation(
-      mlirRegionGetFirstBlock(mlirOperationGetRegion(script_op, 0)));
-  MlirTransformOptions topts = mlirTransformOptionsCreate();
-  MlirLogicalResult r = mlirTransformApplyNamedSequence(
-      mlirModuleGetOperation(module), entry, script_op, topts);
-  mlirTransformOptionsDestroy(topts);
-  mlirModuleDestroy(script);
-  if (mlirLogicalResultIsFailure(r))
-    return kiln_make_status(KILN_STATUS_COMPILE_ERROR, "kernels: applying the "
-                            "%s failed", what);
-  return NULL;
+  return s;
+}
+
+// Walks `module` with `fn` (which appends to `script` and counts in
+// `count`), then applies what it wrote, if anything.
+static kiln_status_t walk_and_apply(MlirContext ctx, MlirModule module,
+                                    MlirOperationWalkCallback fn, void *state,
+                                    kiln_sbuf_t *script, const int *count,
+                                    const char *what) {
+  mlirOperationWalk(mlirModuleGetOperation(module), fn, state, MlirWalkPreOrder);
+  char *body = kiln_sbuf_take(script);
+  kiln_status_t s = NULL;
+  if (*count > 0)
+    s = body ? apply(ctx, module, body, what)
+             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "%s", what);
+  free(body);
+  return s;
 }
 
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
@@ -152,15 +152,8 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
   t.ctx = ctx;
   t.count = 0;
   kiln_sbuf_init(&t.script);
-  mlirOperationWalk(mlirModuleGetOperation(module), tile_op, &t,
-                    MlirWalkPreOrder);
-  char *body = kiln_sbuf_take(&t.script);
-  kiln_status_t s = NULL;
-  if (t.count > 0)
-    s = body ? apply(ctx, module, body, "GPU tiling schedule")
-             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
-  free(body);
-  return s;
+  return walk_and_apply(ctx, module, tile_op, &t, &t.script, &t.count,
+                        "GPU tiling schedule");
 }
 
 typedef struct {
@@ -202,13 +195,6 @@ kiln_status_t kiln_kernels_map_gpu(MlirContext ctx, MlirModule module) {
   mapper_t m;
   m.count = 0;
   kiln_sbuf_init(&m.script);
-  mlirOperationWalk(mlirModuleGetOperation(module), map_forall, &m,
-                    MlirWalkPreOrder);
-  char *body = kiln_sbuf_take(&m.script);
-  kiln_status_t s = NULL;
-  if (m.count > 0)
-    s = body ? apply(ctx, module, body, "GPU mapping schedule")
-             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
-  free(body);
-  return s;
+  return walk_and_apply(ctx, module, map_forall, &m, &m.script, &m.count,
+                        "GPU mapping schedule");
 }

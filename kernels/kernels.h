@@ -39,6 +39,11 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
                                          const kiln_kernel_tiling_t *tiling);
 
+// Parses `text` (a transform module with @__transform_main) and applies it
+// to `module`; `what` names it in errors.
+kiln_status_t kiln_kernels_apply_script(MlirContext ctx, MlirModule module,
+                                        const char *text, const char *what);
+
 // The descriptor of a tileable linalg op (static shapes; not gathers, not
 // convolutions); false when kernels/ leaves the op alone. `nested` and
 // `hash` are not filled.
