@@ -53,6 +53,10 @@ static struct {
 #undef X
 } cu;
 
+// Optional entry points (stream-ordered allocation, CUDA 11.2+).
+static CUresult (*cuMemAllocAsync_)(CUdeviceptr *, size_t, CUstream);
+static CUresult (*cuMemFreeAsync_)(CUdeviceptr, CUstream);
+
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static char load_error[512];  // empty when the driver and a device are there
 
@@ -72,6 +76,8 @@ static void load_driver(void) {
   }
   KILN_CUDA_FUNCTIONS(X)
 #undef X
+  cuMemAllocAsync_ = (CUresult(*)(CUdeviceptr *, size_t, CUstream))dlsym(h, "cuMemAllocAsync");
+  cuMemFreeAsync_ = (CUresult(*)(CUdeviceptr, CUstream))dlsym(h, "cuMemFreeAsync");
   CUresult r = cu.cuInit(0);
   int count = 0;
   if (r == CUDA_SUCCESS) r = cu.cuDeviceGetCount(&count);
@@ -119,12 +125,30 @@ kiln_status_t kiln_cuda_device_arch(int device, int *major, int *minor) {
   return NULL;
 }
 
+// Primary contexts, retained once per device for the life of the process
+// (PyTorch retains the same ones).
+#define KILN_CUDA_MAX_DEVICES 64
+static CUcontext primary[KILN_CUDA_MAX_DEVICES];
+static pthread_mutex_t primary_lock = PTHREAD_MUTEX_INITIALIZER;
+
 kiln_status_t kiln_cuda_use_device(int device) {
   CU_READY();
-  CUdevice d;
-  CUcontext ctx = NULL, cur = NULL;
-  CU_CHECK(cu.cuDeviceGet(&d, device), "cuDeviceGet");
-  CU_CHECK(cu.cuDevicePrimaryCtxRetain(&ctx, d), "cuDevicePrimaryCtxRetain");
+  if (device < 0 || device >= KILN_CUDA_MAX_DEVICES)
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "CUDA device %d; expected 0..%d", device,
+                            KILN_CUDA_MAX_DEVICES - 1);
+  pthread_mutex_lock(&primary_lock);
+  CUcontext ctx = primary[device];
+  CUresult r = CUDA_SUCCESS;
+  if (!ctx) {
+    CUdevice d;
+    r = cu.cuDeviceGet(&d, device);
+    if (r == CUDA_SUCCESS) r = cu.cuDevicePrimaryCtxRetain(&ctx, d);
+    if (r == CUDA_SUCCESS) primary[device] = ctx;
+  }
+  pthread_mutex_unlock(&primary_lock);
+  if (r != CUDA_SUCCESS) return cuda_error(r, "cuDevicePrimaryCtxRetain");
+  CUcontext cur = NULL;
   CU_CHECK(cu.cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
   if (cur != ctx) CU_CHECK(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
   return NULL;
@@ -187,17 +211,23 @@ kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],
 }
 
 kiln_status_t kiln_cuda_alloc(size_t bytes, void *stream, void **out_ptr) {
-  (void)stream;
   CU_READY();
   CUdeviceptr p = 0;
-  CU_CHECK(cu.cuMemAlloc_v2(&p, bytes ? bytes : 1), "cuMemAlloc");
+  if (cuMemAllocAsync_)
+    CU_CHECK(cuMemAllocAsync_(&p, bytes ? bytes : 1, (CUstream)stream),
+             "cuMemAllocAsync");
+  else
+    CU_CHECK(cu.cuMemAlloc_v2(&p, bytes ? bytes : 1), "cuMemAlloc");
   *out_ptr = (void *)(uintptr_t)p;
   return NULL;
 }
 
 void kiln_cuda_free(void *ptr, void *stream) {
-  (void)stream;
-  if (ptr && cu.cuMemFree_v2) cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr);
+  if (!ptr) return;
+  if (cuMemFreeAsync_)
+    cuMemFreeAsync_((CUdeviceptr)(uintptr_t)ptr, (CUstream)stream);
+  else if (cu.cuMemFree_v2)
+    cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr);
 }
 
 kiln_status_t kiln_cuda_memcpy(void *dst, const void *src, size_t bytes,

@@ -42,6 +42,8 @@ kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],
                                const uint32_t block[3], uint32_t shared_bytes,
                                void *stream, void **params);
 
+// Device memory, stream-ordered (cuMemAllocAsync / cuMemFreeAsync) where
+// the driver has it, else cuMemAlloc / cuMemFree.
 kiln_status_t kiln_cuda_alloc(size_t bytes, void *stream, void **out_ptr);
 void kiln_cuda_free(void *ptr, void *stream);
 // Stream-ordered copy in either direction (unified addressing).

@@ -215,9 +215,13 @@ static kiln_hash128_t hash_renumbered(const char *text, size_t n) {
       lens[count] = j - i;
       id = count++;
     }
-    char tok[24];
-    int w = snprintf(tok, sizeof(tok), "%%v%d", id);
-    kiln_hasher_update(&h, tok, (size_t)w);
+    if (id < 0) {  // past kNames distinct names: the name itself
+      kiln_hasher_update(&h, text + i, j - i);
+    } else {
+      char tok[24];
+      int w = snprintf(tok, sizeof(tok), "%%v%d", id);
+      kiln_hasher_update(&h, tok, (size_t)w);
+    }
     i = j;
   }
   return kiln_hasher_final(&h);
@@ -245,6 +249,8 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   int64_t dims[KILN_TILE_MAX_LOOPS];
   int r = result_shape(op, dims);
   if (r < 0 || r > KILN_TILE_MAX_LOOPS) return false;
+  for (int i = 0; i < r; ++i)
+    if (dims[i] <= 0) return false;
   memset(d, 0, sizeof(*d));
   d->m_dim = d->n_dim = -1;
   d->elem_bytes = elem_bytes(op);
@@ -257,6 +263,7 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
     d->loop_count = 3 + b;
     for (int i = 0; i < r; ++i) d->range[i] = dims[i];
     d->range[2 + b] = mlirShapedTypeGetDimSize(lhs, 1 + b);
+    if (d->range[2 + b] <= 0) return false;  // empty K: the fill is all
     d->reduction_mask = 1u << (2 + b);
     d->m_dim = b;
     d->n_dim = b + 1;
@@ -322,8 +329,10 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
       }
     }
   }
+  // Unknown or empty loops (a zero-size tensor) are left to the loop
+  // lowering: there is nothing to tile.
   for (int i = 0; i < loops; ++i)
-    if (d->range[i] < 0) return false;
+    if (d->range[i] <= 0) return false;
   d->loop_count = loops;
   int reductions = 0, last_red = -1;
   int par[KILN_TILE_MAX_LOOPS], npar = 0;

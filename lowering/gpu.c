@@ -116,7 +116,7 @@ static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
   MlirAttribute seg = mlirOperationGetAttributeByName(
       op, mlirStringRefCreateFromCString("operandSegmentSizes"));
   if (!mlirAttributeIsNull(seg) && mlirAttributeIsADenseI32Array(seg) &&
-      mlirDenseArrayGetNumElements(seg) >= 6) {
+      mlirDenseArrayGetNumElements(seg) >= 11) {
     int32_t async = mlirDenseI32ArrayGetElement(seg, 0);
     int32_t cluster = mlirDenseI32ArrayGetElement(seg, 7);
     int32_t smem = mlirDenseI32ArrayGetElement(seg, 10);
@@ -473,13 +473,22 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
     ok = (out->launches = calloc((size_t)out->launch_count + 1, sizeof(kiln_gpu_launch_t))) != NULL;
   ok = ok && get(&r, out->launches, sizeof(kiln_gpu_launch_t) * (size_t)out->launch_count) &&
        r.at == size;
+  ok = ok && out->arg_count >= 0 && (size_t)out->arg_count <= size;
+  for (int t = 0; ok && t < out->temp_count; ++t) ok = out->temp_bytes[t] >= 0;
   for (int l = 0; ok && l < out->launch_count; ++l) {
-    const kiln_gpu_launch_t *ln = &out->launches[l];
+    kiln_gpu_launch_t *ln = &out->launches[l];
     ok = ln->arg_count >= 0 && ln->arg_count <= KILN_GPU_MAX_ARGS &&
-         (ln->kind != KILN_GPU_LAUNCH ||
-          (ln->module >= 0 && ln->module < out->module_count));
+         memchr(ln->name, 0, sizeof(ln->name)) != NULL &&
+         (ln->kind == KILN_GPU_LAUNCH
+              ? ln->module >= 0 && ln->module < out->module_count
+              : ln->kind == KILN_GPU_COPY && ln->arg_count == 2 && ln->bytes >= 0);
     for (int a = 0; ok && a < ln->arg_count; ++a)
       ok = ln->args[a] >= 0 && ln->args[a] < out->arg_count + out->temp_count;
+    // A copy stays within a temporary it touches (inputs and outputs are
+    // sized by the graph and checked by the caller against arg_count).
+    for (int a = 0; ok && ln->kind == KILN_GPU_COPY && a < 2; ++a)
+      if (ln->args[a] >= out->arg_count)
+        ok = ln->bytes <= out->temp_bytes[ln->args[a] - out->arg_count];
   }
   if (!ok) {
     kiln_gpu_program_free(out);

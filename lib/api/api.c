@@ -389,6 +389,7 @@ typedef struct kiln_variant {
   kiln_gpu_program_t gpu;
   kiln_cuda_module_t **cuda_modules;  // one per PTX module
   void **cuda_fns;
+  int cuda_device;
 } kiln_variant_t;
 
 struct kiln_function {
@@ -452,6 +453,9 @@ static kiln_status_t check_target(const kiln_compile_options_t *o) {
 static void variant_free(kiln_variant_t *v) {
   if (!v) return;
   free(v->cuda_fns);
+  // Modules unload from their context, which must be current.
+  kiln_status_t us = v->cuda_modules ? kiln_cuda_use_device(v->cuda_device) : NULL;
+  kiln_status_free(us);
   for (int i = 0; v->cuda_modules && i < v->gpu.module_count; ++i)
     kiln_cuda_module_unload(v->cuda_modules[i]);
   free(v->cuda_modules);
@@ -743,8 +747,10 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
   ts.record = false;
   st->tune_db_hits += (uint64_t)ts.db_hits;
   if (!s && ts.oom) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
+  // A variant with symbolic sizes has no real shapes to measure on; its
+  // kernels (static ones included) keep the database's or heuristic tiles.
   int todo = 0;
-  for (int i = 0; !s && i < ts.count; ++i)
+  for (int i = 0; !s && !v->symbolic && i < ts.count; ++i)
     todo += !ts.known[i] && kiln_kernel_work(&ts.descs[i]) >= KILN_TUNE_MIN_WORK;
   tune_run_t run;
   memset(&run, 0, sizeof(run));
@@ -935,6 +941,12 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
       free(data);
     }
   }
+  v->cuda_device = f->cuda_device;
+  if (!s && v->gpu.arg_count != f->graph->input_count + f->graph->output_count)
+    s = kiln_make_status(KILN_STATUS_INTERNAL, "cuda: a launch program for %d "
+                         "buffers; graph @%s has %d", v->gpu.arg_count,
+                         f->graph->name,
+                         f->graph->input_count + f->graph->output_count);
   if (!s && v->gpu.module_count) {
     v->cuda_modules = calloc((size_t)v->gpu.module_count, sizeof(*v->cuda_modules));
     v->cuda_fns = calloc((size_t)v->gpu.launch_count + 1, sizeof(void *));
@@ -1110,8 +1122,10 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   f->options.num_threads = resolve_threads(opts.num_threads);
   f->cuda = strcmp(f->target, "cuda") == 0;
   if (f->cuda) {
-    // Kernel launches need static sizes: a variant per set of sizes.
+    // Kernel launches need static sizes: a variant per set of sizes, with
+    // no limit that would switch to (unsupported) symbolic variants.
     f->options.dynamic = KILN_DYNAMIC_NEVER;
+    f->options.max_variants = 1 << 20;
     f->options.autotune = KILN_AUTOTUNE_HEURISTIC;
   }
   kiln_status_t gs = kiln_guard_table_create(0, &f->guards);
@@ -1345,10 +1359,18 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
     ptrs[n++] = (char *)inputs[i].data + inputs[i].byte_offset;
   for (int i = 0; i < g->output_count; ++i)
     ptrs[n++] = (char *)outputs[i].data + outputs[i].byte_offset;
-  kiln_status_t s = kiln_cuda_use_device(f->cuda_device);
-  int allocated = 0;
-  for (int t = 0; !s && t < p->temp_count; ++t, ++allocated)
+  kiln_status_t s = NULL;
+  if (n != p->arg_count)
+    s = kiln_make_status(KILN_STATUS_INTERNAL, "graph @%s: a launch program "
+                         "for %d buffers, the graph has %d", g->name,
+                         p->arg_count, n);
+  if (!s) s = kiln_cuda_use_device(f->cuda_device);
+  int allocated = 0;  // temporaries that exist (freed below)
+  for (int t = 0; !s && t < p->temp_count; ++t) {
+    ptrs[n + t] = NULL;
     s = kiln_cuda_alloc((size_t)p->temp_bytes[t], stream, &ptrs[n + t]);
+    if (!s) allocated = t + 1;
+  }
   for (int l = 0; !s && l < p->launch_count; ++l) {
     const kiln_gpu_launch_t *ln = &p->launches[l];
     if (ln->kind == KILN_GPU_COPY) {
@@ -1362,9 +1384,9 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
     if (s)
       s = kiln_status_annotate(s, "graph @%s, kernel %s", g->name, ln->name);
   }
-  // Temporaries are freed after the launches that use them were queued
-  // (cuMemFree waits for the device); kiln_cuda_free is stream-ordered
-  // where the driver supports it.
+  // Temporaries are freed after the launches that use them were queued:
+  // stream-ordered (cuMemFreeAsync) where the driver has it, else cuMemFree,
+  // which waits for the device.
   for (int t = 0; t < allocated; ++t) kiln_cuda_free(ptrs[n + t], stream);
   if (ptrs != stack_ptrs) free(ptrs);
   return s;
@@ -1599,7 +1621,8 @@ static void *pool_take(size_t bytes, size_t *capacity) {
   pthread_mutex_lock(&out_pool.lock);
   if (!out_pool.limit_read) {
     const char *env = getenv("KILN_OUTPUT_POOL_MB");
-    out_pool.limit = (size_t)(env ? atol(env) : 1024) << 20;
+    long mb = env ? atol(env) : 1024;
+    out_pool.limit = (size_t)(mb > 0 ? mb : 0) << 20;
     out_pool.limit_read = true;
   }
   int best = -1;

@@ -162,6 +162,7 @@ class CompiledSubgraph(torch.nn.Module):
                                 _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
                                 "cuda" if self.cuda else "cpu")
         self.in_dtypes = [n.meta["val"].dtype for n in gm.graph.nodes if n.op == "placeholder"]
+        self.in_shapes = [n.meta["val"].shape for n in gm.graph.nodes if n.op == "placeholder"]
         vals = [o.meta["val"] for o in out_nodes]
         self.out_dtypes = [v.dtype for v in vals]
         self.static_out = all(all(isinstance(d, int) for d in v.shape) for v in vals)
@@ -225,7 +226,7 @@ class CompiledSubgraph(torch.nn.Module):
         still checks every dtype, shape and device."""
         ins = b.ins
         for k, t in enumerate(args):
-            if not t.is_contiguous():
+            if not t.is_contiguous() or t.shape != self.in_shapes[k]:
                 return None
             ins[k].data = t.data_ptr()
         outs = [torch.empty(s, dtype=d) for s, d in zip(self.out_shapes, self.out_dtypes)]
@@ -242,10 +243,12 @@ class CompiledSubgraph(torch.nn.Module):
             r = self._fast(b, args)
             if r is not None:
                 return r
-        # A full fill; it makes the fast path valid for later calls when this
-        # one has contiguous inputs and plain outputs.
-        b.ready = (self.fast_ok and
-                   all(t.is_contiguous() for t in args if isinstance(t, torch.Tensor)))
+        # A full fill; once a call with contiguous inputs succeeds, later
+        # calls take the fast path.
+        b.ready = False
+        fast_next = (self.fast_ok and
+                     all(t.is_contiguous() for t in args if isinstance(t, torch.Tensor)))
+        keep = []  # contiguous copies must outlive the call that reads them
         for k, t in enumerate(args):
             if t.dtype not in _DL_CODES or t.device.type != self.device.type:
                 raise _capi.KilnError("INVALID_ARGUMENT",
@@ -254,10 +257,12 @@ class CompiledSubgraph(torch.nn.Module):
             if self.cuda and not t.is_contiguous():
                 # The CUDA target takes contiguous device tensors.
                 t = t.contiguous()
+                keep.append(t)
             if any(s < 0 for s in t.stride()):
                 _note("layout", f"input {k} {tuple(t.shape)} has negative strides "
                                 f"{t.stride()}; passing a contiguous copy")
                 t = t.contiguous()
+                keep.append(t)
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         if self.pooled_out:
             # Large outputs: kiln allocates them from its pool of released
@@ -279,8 +284,8 @@ class CompiledSubgraph(torch.nn.Module):
             outs = [torch.empty(tuple(tt.shape[i] for i in range(tt.rank)), dtype=d,
                                 device=self.device)
                     for tt, d in zip(types, self.out_dtypes)]
-        for k, t in enumerate(outs):
-            self._fill(b.outs[k], t, b.shapes[self.n_in + k], None)
+        for k, o in enumerate(outs):
+            self._fill(b.outs[k], o, b.shapes[self.n_in + k], None)
         if self.cuda:
             # Queued on PyTorch's current stream, like any CUDA op.
             stream = torch.cuda.current_stream(self.device).cuda_stream
@@ -289,6 +294,8 @@ class CompiledSubgraph(torch.nn.Module):
         else:
             _capi.check(_capi.kiln_function_call(self.fn.handle, b.ins, self.n_in,
                                                  b.outs, self.n_out))
+        b.ready = fast_next
+        del keep
         return self._finish(outs)
 
     def _finish(self, outs):

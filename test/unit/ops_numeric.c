@@ -106,6 +106,10 @@ static const op_case_t kCases[] = {
     // of 32; M of 8, 4 and 2 rows per register tile), strided A included,
     // and an addmm epilogue; on other CPUs the f32-FMA path.
     {"matmul", "bf16", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    // Empty dims: nothing to tile (an empty K gives zeros; an empty output
+    // has nothing to write).
+    {"matmul", "f32 bf16", "graph @t(%a: $T[4,0], %b: $T[0,32]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", "f32", "graph @t(%a: $T[0,16], %b: $T[16,32]) {\n %c = aten.mm(%a, %b)\n %r = aten.relu(%c)\n return %r\n}"},
     {"matmul", "bf16", "graph @t(%a: $T[12,34], %b: $T[34,64]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"matmul", "bf16", "graph @t(%a: $T[6,2], %b: $T[2,32]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"matmul", "bf16", "graph @t(%c: $T[96], %a: $T[40,256], %b: $T[256,96]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
