@@ -262,7 +262,21 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
     d->kind = KILN_KERNEL_CONTRACTION;
     d->loop_count = 3 + b;
     for (int i = 0; i < r; ++i) d->range[i] = dims[i];
-    d->range[2 + b] = mlirShapedTypeGetDimSize(lhs, 1 + b);
+    // K is the lhs dim its indexing map puts d2 (d3 batched) in: 1 + b by
+    // default, 0 for a transposed lhs (indexing_maps on the named op).
+    int kpos = 1 + b;
+    MlirAttribute maps = mlirOperationGetAttributeByName(
+        op, mlirStringRefCreateFromCString("indexing_maps"));
+    if (!mlirAttributeIsNull(maps) && mlirAttributeIsAArray(maps) &&
+        mlirArrayAttrGetNumElements(maps) >= 1) {
+      MlirAffineMap m0 = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0));
+      for (intptr_t j = 0; j < mlirAffineMapGetNumResults(m0); ++j) {
+        MlirAffineExpr ex = mlirAffineMapGetResult(m0, j);
+        if (mlirAffineExprIsADim(ex) && mlirAffineDimExprGetPosition(ex) == 2 + b)
+          kpos = (int)j;
+      }
+    }
+    d->range[2 + b] = mlirShapedTypeGetDimSize(lhs, kpos);
     if (d->range[2 + b] <= 0) return false;  // empty K: the fill is all
     d->reduction_mask = 1u << (2 + b);
     d->m_dim = b;

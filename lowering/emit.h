@@ -115,6 +115,12 @@ void kiln_emit_math(kiln_emitter_t *e, kiln_sbuf_t *b, const char *fn,
 
 // Lowering functions, one per family, in lowering/ops/*.c. Each reads the
 // node's operands from e->values and writes its results there.
+// What a permute/transpose node `n` does to the tensor it reads, composed
+// through one more permute (autograd transposes weights back and forth):
+// the permutation and the emitted source tensor.
+void kiln_permute_source(kiln_emitter_t *e, const kiln_node_t *n, int rank,
+                         int32_t *perm, const kiln_tv_t **src);
+
 typedef kiln_status_t (*kiln_lower_fn)(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_elementwise(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_reduce(kiln_emitter_t *e, const kiln_node_t *n);

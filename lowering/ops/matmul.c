@@ -170,6 +170,22 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
   snprintf(out, 24, "%s", res);
 }
 
+// The untransposed source when matrix `value` is the transpose of another
+// tensor (a permute [1, 0], possibly composed), else NULL. A matmul then
+// reads the source through its indexing map instead of a materialized copy
+// (grad_W = dY^T @ X in every linear backward): A^T's columns are rows of
+// A, contiguous, which is what the outer-product contraction loads.
+static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
+  const kiln_value_t *v = &e->g->values[value];
+  if (v->node < 0 || v->type.rank != 2) return NULL;
+  const kiln_node_t *p = &e->g->nodes[v->node];
+  if (p->op != KILN_OP_PERMUTE && p->op != KILN_OP_TRANSPOSE) return NULL;
+  int32_t perm[KILN_MAX_RANK];
+  const kiln_tv_t *src = NULL;
+  kiln_permute_source(e, p, 2, perm, &src);
+  return perm[0] == 1 && perm[1] == 0 && src->type.rank == 2 ? src : NULL;
+}
+
 kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   int base = n->op == KILN_OP_ADDMM ? 1 : 0;
   const kiln_tv_t *a = &e->values[n->operands[base].value];
@@ -202,9 +218,22 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   } else {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &init));
     kiln_emit_fresh(e, mm.ssa);
-    kiln_sbuf_printf(&e->out, "    %s = linalg.%s ins(%s, %s : %s, %s) outs(%s : %s) -> %s\n",
-                     mm.ssa, n->op == KILN_OP_BMM ? "batch_matmul" : "matmul",
-                     a->ssa, b->ssa, aty, bty, init.ssa, oty, oty);
+    const kiln_tv_t *at_src =
+        n->op != KILN_OP_BMM ? transposed_source(e, n->operands[base].value) : NULL;
+    if (at_src) {
+      char sty[256];
+      kiln_mlir_tensor_type(&at_src->type, sty, sizeof(sty));
+      kiln_sbuf_printf(&e->out,
+                       "    %s = linalg.matmul indexing_maps = [affine_map<(d0, d1, "
+                       "d2) -> (d2, d0)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
+                       "affine_map<(d0, d1, d2) -> (d0, d1)>] ins(%s, %s : %s, %s) "
+                       "outs(%s : %s) -> %s\n",
+                       mm.ssa, at_src->ssa, b->ssa, sty, bty, init.ssa, oty, oty);
+    } else {
+      kiln_sbuf_printf(&e->out, "    %s = linalg.%s ins(%s, %s : %s, %s) outs(%s : %s) -> %s\n",
+                       mm.ssa, n->op == KILN_OP_BMM ? "batch_matmul" : "matmul",
+                       a->ssa, b->ssa, aty, bty, init.ssa, oty, oty);
+    }
   }
   kiln_tv_t r = mm;
   if (n->op == KILN_OP_ADDMM) {

@@ -6,25 +6,29 @@
 
 #include "lowering/emit.h"
 
-static kiln_status_t lower_permute(kiln_emitter_t *e, const kiln_node_t *n,
-                                   const kiln_tv_t *x, const kiln_type_t *rt) {
-  int32_t perm[KILN_MAX_RANK];
-  int rank = x->type.rank;
+void kiln_permute_source(kiln_emitter_t *e, const kiln_node_t *n, int rank,
+                         int32_t *perm, const kiln_tv_t **src) {
   kiln_node_permutation(n, rank, perm);
+  *src = &e->values[n->operands[0].value];
   // A permute of a permute is one permute of the original (autograd's
   // backward graphs transpose weights back and forth): compose them, so at
   // most one transpose is materialized, none when they cancel.
   const kiln_value_t *in = &e->g->values[n->operands[0].value];
-  if (in->node >= 0) {
-    const kiln_node_t *p = &e->g->nodes[in->node];
-    if (p->op == KILN_OP_PERMUTE || p->op == KILN_OP_TRANSPOSE) {
-      int32_t inner[KILN_MAX_RANK], composed[KILN_MAX_RANK];
-      kiln_node_permutation(p, rank, inner);
-      for (int i = 0; i < rank; ++i) composed[i] = inner[perm[i]];
-      memcpy(perm, composed, sizeof(composed));
-      x = &e->values[p->operands[0].value];
-    }
-  }
+  if (in->node < 0) return;
+  const kiln_node_t *p = &e->g->nodes[in->node];
+  if (p->op != KILN_OP_PERMUTE && p->op != KILN_OP_TRANSPOSE) return;
+  int32_t inner[KILN_MAX_RANK], composed[KILN_MAX_RANK];
+  kiln_node_permutation(p, rank, inner);
+  for (int i = 0; i < rank; ++i) composed[i] = inner[perm[i]];
+  memcpy(perm, composed, sizeof(int32_t) * (size_t)rank);
+  *src = &e->values[p->operands[0].value];
+}
+
+static kiln_status_t lower_permute(kiln_emitter_t *e, const kiln_node_t *n,
+                                   const kiln_tv_t *x, const kiln_type_t *rt) {
+  int32_t perm[KILN_MAX_RANK];
+  int rank = x->type.rank;
+  kiln_permute_source(e, n, rank, perm, &x);
   bool identity = true;
   for (int i = 0; i < rank; ++i) identity &= perm[i] == i;
   if (identity) {
