@@ -46,14 +46,19 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
     if (!((d.reduction_mask >> i) & 1u) && d.range[i] > 1) par[np++] = i;
   if (np == 0) return MlirWalkResultAdvance;
   int64_t block[KILN_TILE_MAX_LOOPS] = {0}, thread[KILN_TILE_MAX_LOOPS] = {0};
-  int64_t tx = pow2_divisor(d.range[par[0]], np == 1 ? KILN_GPU_ROW : KILN_GPU_SIDE);
+  // Elementwise ops whose contiguous dim allows it move 4 elements per
+  // thread as one 16-byte vector (ld.global.v4), for f32 and smaller.
+  bool elementwise = d.reduction_mask == 0 && d.elem_bytes <= 4;
+  int64_t vec = elementwise && d.range[par[0]] % (4 * 32) == 0 ? 4 : 1;
+  int64_t tx = pow2_divisor(d.range[par[0]] / vec,
+                            np == 1 ? KILN_GPU_ROW : KILN_GPU_SIDE);
   int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]], KILN_GPU_SIDE) : 1;
   // Whole tiles only (the thread mapping needs static trip counts): a dim
   // whose power-of-two divisor is small (1000 = 8 x 125) would make tiny
   // blocks; such ops take the parallel-loop mapping with guarded tails.
   if (tx < 32 && d.range[par[0]] >= 32) return MlirWalkResultAdvance;
-  block[par[0]] = tx;
-  thread[par[0]] = 1;
+  block[par[0]] = tx * vec;
+  thread[par[0]] = vec;
   if (np > 1) block[par[1]] = ty, thread[par[1]] = 1;
   if (np > 2) block[par[2]] = 1;  // one block per index along z
   int i = t->count++;
@@ -110,6 +115,9 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   }
   kiln_sbuf_puts(b, "]) : (!transform.any_op) -> (!transform.any_op, "
                     "!transform.any_op)\n");
+  if (vec > 1)
+    kiln_sbuf_printf(b, "    transform.structured.vectorize %%tt%d : "
+                        "!transform.any_op\n", i);
   return MlirWalkResultAdvance;
 }
 

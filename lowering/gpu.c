@@ -304,7 +304,8 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "gpu-map-parallel-loops,convert-parallel-loops-to-gpu,canonicalize),"
            "gpu-launch-sink-index-computations,gpu-kernel-outlining,"
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
-           "gpu.module(convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
+           "gpu.module(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=true},"
+           "expand-strided-metadata,lower-affine,convert-vector-to-llvm{use-vector-alignment=true},"
            "convert-scf-to-cf,"
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts),"
@@ -357,6 +358,11 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   if (!s) s = read_host(&r, f.func);
   free(r.temps);
   free(names);
+  // Vector accesses (ld/st.global.v2/v4 from the GPU schedules' 4-wide
+  // threads) assume 16-byte aligned buffers; calls check it.
+  for (int i = 0; !s && i < out->module_count; ++i)
+    if (strstr(out->ptx[i], "ld.global.v") || strstr(out->ptx[i], "st.global.v"))
+      out->align = 16;
   // Every kernel takes one bare pointer per memref argument; a memref with
   // a non-identity layout would have become a full descriptor, and a launch
   // passing fewer parameters than the kernel reads would crash the driver.
@@ -404,7 +410,7 @@ static void put(wbuf_t *w, const void *d, size_t n) {
   w->n += n;
 }
 
-#define KILN_GPU_MAGIC "kiln-gpu-program-v1"
+#define KILN_GPU_MAGIC "kiln-gpu-program-v2"
 
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
                                          void **out_data, size_t *out_size) {
@@ -416,6 +422,7 @@ kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
     put(&w, &len, sizeof(len));
     put(&w, p->ptx[i], len);
   }
+  put(&w, &p->align, sizeof(p->align));
   put(&w, &p->arg_count, sizeof(p->arg_count));
   put(&w, &p->temp_count, sizeof(p->temp_count));
   put(&w, p->temp_bytes, sizeof(int64_t) * (size_t)p->temp_count);
@@ -462,7 +469,9 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
     if (ok) ok = get(&r, out->ptx[i], len);
     if (ok) out->ptx[i][len] = 0;
   }
-  ok = ok && get(&r, &out->arg_count, sizeof(out->arg_count)) &&
+  ok = ok && get(&r, &out->align, sizeof(out->align)) &&
+       (out->align == 0 || out->align == 16) &&
+       get(&r, &out->arg_count, sizeof(out->arg_count)) &&
        get(&r, &out->temp_count, sizeof(out->temp_count)) &&
        out->temp_count >= 0 && (size_t)out->temp_count <= size;
   if (ok) ok = (out->temp_bytes = calloc((size_t)out->temp_count + 1, sizeof(int64_t))) != NULL;

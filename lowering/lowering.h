@@ -92,6 +92,8 @@ typedef struct kiln_gpu_launch {
 typedef struct kiln_gpu_program {
   int32_t module_count;
   char **ptx;  // per module (one per outlined kernel), NUL-terminated
+  int32_t align;  // 16 when kernels use vector accesses: buffers must be
+                  // 16-byte aligned; else 0
   int32_t arg_count;
   int32_t temp_count;
   int64_t *temp_bytes;

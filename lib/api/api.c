@@ -1359,6 +1359,16 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
     ptrs[n++] = (char *)inputs[i].data + inputs[i].byte_offset;
   for (int i = 0; i < g->output_count; ++i)
     ptrs[n++] = (char *)outputs[i].data + outputs[i].byte_offset;
+  for (int i = 0; i < n && p->align > 1; ++i)
+    if ((uintptr_t)ptrs[i] % (uintptr_t)p->align) {
+      if (ptrs != stack_ptrs) free(ptrs);
+      return kiln_make_status(
+          KILN_STATUS_INVALID_ARGUMENT,
+          "graph @%s: %s %d at %p is not %d-byte aligned; the CUDA kernels "
+          "of this graph use vector accesses (pass an aligned copy)", g->name,
+          i < g->input_count ? "input" : "output",
+          i < g->input_count ? i : i - g->input_count, ptrs[i], p->align);
+    }
   kiln_status_t s = NULL;
   if (n != p->arg_count)
     s = kiln_make_status(KILN_STATUS_INTERNAL, "graph @%s: a launch program "

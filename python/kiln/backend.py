@@ -254,9 +254,10 @@ class CompiledSubgraph(torch.nn.Module):
                 raise _capi.KilnError("INVALID_ARGUMENT",
                                       f"input {k}: {t.dtype} on {t.device}; expected "
                                       f"{self.device}")
-            if self.cuda and not t.is_contiguous():
-                # The CUDA target takes contiguous device tensors.
-                t = t.contiguous()
+            if self.cuda and (not t.is_contiguous() or t.data_ptr() % 16):
+                # The CUDA target takes contiguous device tensors, 16-byte
+                # aligned for its vector accesses.
+                t = t.clone(memory_format=torch.contiguous_format)
                 keep.append(t)
             if any(s < 0 for s in t.stride()):
                 _note("layout", f"input {k} {tuple(t.shape)} has negative strides "
