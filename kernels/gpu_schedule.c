@@ -29,6 +29,8 @@ typedef struct {
   MlirContext ctx;
   kiln_sbuf_t script;
   int count;
+  int k_loops[4096];  // ops whose K loop carries a vector accumulator
+  int k_count;
 } tiler_t;
 
 static MlirWalkResult tile_op(MlirOperation op, void *user) {
@@ -118,6 +120,24 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   if (vec > 1)
     kiln_sbuf_printf(b, "    transform.structured.vectorize %%tt%d : "
                         "!transform.any_op\n", i);
+  // A contraction's thread walks K in steps of 4 with its accumulator in a
+  // register (a vector.contract per step, the loop-carried value hoisted),
+  // instead of loading and storing its output element at every k.
+  int k = -1, reductions = 0;
+  for (int l = 0; l < d.loop_count; ++l)
+    if ((d.reduction_mask >> l) & 1u) k = l, reductions++;
+  if (d.kind == KILN_KERNEL_CONTRACTION && reductions == 1 &&
+      d.range[k] % 4 == 0 && t->k_count < 4096) {
+    kiln_sbuf_printf(b, "    %%kt%d, %%kl%d = transform.structured.tile_using_for "
+                        "%%tt%d tile_sizes [", i, i, i);
+    for (int l = 0; l < d.loop_count; ++l)
+      kiln_sbuf_printf(b, "%s%d", l ? ", " : "", l == k ? 4 : 0);
+    kiln_sbuf_printf(b, "] : (!transform.any_op) -> (!transform.any_op, "
+                        "!transform.any_op)\n"
+                        "    transform.structured.vectorize %%kt%d : "
+                        "!transform.any_op\n", i);
+    t->k_loops[t->k_count++] = i;
+  }
   return MlirWalkResultAdvance;
 }
 
@@ -155,13 +175,43 @@ static kiln_status_t walk_and_apply(MlirContext ctx, MlirModule module,
   return s;
 }
 
+// After the walk: contractions lowered to FMAs on the vectors, and each
+// contraction's K loop keeps its accumulator in registers.
+static MlirWalkResult finish_tiling(MlirOperation op, void *user) {
+  (void)op;
+  (void)user;
+  return MlirWalkResultInterrupt;
+}
+
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
-  tiler_t t;
-  t.ctx = ctx;
-  t.count = 0;
-  kiln_sbuf_init(&t.script);
-  return walk_and_apply(ctx, module, tile_op, &t, &t.script, &t.count,
-                        "GPU tiling schedule");
+  tiler_t *t = calloc(1, sizeof(*t));
+  if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+  t->ctx = ctx;
+  kiln_sbuf_init(&t->script);
+  mlirOperationWalk(mlirModuleGetOperation(module), tile_op, t, MlirWalkPreOrder);
+  if (t->k_count) {
+    kiln_sbuf_puts(&t->script,
+                   "    %funcs = transform.structured.match ops{[\"func.func\"]} "
+                   "in %root : (!transform.any_op) -> !transform.any_op\n"
+                   "    transform.apply_patterns to %funcs {\n"
+                   "      transform.apply_patterns.vector.lower_contraction "
+                   "lowering_strategy = \"outerproduct\"\n"
+                   "      transform.apply_patterns.vector.lower_multi_reduction "
+                   "lowering_strategy = \"innerreduction\"\n"
+                   "    } : !transform.any_op\n");
+    for (int j = 0; j < t->k_count; ++j)
+      kiln_sbuf_printf(&t->script, "    transform.loop.hoist_loop_invariant_subsets "
+                       "%%kl%d : !transform.any_op\n", t->k_loops[j]);
+  }
+  (void)finish_tiling;
+  char *body = kiln_sbuf_take(&t->script);
+  kiln_status_t s = NULL;
+  if (t->count > 0)
+    s = body ? apply(ctx, module, body, "GPU tiling schedule")
+             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+  free(body);
+  free(t);
+  return s;
 }
 
 typedef struct {
