@@ -175,20 +175,14 @@ static kiln_status_t walk_and_apply(MlirContext ctx, MlirModule module,
   return s;
 }
 
-// After the walk: contractions lowered to FMAs on the vectors, and each
-// contraction's K loop keeps its accumulator in registers.
-static MlirWalkResult finish_tiling(MlirOperation op, void *user) {
-  (void)op;
-  (void)user;
-  return MlirWalkResultInterrupt;
-}
-
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
   tiler_t *t = calloc(1, sizeof(*t));
   if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
   t->ctx = ctx;
   kiln_sbuf_init(&t->script);
   mlirOperationWalk(mlirModuleGetOperation(module), tile_op, t, MlirWalkPreOrder);
+  // The vectorized K steps lowered to multiply-adds, and each contraction's
+  // K loop keeps its accumulator in registers.
   if (t->k_count) {
     kiln_sbuf_puts(&t->script,
                    "    %funcs = transform.structured.match ops{[\"func.func\"]} "
@@ -203,7 +197,6 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
       kiln_sbuf_printf(&t->script, "    transform.loop.hoist_loop_invariant_subsets "
                        "%%kl%d : !transform.any_op\n", t->k_loops[j]);
   }
-  (void)finish_tiling;
   char *body = kiln_sbuf_take(&t->script);
   kiln_status_t s = NULL;
   if (t->count > 0)
