@@ -52,16 +52,31 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   // thread as one 16-byte vector (ld.global.v4), for f32 and smaller.
   bool elementwise = d.reduction_mask == 0 && d.elem_bytes <= 4;
   int64_t vec = elementwise && d.range[par[0]] % (4 * 32) == 0 ? 4 : 1;
-  int64_t tx = pow2_divisor(d.range[par[0]] / vec,
+  // Contractions with one K loop and at most 3 parallel dims walk K in
+  // vectorized steps of 4 with register accumulators (below); when the
+  // output allows, each thread owns a 4x4 block of it (an outer-product
+  // register tile: 16 accumulators, 64 multiply-adds per 8 vector loads).
+  int k = -1, reductions = 0, big = 0;
+  for (int l = 0; l < d.loop_count; ++l) {
+    if ((d.reduction_mask >> l) & 1u) k = l, reductions++;
+    else big += d.range[l] > 1;
+  }
+  bool kstep = d.kind == KILN_KERNEL_CONTRACTION && reductions == 1 &&
+               big == np && np >= 2 && d.range[k] % 4 == 0;
+  int64_t rt = kstep && d.range[par[0]] % (4 * 32) == 0 &&
+                       d.range[par[1]] % (4 * 8) == 0 ? 4 : 1;
+  int64_t tx = pow2_divisor(d.range[par[0]] / (vec * rt),
                             np == 1 ? KILN_GPU_ROW : KILN_GPU_SIDE);
-  int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]], KILN_GPU_SIDE) : 1;
+  int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]] / rt,
+                                     rt > 1 ? KILN_GPU_SIDE / 2 : KILN_GPU_SIDE)
+                      : 1;
   // Whole tiles only (the thread mapping needs static trip counts): a dim
   // whose power-of-two divisor is small (1000 = 8 x 125) would make tiny
   // blocks; such ops take the parallel-loop mapping with guarded tails.
   if (tx < 32 && d.range[par[0]] >= 32) return MlirWalkResultAdvance;
-  block[par[0]] = tx * vec;
-  thread[par[0]] = vec;
-  if (np > 1) block[par[1]] = ty, thread[par[1]] = 1;
+  block[par[0]] = tx * vec * rt;
+  thread[par[0]] = vec * rt;
+  if (np > 1) block[par[1]] = ty * rt, thread[par[1]] = rt;
   if (np > 2) block[par[2]] = 1;  // one block per index along z
   int i = t->count++;
   mlirOperationSetDiscardableAttributeByName(
@@ -120,14 +135,10 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   if (vec > 1)
     kiln_sbuf_printf(b, "    transform.structured.vectorize %%tt%d : "
                         "!transform.any_op\n", i);
-  // A contraction's thread walks K in steps of 4 with its accumulator in a
-  // register (a vector.contract per step, the loop-carried value hoisted),
-  // instead of loading and storing its output element at every k.
-  int k = -1, reductions = 0;
-  for (int l = 0; l < d.loop_count; ++l)
-    if ((d.reduction_mask >> l) & 1u) k = l, reductions++;
-  if (d.kind == KILN_KERNEL_CONTRACTION && reductions == 1 &&
-      d.range[k] % 4 == 0 && t->k_count < 4096) {
+  // A contraction's thread walks K in steps of 4 with its accumulators in
+  // registers (a vector.contract per step, the loop-carried value hoisted),
+  // instead of loading and storing its outputs at every k.
+  if (kstep && t->k_count < 4096) {
     kiln_sbuf_printf(b, "    %%kt%d, %%kl%d = transform.structured.tile_using_for "
                         "%%tt%d tile_sizes [", i, i, i);
     for (int l = 0; l < d.loop_count; ++l)
