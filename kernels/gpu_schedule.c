@@ -61,9 +61,13 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
     if ((d.reduction_mask >> l) & 1u) k = l, reductions++;
     else big += d.range[l] > 1;
   }
-  bool kstep = d.kind == KILN_KERNEL_CONTRACTION && reductions == 1 &&
-               big == np && np >= 2 && d.range[k] % 4 == 0;
-  int64_t rt = kstep && d.range[par[0]] % (4 * 32) == 0 &&
+  // Row reductions (softmax, layer norm) likewise read their row 4 at a
+  // time into a vector accumulator.
+  bool kstep = ((d.kind == KILN_KERNEL_CONTRACTION && np >= 2) ||
+                d.kind == KILN_KERNEL_ROW_REDUCTION) &&
+               reductions == 1 && big == np && d.range[k] % 4 == 0;
+  int64_t rt = kstep && d.kind == KILN_KERNEL_CONTRACTION &&
+                       d.range[par[0]] % (4 * 32) == 0 &&
                        d.range[par[1]] % (4 * 8) == 0 ? 4 : 1;
   int64_t tx = pow2_divisor(d.range[par[0]] / (vec * rt),
                             np == 1 ? KILN_GPU_ROW : KILN_GPU_SIDE);
@@ -135,9 +139,10 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   if (vec > 1)
     kiln_sbuf_printf(b, "    transform.structured.vectorize %%tt%d : "
                         "!transform.any_op\n", i);
-  // A contraction's thread walks K in steps of 4 with its accumulators in
-  // registers (a vector.contract per step, the loop-carried value hoisted),
-  // instead of loading and storing its outputs at every k.
+  // A contraction's (or row reduction's) thread walks K in steps of 4 with
+  // its accumulators in registers (a vector.contract or multi_reduction per
+  // step, the loop-carried value hoisted), instead of loading and storing
+  // its outputs at every k.
   if (kstep && t->k_count < 4096) {
     kiln_sbuf_printf(b, "    %%kt%d, %%kl%d = transform.structured.tile_using_for "
                         "%%tt%d tile_sizes [", i, i, i);
