@@ -69,8 +69,12 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   int64_t rt = kstep && d.kind == KILN_KERNEL_CONTRACTION &&
                        d.range[par[0]] % (4 * 32) == 0 &&
                        d.range[par[1]] % (4 * 8) == 0 ? 4 : 1;
-  int64_t tx = pow2_divisor(d.range[par[0]] / (vec * rt),
-                            np == 1 ? KILN_GPU_ROW : KILN_GPU_SIDE);
+  // A row reduction gives each thread a whole row, so it has as many
+  // threads as rows: blocks of one warp spread them over every SM.
+  int64_t xcap = d.kind == KILN_KERNEL_ROW_REDUCTION ? 32
+                 : np == 1                           ? KILN_GPU_ROW
+                                                     : KILN_GPU_SIDE;
+  int64_t tx = pow2_divisor(d.range[par[0]] / (vec * rt), xcap);
   int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]] / rt,
                                      rt > 1 ? KILN_GPU_SIDE / 2 : KILN_GPU_SIDE)
                       : 1;
