@@ -249,6 +249,24 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
   return NULL;
 }
 
+// Marks the float adds, subtractions, multiplies and add-reductions inside
+// GPU modules `contract`.
+static MlirWalkResult allow_contraction(MlirOperation op, void *user) {
+  if (!(name_is(op, "llvm.fmul") || name_is(op, "llvm.fadd") ||
+        name_is(op, "llvm.fsub") ||
+        name_is(op, "llvm.intr.vector.reduce.fadd")))
+    return MlirWalkResultAdvance;
+  const MlirAttribute *contract = user;
+  for (MlirOperation p = mlirOperationGetParentOperation(op);
+       !mlirOperationIsNull(p); p = mlirOperationGetParentOperation(p))
+    if (name_is(p, "gpu.module")) {
+      mlirOperationSetAttributeByName(
+          op, mlirStringRefCreateFromCString("fastmathFlags"), *contract);
+      break;
+    }
+  return MlirWalkResultAdvance;
+}
+
 typedef struct {
   MlirOperation func;
   MlirOperation binaries[256];
@@ -308,11 +326,23 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "expand-strided-metadata,lower-affine,convert-vector-to-llvm{use-vector-alignment=true},"
            "convert-scf-to-cf,"
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
-           "reconcile-unrealized-casts),"
-           "gpu-module-to-binary{format=isa})",
+           "reconcile-unrealized-casts))",
            KILN_GPU_BLOCK, chip, link);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
                                                     "the CUDA pipeline"));
+  // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
+  // Triton kernels do): without the flag NVPTX emits mul.rn + add.rn,
+  // which ptxas must not fuse.
+  MlirAttribute contract = mlirAttributeParseGet(
+      kiln_mlir_context(m),
+      mlirStringRefCreateFromCString("#llvm.fastmath<contract>"));
+  if (mlirAttributeIsNull(contract))
+    return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: #llvm.fastmath");
+  mlirOperationWalk(mlirModuleGetOperation(module), allow_contraction,
+                    &contract, MlirWalkPreOrder);
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(
+      m, module, "builtin.module(gpu-module-to-binary{format=isa})",
+      "the CUDA pipeline (PTX)"));
   if (o.dump_dir) {
     char *text = NULL;
     if (!kiln_mlir_print(module, &text)) {
