@@ -151,19 +151,17 @@ class CompiledSubgraph(torch.nn.Module):
         self.text = text
         # Graphs that arrive with SymInts (dynamic=True, mark_dynamic) are
         # symbolic from the start; static ones let kiln's policy decide.
-        symbolic = any(not isinstance(d, int)
-                       for n in gm.graph.nodes if n.op == "placeholder"
-                       for d in n.meta["val"].shape)
         vals_in = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        symbolic = any(not isinstance(d, int) for v in vals_in for d in v.shape)
         vals_out = [o.meta["val"] for o in out_nodes]
         self.device = (vals_in + vals_out)[0].device if vals_in + vals_out else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
         self.fn = _function_for(text, name, opts,
                                 _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
                                 "cuda" if self.cuda else "cpu")
-        self.in_dtypes = [n.meta["val"].dtype for n in gm.graph.nodes if n.op == "placeholder"]
-        self.in_shapes = [n.meta["val"].shape for n in gm.graph.nodes if n.op == "placeholder"]
-        vals = [o.meta["val"] for o in out_nodes]
+        self.in_dtypes = [v.dtype for v in vals_in]
+        self.in_shapes = [v.shape for v in vals_in]
+        vals = vals_out
         self.out_dtypes = [v.dtype for v in vals]
         self.static_out = all(all(isinstance(d, int) for d in v.shape) for v in vals)
         self.out_shapes = [tuple(v.shape) for v in vals] if self.static_out else None
