@@ -57,6 +57,26 @@ static struct {
 static CUresult (*cuMemAllocAsync_)(CUdeviceptr *, size_t, CUstream);
 static CUresult (*cuMemFreeAsync_)(CUdeviceptr, CUstream);
 
+// CUDA graphs (stream capture, in-place update: CUDA 12.0+); optional, so an
+// older driver still runs kernels and only graph recording is UNAVAILABLE.
+#define KILN_CUDA_GRAPH_FUNCTIONS(X)                                          \
+  X(cuStreamBeginCapture_v2, CUresult, (CUstream, CUstreamCaptureMode))       \
+  X(cuStreamEndCapture, CUresult, (CUstream, CUgraph *))                      \
+  X(cuGraphInstantiateWithFlags, CUresult,                                    \
+    (CUgraphExec *, CUgraph, unsigned long long))                             \
+  X(cuGraphExecUpdate_v2, CUresult,                                           \
+    (CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *))                    \
+  X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                         \
+  X(cuGraphDestroy, CUresult, (CUgraph))                                      \
+  X(cuGraphExecDestroy, CUresult, (CUgraphExec))
+
+static struct {
+#define X(name, ret, args) ret(*name) args;
+  KILN_CUDA_GRAPH_FUNCTIONS(X)
+#undef X
+  bool present;
+} cug;
+
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static char load_error[512];  // empty when the driver and a device are there
 
@@ -78,6 +98,12 @@ static void load_driver(void) {
 #undef X
   cuMemAllocAsync_ = (CUresult(*)(CUdeviceptr *, size_t, CUstream))dlsym(h, "cuMemAllocAsync");
   cuMemFreeAsync_ = (CUresult(*)(CUdeviceptr, CUstream))dlsym(h, "cuMemFreeAsync");
+  cug.present = true;
+#define X(name, ret, args)                                                    \
+  cug.name = (ret(*) args)dlsym(h, #name);                                    \
+  cug.present = cug.present && cug.name;
+  KILN_CUDA_GRAPH_FUNCTIONS(X)
+#undef X
   CUresult r = cu.cuInit(0);
   int count = 0;
   if (r == CUDA_SUCCESS) r = cu.cuDeviceGetCount(&count);
@@ -241,6 +267,98 @@ kiln_status_t kiln_cuda_memcpy(void *dst, const void *src, size_t bytes,
 kiln_status_t kiln_cuda_stream_synchronize(void *stream) {
   CU_CHECK(cu.cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
   return NULL;
+}
+
+kiln_status_t kiln_cuda_alloc_static(size_t bytes, void **out_ptr) {
+  CU_READY();
+  CUdeviceptr p = 0;
+  CU_CHECK(cu.cuMemAlloc_v2(&p, bytes ? bytes : 1), "cuMemAlloc");
+  *out_ptr = (void *)(uintptr_t)p;
+  return NULL;
+}
+
+void kiln_cuda_free_static(void *ptr) {
+  if (ptr && cu.cuMemFree_v2) cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr);
+}
+
+//===--- CUDA graphs --------------------------------------------------------===//
+
+struct kiln_cuda_graph {
+  CUgraphExec exec;
+};
+
+kiln_status_t kiln_cuda_capture_begin(void **out_stream) {
+  *out_stream = NULL;
+  CU_READY();
+  if (!cug.present)
+    return kiln_make_status(KILN_STATUS_UNAVAILABLE,
+                            "CUDA graphs: this driver lacks stream capture "
+                            "or cuGraphExecUpdate (CUDA 12.0+ needed)");
+  CUstream st = NULL;
+  CU_CHECK(cu.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  // Thread-local: other threads' CUDA calls (PyTorch's) are not affected.
+  CUresult r = cug.cuStreamBeginCapture_v2(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  if (r != CUDA_SUCCESS) {
+    cu.cuStreamDestroy_v2(st);
+    return cuda_error(r, "cuStreamBeginCapture");
+  }
+  *out_stream = st;
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_capture_end(void *stream, bool keep,
+                                    kiln_cuda_graph_t **graph, bool *updated) {
+  if (updated) *updated = false;
+  CUgraph g = NULL;
+  CUresult r = cug.cuStreamEndCapture((CUstream)stream, &g);
+  cu.cuStreamDestroy_v2((CUstream)stream);
+  if (r != CUDA_SUCCESS) return cuda_error(r, "cuStreamEndCapture");
+  if (!keep) {
+    cug.cuGraphDestroy(g);
+    return NULL;
+  }
+  kiln_status_t s = NULL;
+  kiln_cuda_graph_t *kg = *graph;
+  if (kg) {
+    // Same launches with other pointers: patch the executable in place;
+    // a different topology (it cannot happen for one launch program, but
+    // the driver decides) instantiates afresh.
+    CUgraphExecUpdateResultInfo info;
+    memset(&info, 0, sizeof(info));
+    if (cug.cuGraphExecUpdate_v2(kg->exec, g, &info) == CUDA_SUCCESS) {
+      if (updated) *updated = true;
+      cug.cuGraphDestroy(g);
+      return NULL;
+    }
+    cug.cuGraphExecDestroy(kg->exec);
+    kg->exec = NULL;
+  } else {
+    kg = calloc(1, sizeof(*kg));
+    if (!kg) {
+      cug.cuGraphDestroy(g);
+      return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "CUDA graph");
+    }
+  }
+  r = cug.cuGraphInstantiateWithFlags(&kg->exec, g, 0);
+  cug.cuGraphDestroy(g);
+  if (r != CUDA_SUCCESS) {
+    s = cuda_error(r, "cuGraphInstantiateWithFlags");
+    free(kg);
+    kg = NULL;
+  }
+  *graph = kg;
+  return s;
+}
+
+kiln_status_t kiln_cuda_graph_launch(kiln_cuda_graph_t *graph, void *stream) {
+  CU_CHECK(cug.cuGraphLaunch(graph->exec, (CUstream)stream), "cuGraphLaunch");
+  return NULL;
+}
+
+void kiln_cuda_graph_destroy(kiln_cuda_graph_t *graph) {
+  if (!graph) return;
+  if (graph->exec && cug.cuGraphExecDestroy) cug.cuGraphExecDestroy(graph->exec);
+  free(graph);
 }
 
 //===--- mgpu* entry points of MLIR 22.1 host code --------------------------===//
@@ -438,6 +556,16 @@ kiln_status_t kiln_cuda_memcpy(void *d, const void *s, size_t n, void *st) {
   KILN_NO_CUDA;
 }
 kiln_status_t kiln_cuda_stream_synchronize(void *s) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_alloc_static(size_t n, void **p) { KILN_NO_CUDA; }
+void kiln_cuda_free_static(void *p) {}
+kiln_status_t kiln_cuda_capture_begin(void **s) {
+  *s = NULL;
+  KILN_NO_CUDA;
+}
+kiln_status_t kiln_cuda_capture_end(void *s, bool k, kiln_cuda_graph_t **g,
+                                    bool *u) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_graph_launch(kiln_cuda_graph_t *g, void *s) { KILN_NO_CUDA; }
+void kiln_cuda_graph_destroy(kiln_cuda_graph_t *g) {}
 const kiln_cuda_symbol_t *kiln_cuda_mgpu_symbols(int *n) {
   *n = 0;
   return NULL;

@@ -7,12 +7,13 @@
 // call and the CUDA error (cuGetErrorName). Work goes to the stream the
 // caller passes (PyTorch's current stream); nothing synchronizes the device.
 //
-// Knows CUDA, nothing of graphs or MLIR. The mgpu* entry points that MLIR
+// Knows CUDA, nothing of kiln graphs or MLIR. The mgpu* entry points that MLIR
 // 22.1's host code calls (gpu-to-llvm) are implemented on the same table and
 // listed by kiln_cuda_mgpu_symbols() for the JIT to resolve.
 #ifndef KILN_JIT_CUDA_H_
 #define KILN_JIT_CUDA_H_
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,24 @@ void kiln_cuda_free(void *ptr, void *stream);
 kiln_status_t kiln_cuda_memcpy(void *dst, const void *src, size_t bytes,
                                void *stream);
 kiln_status_t kiln_cuda_stream_synchronize(void *stream);
+// Device memory that outlives streams (a CUDA graph's temporaries):
+// cuMemAlloc / cuMemFree.
+kiln_status_t kiln_cuda_alloc_static(size_t bytes, void **out_ptr);
+void kiln_cuda_free_static(void *ptr);
+
+// CUDA graphs. Recording: kiln_cuda_capture_begin gives a private stream
+// whose launches and copies (queued by this thread) are recorded, not run;
+// kiln_cuda_capture_end stops it and, when `keep`, makes the recording into
+// `*graph` -- a new executable graph when *graph is NULL, else *graph
+// updated in place (`*updated`; cuGraphExecUpdate, cheap: same launches,
+// other pointers) or rebuilt. A graph launch runs the whole recording on
+// `stream` as one unit; launches of one graph are ordered with each other.
+typedef struct kiln_cuda_graph kiln_cuda_graph_t;
+kiln_status_t kiln_cuda_capture_begin(void **out_stream);
+kiln_status_t kiln_cuda_capture_end(void *stream, bool keep,
+                                    kiln_cuda_graph_t **graph, bool *updated);
+kiln_status_t kiln_cuda_graph_launch(kiln_cuda_graph_t *graph, void *stream);
+void kiln_cuda_graph_destroy(kiln_cuda_graph_t *graph);
 
 // The mgpu* runtime functions MLIR's generated host code calls, by name,
 // for the JIT's symbol table. *out_count entries, static storage.

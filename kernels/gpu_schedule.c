@@ -33,11 +33,142 @@ typedef struct {
   int k_count;
 } tiler_t;
 
+// True when `v` is the f16 view of bf16 bits: the result of a linalg.generic
+// that yields an arith.bitcast of a bf16 (KILN_MMA_PUN; elementwise fusion
+// may have merged producers into that generic).
+static bool is_pun(MlirValue v) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation g = mlirOpResultGetOwner(v);
+  if (!equals(mlirIdentifierStr(mlirOperationGetName(g)), "linalg.generic") ||
+      mlirOperationGetNumRegions(g) < 1)
+    return false;
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
+  if (mlirBlockIsNull(body)) return false;
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  if (mlirOperationIsNull(yield) || mlirOperationGetNumOperands(yield) < 1)
+    return false;
+  MlirValue y = mlirOperationGetOperand(
+      yield, mlirOpResultGetResultNumber(v) < mlirOperationGetNumOperands(yield)
+                 ? mlirOpResultGetResultNumber(v)
+                 : 0);
+  if (!mlirValueIsAOpResult(y)) return false;
+  MlirOperation cast = mlirOpResultGetOwner(y);
+  return equals(mlirIdentifierStr(mlirOperationGetName(cast)), "arith.bitcast") &&
+         mlirTypeIsABF16(mlirValueGetType(mlirOperationGetOperand(cast, 0)));
+}
+
+// The lowering's tensor-core form: linalg.matmul of f16 views of bf16 bits
+// (is_pun) into f32, static, in whole 128 x 128 x 32 tiles. (A true f16
+// matmul is not one: the pipeline relabels every f16 mma.sync as bf16.)
+static bool is_mma_matmul(MlirOperation op) {
+  if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.matmul") ||
+      mlirOperationGetNumOperands(op) != 3)
+    return false;
+  MlirType a = mlirValueGetType(mlirOperationGetOperand(op, 0));
+  MlirType b = mlirValueGetType(mlirOperationGetOperand(op, 1));
+  MlirType c = mlirValueGetType(mlirOperationGetOperand(op, 2));
+  if (!mlirTypeIsARankedTensor(a) || !mlirTypeIsARankedTensor(b) ||
+      !mlirTypeIsARankedTensor(c) || !mlirShapedTypeHasStaticShape(a) ||
+      !mlirShapedTypeHasStaticShape(b) || !mlirShapedTypeHasStaticShape(c) ||
+      mlirShapedTypeGetRank(a) != 2 || mlirShapedTypeGetRank(b) != 2)
+    return false;
+  return is_pun(mlirOperationGetOperand(op, 0)) &&
+         is_pun(mlirOperationGetOperand(op, 1)) &&
+         mlirTypeIsAF16(mlirShapedTypeGetElementType(a)) &&
+         mlirTypeIsAF16(mlirShapedTypeGetElementType(b)) &&
+         mlirTypeIsAF32(mlirShapedTypeGetElementType(c)) &&
+         mlirShapedTypeGetDimSize(a, 0) % 128 == 0 &&
+         mlirShapedTypeGetDimSize(b, 1) % 128 == 0 &&
+         mlirShapedTypeGetDimSize(a, 1) % 32 == 0;
+}
+
+// Mma matmuls are tagged kiln.gpu_mma = j before any schedule is applied
+// (tiling their bitcast producers hides the pattern is_mma_matmul sees).
+static bool marked_mma(MlirOperation op) {
+  return !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_mma")));
+}
+
+static MlirWalkResult mark_mma(MlirOperation op, void *user) {
+  tiler_t *t = user;
+  if (is_mma_matmul(op) && !kiln_kernels_inside_forall(op))
+    mlirOperationSetDiscardableAttributeByName(
+        op, mlirStringRefCreateFromCString("kiln.gpu_mma"),
+        mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++));
+  return MlirWalkResultAdvance;
+}
+
+// A linalg.fill whose result is the init of an mma matmul (fused into it).
+static bool feeds_mma(MlirOperation op) {
+  if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.fill") ||
+      mlirOperationGetNumResults(op) != 1)
+    return false;
+  for (MlirOpOperand u = mlirValueGetFirstUse(mlirOperationGetResult(op, 0));
+       !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u))
+    if (marked_mma(mlirOpOperandGetOwner(u)) && mlirOpOperandGetOperandNumber(u) == 2)
+      return true;
+  return false;
+}
+
+// Tensor-core schedule of one mma matmul (kernels/gpu_schedule.c's only
+// warp-level one): blocks of 128 x 128 outputs, 8 warps of 64 x 32
+// (#gpu.warp, 4 along x, 2 along y: 128 x 2 threads), K in steps of 32;
+// the zero fill fused in and, once the K loop carries the sixteen 16x8
+// accumulators (unrolled to mma shape, then hoisted), folded away. The
+// pipeline's convert-vector-to-gpu turns the 16x8x16 contracts into
+// nvgpu.mma.sync.
+static MlirWalkResult mma_op(MlirOperation op, void *user) {
+  tiler_t *t = user;
+  if (!marked_mma(op)) return MlirWalkResultAdvance;
+  int i = t->count++;
+  mlirOperationSetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_mma"),
+      mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
+  // '@' stands for this op's index in the handle names and attributes.
+  static const char *const kScript =
+      "    %mm@ = transform.structured.match attributes {kiln.gpu_mma = @ : "
+      "i64} in %root : (!transform.any_op) -> !transform.any_op\n"
+      "    %fill@ = transform.get_producer_of_operand %mm@[2] : "
+      "(!transform.any_op) -> !transform.any_op\n"
+      "    %b@, %bf@ = transform.structured.tile_using_forall %mm@ "
+      "tile_sizes [128, 128] (mapping = [#gpu.block<y>, #gpu.block<x>]) : "
+      "(!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
+      "    %fb@, %bff@ = transform.structured.fuse_into_containing_op "
+      "%fill@ into %bf@ : (!transform.any_op, !transform.any_op) -> "
+      "(!transform.any_op, !transform.any_op)\n"
+      "    %w@, %wf@ = transform.structured.tile_using_forall %b@ "
+      "tile_sizes [64, 32] (mapping = [#gpu.warp<y>, #gpu.warp<x>]) : "
+      "(!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
+      "    %fw@, %wff@ = transform.structured.fuse_into_containing_op "
+      "%fb@ into %wf@ : (!transform.any_op, !transform.any_op) -> "
+      "(!transform.any_op, !transform.any_op)\n"
+      "    %k@, %kl@ = transform.structured.tile_using_for %w@ "
+      "tile_sizes [0, 0, 32] : (!transform.any_op) -> (!transform.any_op, "
+      "!transform.any_op)\n"
+      "    transform.structured.vectorize %k@ : !transform.any_op\n"
+      "    transform.structured.vectorize %fw@ : !transform.any_op\n"
+      "    %p@ = transform.param.constant @ : i64 -> !transform.param<i64>\n"
+      "    transform.annotate %bff@ \"kiln.gpu_block\" = %p@ : "
+      "!transform.any_op, !transform.param<i64>\n"
+      "    %px@ = transform.param.constant 128 : i64 -> !transform.param<i64>\n"
+      "    transform.annotate %bff@ \"kiln.gpu_tx\" = %px@ : "
+      "!transform.any_op, !transform.param<i64>\n"
+      "    %py@ = transform.param.constant 2 : i64 -> !transform.param<i64>\n"
+      "    transform.annotate %bff@ \"kiln.gpu_ty\" = %py@ : "
+      "!transform.any_op, !transform.param<i64>\n";
+  for (const char *c = kScript; *c; ++c)
+    if (*c == '@') kiln_sbuf_printf(&t->script, "%d", i);
+    else kiln_sbuf_printf(&t->script, "%c", *c);
+  if (t->k_count < 4096) t->k_loops[t->k_count++] = i;
+  return MlirWalkResultAdvance;
+}
+
 static MlirWalkResult tile_op(MlirOperation op, void *user) {
   tiler_t *t = user;
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   if (name.length < 7 || memcmp(name.data, "linalg.", 7) != 0)
     return MlirWalkResultAdvance;
+  if (marked_mma(op) || feeds_mma(op)) return MlirWalkResultAdvance;  // mma_op's
   kiln_kernel_desc_t d;
   if (!kiln_kernels_describe(op, &d) || kiln_kernels_inside_forall(op))
     return MlirWalkResultAdvance;
@@ -195,11 +326,59 @@ static kiln_status_t walk_and_apply(MlirContext ctx, MlirModule module,
   return s;
 }
 
-kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
+// The tensor-core schedules, after the others (whose contraction lowering
+// to outer products would take the mma contracts apart).
+static kiln_status_t tile_mma(MlirContext ctx, MlirModule module, int first,
+                              int *out_mma) {
+  tiler_t *t = calloc(1, sizeof(*t));
+  if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+  t->ctx = ctx;
+  t->count = first;
+  kiln_sbuf_init(&t->script);
+  mlirOperationWalk(mlirModuleGetOperation(module), mma_op, t, MlirWalkPreOrder);
+  *out_mma = t->k_count;
+  if (t->k_count) {
+    kiln_sbuf_puts(&t->script,
+                   "    %funcs = transform.structured.match ops{[\"func.func\"]} "
+                   "in %root : (!transform.any_op) -> !transform.any_op\n"
+                   "    transform.apply_patterns to %funcs {\n"
+                   "      transform.apply_patterns.vector.reduction_to_contract\n"
+                   "      transform.apply_patterns.vector.fold_arith_extension\n"
+                   "      transform.apply_patterns.vector.transfer_permutation_patterns\n"
+                   "      transform.apply_patterns.canonicalization\n"
+                   "    } : !transform.any_op\n"
+                   "    transform.apply_patterns to %funcs {\n"
+                   "      transform.apply_patterns.gpu.unroll_vectors_subgroup_mma "
+                   "[16, 8, 16]\n"
+                   "      transform.apply_patterns.canonicalization\n"
+                   "    } : !transform.any_op\n");
+    for (int j = 0; j < t->k_count; ++j)
+      kiln_sbuf_printf(&t->script, "    transform.loop.hoist_loop_invariant_subsets "
+                       "%%kl%d : !transform.any_op\n", t->k_loops[j]);
+    kiln_sbuf_puts(&t->script,
+                   "    transform.apply_patterns to %funcs {\n"
+                   "      transform.apply_patterns.canonicalization\n"
+                   "    } : !transform.any_op\n");
+  }
+  char *body = kiln_sbuf_take(&t->script);
+  kiln_status_t s = NULL;
+  if (*out_mma > 0)
+    s = body ? apply(ctx, module, body, "GPU tensor-core schedule")
+             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+  free(body);
+  free(t);
+  return s;
+}
+
+kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
+                                    int *out_mma) {
+  *out_mma = 0;
   tiler_t *t = calloc(1, sizeof(*t));
   if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
   t->ctx = ctx;
   kiln_sbuf_init(&t->script);
+  mlirOperationWalk(mlirModuleGetOperation(module), mark_mma, t, MlirWalkPreOrder);
+  t->k_count = 0;
   mlirOperationWalk(mlirModuleGetOperation(module), tile_op, t, MlirWalkPreOrder);
   // The vectorized K steps lowered to multiply-adds, and each contraction's
   // K loop keeps its accumulator in registers.
@@ -222,9 +401,10 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module) {
   if (t->count > 0)
     s = body ? apply(ctx, module, body, "GPU tiling schedule")
              : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+  int next = t->count;
   free(body);
   free(t);
-  return s;
+  return s ? s : tile_mma(ctx, module, next, out_mma);
 }
 
 typedef struct {

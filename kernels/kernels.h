@@ -59,7 +59,12 @@ bool kiln_kernels_inside_forall(MlirOperation op);
 // element per thread, the innermost dim on thread x so a warp's accesses
 // are contiguous (scf.forall mapped to #gpu.thread). Reduction loops stay
 // sequential per thread. The block foralls are tagged kiln.gpu_block = i.
-kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module);
+// f16 x f16 -> f32 linalg.matmuls (the lowering's tensor-core form, see
+// KILN_MMA_PUN in lowering/lowering.h) get the warp-level mma schedule
+// instead; *out_mma counts them (the pipeline then lowers their contracts
+// to nvgpu.mma.sync).
+kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
+                                    int *out_mma);
 // After bufferization: each tagged block forall becomes a gpu.launch
 // (transform.gpu.map_forall_to_blocks) with its threads mapped
 // (map_nested_forall_to_threads, the block's own dims).

@@ -81,7 +81,7 @@ static int buffer_of(reader_t *r, MlirValue v) {
     MlirOperation def = mlirOpResultGetOwner(v);
     if (!(name_is(def, "memref.expand_shape") ||
           name_is(def, "memref.collapse_shape") ||
-          name_is(def, "memref.cast")))
+          name_is(def, "memref.reshape") || name_is(def, "memref.cast")))
       return -1;
     v = mlirOperationGetOperand(def, 0);
   }
@@ -211,8 +211,12 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
        !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
     if (name_is(op, "arith.constant") || name_is(op, "memref.dealloc") ||
         name_is(op, "func.return") || name_is(op, "memref.expand_shape") ||
-        name_is(op, "memref.collapse_shape") || name_is(op, "memref.cast"))
+        name_is(op, "memref.collapse_shape") || name_is(op, "memref.cast") ||
+        name_is(op, "memref.reshape"))
       continue;
+    // The constant shape operand of a memref.reshape (a graph-level view).
+    // A kernel given a global as an argument is refused by read_launch.
+    if (name_is(op, "memref.get_global")) continue;
     if (name_is(op, "gpu.launch_func")) {
       KILN_RETURN_IF_ERROR_PLAIN(read_launch(r, op));
       continue;
@@ -304,8 +308,10 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   o.tiling = NULL;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_LINALG,
                                                KILN_STAGE_FUSED, &o));
+  int mma = 0;  // matmuls on tensor cores
   if (schedules)
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_tile_gpu(kiln_mlir_context(m), module));
+    KILN_RETURN_IF_ERROR_PLAIN(
+        kiln_kernels_tile_gpu(kiln_mlir_context(m), module, &mma));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
   if (schedules)
@@ -313,6 +319,11 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   const char *ld = libdevice_path();
   char link[512] = "";
   if (ld) snprintf(link, sizeof(link), " l=%s", ld);
+  // Tensor cores: the mma matmuls' 16x8x16 contracts become nvgpu.mma.sync
+  // (and their operand reads per-lane fragment loads) before anything else
+  // lowers vectors; only then, so no other contraction turns into tf32.
+  const char *mma_front = mma ? "convert-vector-to-gpu{use-nvgpu=1},canonicalize,cse," : "";
+  const char *mma_nvvm = mma ? "convert-nvgpu-to-nvvm," : "";
   char pipeline[2048];
   snprintf(pipeline, sizeof(pipeline),
            "builtin.module(gpu-launch-sink-index-computations,gpu-kernel-outlining,"
@@ -322,12 +333,12 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "gpu-map-parallel-loops,convert-parallel-loops-to-gpu,canonicalize),"
            "gpu-launch-sink-index-computations,gpu-kernel-outlining,"
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
-           "gpu.module(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=true},"
+           "gpu.module(%sconvert-linalg-to-loops,convert-vector-to-scf{full-unroll=true},"
            "expand-strided-metadata,lower-affine,convert-vector-to-llvm{use-vector-alignment=true},"
-           "convert-scf-to-cf,"
+           "convert-scf-to-cf,%s"
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts))",
-           KILN_GPU_BLOCK, chip, link);
+           KILN_GPU_BLOCK, chip, link, mma_front, mma_nvvm);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
                                                     "the CUDA pipeline"));
   // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
@@ -384,6 +395,36 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
     out->ptx[i][ptx.length] = 0;
     out->module_count = i + 1;
   }
+  // Tensor cores: the f16 mma.sync of the punned bf16 matmuls become bf16
+  // ones (each name grows by 2 bytes). Every mma matmul
+  // must have become mma.sync; otherwise its f16 view was multiplied as f16
+  // numbers and the module is refused (the caller recompiles without).
+  static const char kF16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+  static const char kBf16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+  int mma_modules = 0;
+  for (int i = 0; !s && mma && i < out->module_count; ++i) {
+    bool any = false;
+    for (char *q = out->ptx[i]; (q = strstr(q, kF16Mma)) != NULL;) {
+      // "...f32.f16.f16.f32" -> "...f32.bf16.bf16.f32" is 2 bytes longer.
+      size_t tail = strlen(q + sizeof(kF16Mma) - 1);
+      char *grown = realloc(out->ptx[i], strlen(out->ptx[i]) + 3);
+      if (!grown) {
+        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "PTX");
+        break;
+      }
+      q = grown + (q - out->ptx[i]);
+      out->ptx[i] = grown;
+      memmove(q + sizeof(kBf16Mma) - 1, q + sizeof(kF16Mma) - 1, tail + 1);
+      memcpy(q, kBf16Mma, sizeof(kBf16Mma) - 1);
+      q += sizeof(kBf16Mma) - 1;
+      any = true;
+    }
+    mma_modules += any;
+  }
+  if (!s && mma_modules < mma)
+    s = kiln_make_status(KILN_STATUS_INTERNAL,
+                         "cuda: %d tensor-core matmuls, %d kernels with "
+                         "mma.sync", mma, mma_modules);
   reader_t r = {out, NULL, 0, {NULL}, 0, names, f.binary_count};
   if (!s) s = read_host(&r, f.func);
   free(r.temps);

@@ -34,6 +34,13 @@ def backends(device: str, quick: bool):
     out.append(("kiln-max", (lambda m: torch.compile(m, backend="kiln", mode="max-autotune"))
                 if kiln_ok and not quick else None,
                 note or ("skipped in --quick" if quick else "")))
+    if device == "cuda":
+        # CUDA graphs: Inductor's cudagraph trees against kiln's recorded
+        # graphs (lib/api, options.cuda_graphs).
+        out.append(("inductor-ro", lambda m: torch.compile(m, backend="inductor",
+                                                           mode="reduce-overhead"), ""))
+        out.append(("kiln-ro", lambda m: torch.compile(m, backend="kiln",
+                                                       mode="reduce-overhead"), ""))
     if _has("openvino.torch"):
         out.append(("openvino", lambda m: torch.compile(m, backend="openvino"), ""))
     else:

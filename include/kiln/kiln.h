@@ -127,6 +127,8 @@ typedef struct kiln_stats_t {
   uint64_t tune_measured;   // autotuning: configurations compiled and timed
   uint64_t tune_db_hits;    // kernels whose tiles came from the tuning database
   double tune_seconds;      // time spent searching
+  uint64_t graph_records;   // cuda_graphs: calls that recorded a CUDA graph
+  uint64_t graph_replays;   // cuda_graphs: calls that replayed a recorded one
 } kiln_stats_t;
 
 KILN_API void kiln_context_stats(kiln_context_t *context, kiln_stats_t *out);
@@ -263,6 +265,13 @@ typedef struct kiln_compile_options_t {
   // progress.
   kiln_autotune_t autotune;
   double autotune_budget_seconds;
+  // Target cuda: record each call's launches as a CUDA graph and replay it
+  // (one cuGraphLaunch per call; torch.compile's mode="reduce-overhead").
+  // Graphs are keyed by the call's buffer addresses: a call with the
+  // addresses of an earlier one replays its graph, other addresses record
+  // again (a few per variant are kept, the least recently used is updated in
+  // place). Temporaries become per-graph device buffers. Default 0.
+  int cuda_graphs;
 } kiln_compile_options_t;
 
 KILN_API void kiln_compile_options_init(kiln_compile_options_t *options);

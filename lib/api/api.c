@@ -376,6 +376,16 @@ static void dl_extent(const DLTensor *t, uintptr_t *lo, uintptr_t *hi) {
 //===--- functions and variants -------------------------------------------===//
 
 // One compiled specialization: sizes (exact or symbolic) and input layouts.
+// A CUDA graph recorded for one set of call addresses (options.cuda_graphs):
+// `bufs` holds the inputs' and outputs' device pointers it was recorded
+// with (its key), then its own temporaries.
+#define KILN_GRAPH_SLOTS 4
+typedef struct kiln_graph_slot {
+  void **bufs;
+  kiln_cuda_graph_t *graph;
+  uint64_t last_use;
+} kiln_graph_slot_t;
+
 typedef struct kiln_variant {
   struct kiln_variant *next;
   int64_t *binding;  // symbol values; -1 = symbolic in this variant
@@ -390,6 +400,11 @@ typedef struct kiln_variant {
   kiln_cuda_module_t **cuda_modules;  // one per PTX module
   void **cuda_fns;
   int cuda_device;
+  // cuda_graphs: recorded CUDA graphs by call addresses (graph_lock).
+  pthread_mutex_t graph_lock;
+  kiln_graph_slot_t graph_slots[KILN_GRAPH_SLOTS];
+  uint64_t graph_clock;
+  bool graph_lock_ready;
 } kiln_variant_t;
 
 struct kiln_function {
@@ -456,6 +471,14 @@ static void variant_free(kiln_variant_t *v) {
   // Modules unload from their context, which must be current.
   kiln_status_t us = v->cuda_modules ? kiln_cuda_use_device(v->cuda_device) : NULL;
   kiln_status_free(us);
+  for (int i = 0; v->graph_lock_ready && i < KILN_GRAPH_SLOTS; ++i) {
+    kiln_graph_slot_t *slot = &v->graph_slots[i];
+    kiln_cuda_graph_destroy(slot->graph);
+    for (int t = 0; slot->bufs && t < v->gpu.temp_count; ++t)
+      kiln_cuda_free_static(slot->bufs[v->gpu.arg_count + t]);
+    free(slot->bufs);
+  }
+  if (v->graph_lock_ready) pthread_mutex_destroy(&v->graph_lock);
   for (int i = 0; v->cuda_modules && i < v->gpu.module_count; ++i)
     kiln_cuda_module_unload(v->cuda_modules[i]);
   free(v->cuda_modules);
@@ -858,6 +881,8 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   int major = 0, minor = 0;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_use_device(f->cuda_device));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_device_arch(f->cuda_device, &major, &minor));
+  pthread_mutex_init(&v->graph_lock, NULL);
+  v->graph_lock_ready = true;
   char chip[16];
   snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
   kiln_hash128_t key = {0, 0};
@@ -898,7 +923,8 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   }
   double t2 = now_seconds();
   if (!loaded) {
-    kiln_lower_options_t lopts = {false};
+    // Tensor cores for bf16 matmuls (sm_80+) with the GPU schedules.
+    kiln_lower_options_t lopts = {false, f->options.vectorize && major >= 8};
     char *linalg = NULL;
     double t0 = now_seconds();
     s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
@@ -908,22 +934,33 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     char tag[256];
     snprintf(tag, sizeof(tag), "%s-cuda-%d",
              f->graph->name ? f->graph->name : "graph", c->dump_counter++);
-    // With kernels/' GPU schedules first; a graph they cannot take is
-    // compiled again with the plain parallel-loop mapping.
+    // With kernels/' GPU schedules (and tensor cores) first; a graph they
+    // cannot take is compiled again without tensor cores, then with the
+    // plain parallel-loop mapping.
     kiln_pipeline_options_t popts = {f->options.vectorize, 1, c->dump_dir, tag, NULL};
     if (!s && c->dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
-    for (int attempt = 0; !s && attempt < 2; ++attempt) {
+    for (int attempt = 0; !s && attempt < 3; ++attempt) {
       MlirModule mod = {NULL};
       s = kiln_mlir_parse(c->mlir, linalg, &mod);
       if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
       if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
       if (!s || !popts.vectorize) break;
+      bool punned = strstr(linalg, KILN_MMA_PUN) != NULL;
       if (log_enabled("cuda"))
-        fprintf(stderr, "[kiln cuda] @%s: GPU schedules failed (%s); plain "
-                "mapping\n", f->graph->name, kiln_status_message(s));
+        fprintf(stderr, "[kiln cuda] @%s: %s failed (%s); %s\n", f->graph->name,
+                punned ? "tensor cores" : "GPU schedules", kiln_status_message(s),
+                punned ? "without them" : "plain mapping");
       kiln_status_free(s);
       s = NULL;
-      popts.vectorize = 0;
+      kiln_gpu_program_free(&v->gpu);
+      if (punned) {
+        lopts.cuda_mma_bf16 = false;
+        free(linalg);
+        linalg = NULL;
+        s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
+      } else {
+        popts.vectorize = 0;
+      }
     }
     pthread_mutex_unlock(&c->lock);
     free(linalg);
@@ -1331,6 +1368,102 @@ static void fill_memref(kiln_memref_t *m, const DLTensor *t) {
   }
 }
 
+// Queues a CUDA variant's launch program on `stream`; `bufs` holds the
+// device pointers of its buffers: inputs, outputs, then temporaries.
+static kiln_status_t queue_program(kiln_function_t *f, kiln_variant_t *v,
+                                   void **bufs, void *stream) {
+  const kiln_gpu_program_t *p = &v->gpu;
+  for (int l = 0; l < p->launch_count; ++l) {
+    const kiln_gpu_launch_t *ln = &p->launches[l];
+    kiln_status_t s;
+    if (ln->kind == KILN_GPU_COPY) {
+      s = kiln_cuda_memcpy(bufs[ln->args[1]], bufs[ln->args[0]],
+                           (size_t)ln->bytes, stream);
+    } else {
+      void *params[KILN_GPU_MAX_ARGS];
+      for (int a = 0; a < ln->arg_count; ++a) params[a] = &bufs[ln->args[a]];
+      s = kiln_cuda_launch(v->cuda_fns[l], ln->grid, ln->block, 0, stream, params);
+    }
+    if (s) return kiln_status_annotate(s, "graph @%s, %s", f->graph->name, ln->name);
+  }
+  return NULL;
+}
+
+// Records `v`'s launch program with the call's buffers `args` (inputs then
+// outputs) into `slot`: its temporaries are allocated once, its graph is
+// created or updated in place.
+static kiln_status_t record_graph(kiln_function_t *f, kiln_variant_t *v,
+                                  kiln_graph_slot_t *slot, void *const *args) {
+  const kiln_gpu_program_t *p = &v->gpu;
+  if (!slot->bufs) {
+    slot->bufs = calloc((size_t)(p->arg_count + p->temp_count) + 1, sizeof(void *));
+    if (!slot->bufs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "CUDA graph");
+    for (int t = 0; t < p->temp_count; ++t) {
+      kiln_status_t s = kiln_cuda_alloc_static((size_t)p->temp_bytes[t],
+                                               &slot->bufs[p->arg_count + t]);
+      if (s) {
+        for (int u = 0; u < t; ++u) kiln_cuda_free_static(slot->bufs[p->arg_count + u]);
+        free(slot->bufs);
+        slot->bufs = NULL;
+        return s;
+      }
+    }
+  }
+  memcpy(slot->bufs, args, sizeof(void *) * (size_t)p->arg_count);
+  void *capture = NULL;
+  kiln_status_t s = kiln_cuda_capture_begin(&capture);
+  if (s) return s;
+  s = queue_program(f, v, slot->bufs, capture);
+  bool updated = false;
+  kiln_status_t e = kiln_cuda_capture_end(capture, !s, &slot->graph, &updated);
+  if (!s) s = e;
+  else kiln_status_free(e);
+  if (s) {
+    // The slot's graph (if any) no longer matches its key.
+    kiln_cuda_graph_destroy(slot->graph);
+    slot->graph = NULL;
+  }
+  if (!s && log_enabled("cuda"))
+    fprintf(stderr, "[kiln cuda] @%s: CUDA graph of %d steps %s\n",
+            f->graph->name, p->launch_count, updated ? "updated" : "recorded");
+  return s;
+}
+
+// options.cuda_graphs: replays the graph recorded for these addresses, or
+// records one (into a free slot, else over the least recently used).
+static kiln_status_t run_cuda_graph(kiln_function_t *f, kiln_variant_t *v,
+                                    void *const *args, void *stream) {
+  size_t key_bytes = sizeof(void *) * (size_t)v->gpu.arg_count;
+  pthread_mutex_lock(&v->graph_lock);
+  kiln_graph_slot_t *hit = NULL, *victim = NULL;
+  for (int i = 0; i < KILN_GRAPH_SLOTS && !hit; ++i) {
+    kiln_graph_slot_t *slot = &v->graph_slots[i];
+    if (slot->graph && memcmp(slot->bufs, args, key_bytes) == 0) hit = slot;
+    else if (!victim || (victim->graph && (!slot->graph ||
+                                          slot->last_use < victim->last_use)))
+      victim = slot;
+  }
+  kiln_status_t s = NULL;
+  bool recorded = false;
+  if (!hit) {
+    s = record_graph(f, v, victim, args);
+    hit = victim;
+    recorded = true;
+  }
+  if (!s) {
+    hit->last_use = ++v->graph_clock;
+    s = kiln_cuda_graph_launch(hit->graph, stream);
+  }
+  pthread_mutex_unlock(&v->graph_lock);
+  if (!s) {
+    kiln_context_t *c = f->context;
+    pthread_mutex_lock(&c->stats_lock);
+    (recorded ? &c->stats.graph_records : &c->stats.graph_replays)[0]++;
+    pthread_mutex_unlock(&c->stats_lock);
+  }
+  return s ? kiln_status_annotate(s, "graph @%s (cuda_graphs)", f->graph->name) : s;
+}
+
 // A CUDA variant's launches, on `stream`: inputs and outputs are passed as
 // bare device pointers, temporaries are allocated for the call.
 static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
@@ -1375,29 +1508,21 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
                          "for %d buffers, the graph has %d", g->name,
                          p->arg_count, n);
   if (!s) s = kiln_cuda_use_device(f->cuda_device);
-  int allocated = 0;  // temporaries that exist (freed below)
-  for (int t = 0; !s && t < p->temp_count; ++t) {
-    ptrs[n + t] = NULL;
-    s = kiln_cuda_alloc((size_t)p->temp_bytes[t], stream, &ptrs[n + t]);
-    if (!s) allocated = t + 1;
-  }
-  for (int l = 0; !s && l < p->launch_count; ++l) {
-    const kiln_gpu_launch_t *ln = &p->launches[l];
-    if (ln->kind == KILN_GPU_COPY) {
-      s = kiln_cuda_memcpy(ptrs[ln->args[1]], ptrs[ln->args[0]],
-                           (size_t)ln->bytes, stream);
-      continue;
+  if (!s && f->options.cuda_graphs) {
+    s = run_cuda_graph(f, v, ptrs, stream);
+  } else if (!s) {
+    int allocated = 0;  // temporaries that exist (freed below)
+    for (int t = 0; !s && t < p->temp_count; ++t) {
+      ptrs[n + t] = NULL;
+      s = kiln_cuda_alloc((size_t)p->temp_bytes[t], stream, &ptrs[n + t]);
+      if (!s) allocated = t + 1;
     }
-    void *params[KILN_GPU_MAX_ARGS];
-    for (int a = 0; a < ln->arg_count; ++a) params[a] = &ptrs[ln->args[a]];
-    s = kiln_cuda_launch(v->cuda_fns[l], ln->grid, ln->block, 0, stream, params);
-    if (s)
-      s = kiln_status_annotate(s, "graph @%s, kernel %s", g->name, ln->name);
+    if (!s) s = queue_program(f, v, ptrs, stream);
+    // Temporaries are freed after the launches that use them were queued:
+    // stream-ordered (cuMemFreeAsync) where the driver has it, else
+    // cuMemFree, which waits for the device.
+    for (int t = 0; t < allocated; ++t) kiln_cuda_free(ptrs[n + t], stream);
   }
-  // Temporaries are freed after the launches that use them were queued:
-  // stream-ordered (cuMemFreeAsync) where the driver has it, else cuMemFree,
-  // which waits for the device.
-  for (int t = 0; t < allocated; ++t) kiln_cuda_free(ptrs[n + t], stream);
   if (ptrs != stack_ptrs) free(ptrs);
   return s;
 }
@@ -1853,7 +1978,8 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   if (cuda && !as) snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
   kiln_status_free(as);
   char *mlir_text = NULL;
-  kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16")};
+  kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
+                                cuda && opts.vectorize};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

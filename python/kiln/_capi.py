@@ -60,7 +60,8 @@ class Stats(ctypes.Structure):
                 ("lower_seconds", ctypes.c_double), ("mlir_seconds", ctypes.c_double),
                 ("llvm_seconds", ctypes.c_double), ("cache_seconds", ctypes.c_double),
                 ("tune_measured", ctypes.c_uint64), ("tune_db_hits", ctypes.c_uint64),
-                ("tune_seconds", ctypes.c_double)]
+                ("tune_seconds", ctypes.c_double),
+                ("graph_records", ctypes.c_uint64), ("graph_replays", ctypes.c_uint64)]
 
 
 class CompileOptions(ctypes.Structure):
@@ -69,7 +70,8 @@ class CompileOptions(ctypes.Structure):
     _fields_ = [("target", ctypes.c_char_p), ("opt_level", ctypes.c_int),
                 ("vectorize", ctypes.c_int), ("dynamic", ctypes.c_int),
                 ("max_variants", ctypes.c_int), ("num_threads", ctypes.c_int),
-                ("autotune", ctypes.c_int), ("autotune_budget_seconds", ctypes.c_double)]
+                ("autotune", ctypes.c_int), ("autotune_budget_seconds", ctypes.c_double),
+                ("cuda_graphs", ctypes.c_int)]
 
 
 DYNAMIC_AUTO, DYNAMIC_ALWAYS, DYNAMIC_NEVER = 0, 1, 2
@@ -212,7 +214,7 @@ class Function:
                  opt_level: int = 3, vectorize: bool = True,
                  dynamic: int = DYNAMIC_AUTO, max_variants: int = 8,
                  autotune: int = AUTOTUNE_HEURISTIC, autotune_budget: float = 0.0,
-                 target: str = "cpu"):
+                 target: str = "cpu", cuda_graphs: bool = False):
         self.ctx = ctx  # keeps the context alive
         graph = _P()
         data = text.encode()
@@ -226,6 +228,7 @@ class Function:
         opts.max_variants = max_variants
         opts.autotune = autotune
         opts.autotune_budget_seconds = autotune_budget
+        opts.cuda_graphs = 1 if cuda_graphs else 0
         target_bytes = target.encode()  # alive until the compile returns
         opts.target = target_bytes
         self.handle = _P()

@@ -38,6 +38,9 @@ OPTIONS = {
     "max_autotune": (True, False),
     # max-autotune's search budget per compiled variant, in seconds
     "autotune_budget": (1, 2, 5, 10, 20, 30, 60, 120, 300),
+    # mode "reduce-overhead" as an option (Inductor's triton.cudagraphs):
+    # CUDA partitions replay recorded CUDA graphs
+    "cuda_graphs": (True, False),
 }
 
 _DL_CODES = {
@@ -77,8 +80,11 @@ def parse_options(mode, options) -> dict:
         opts[k] = v
     if opts.pop("max_autotune", False):
         opts["mode"] = "max-autotune"
+    if opts.pop("cuda_graphs", False):
+        opts["mode"] = "reduce-overhead"
     # "max-autotune" measures tile sizes (lib/autotune); "reduce-overhead"
-    # (CUDA graphs, the GPU issue) compiles like "default" on the CPU.
+    # replays CUDA partitions as CUDA graphs and compiles like "default" on
+    # the CPU (where a call is one native function call already).
     return opts
 
 
@@ -106,8 +112,10 @@ def _function_for(text: str, name: str, opts: dict, dynamic: int,
     body = text[text.index("("):]
     autotune = (_capi.AUTOTUNE_MEASURE if opts["mode"] == "max-autotune"
                 else _capi.AUTOTUNE_HEURISTIC)
+    graphs = target == "cuda" and opts["mode"] == "reduce-overhead"
     key = (f"{opts['opt_level']}/{opts['vectorize']}/{opts['max_variants']}/"
-           f"{dynamic}/{autotune}/{opts['autotune_budget']}/{target}/{body}")
+           f"{dynamic}/{autotune}/{opts['autotune_budget']}/{target}/"
+           f"{graphs}/{body}")
     with _FUNCTIONS_LOCK:
         fn = _FUNCTIONS.get(key)
         if fn is None:
@@ -117,7 +125,7 @@ def _function_for(text: str, name: str, opts: dict, dynamic: int,
                                 max_variants=opts["max_variants"],
                                 autotune=autotune,
                                 autotune_budget=float(opts["autotune_budget"]),
-                                target=target)
+                                target=target, cuda_graphs=graphs)
             _FUNCTIONS[key] = fn
         else:
             _note("stats", f"{name}: same graph as an earlier partition, reused")

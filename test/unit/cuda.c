@@ -40,6 +40,12 @@ static const char *kGraphs[] = {
     "graph @ln(%x: f32[16,256], %w: f32[256], %b: f32[256]) {\n"
     "  %n, %mean, %rstd = aten.native_layer_norm(%x, %w, %b) "
     "{normalized_shape = [256], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
+    // bf16 on tensor cores (mma.sync, whole 128x128x32 tiles), and with a
+    // bias + GELU epilogue.
+    "graph @mma(%a: bf16[256,512], %b: bf16[512,384]) {\n"
+    "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    "graph @mma2(%a: bf16[128,256], %b: bf16[256,256], %c: bf16[256]) {\n"
+    "  %d = aten.addmm(%c, %a, %b)\n  %g = aten.gelu(%d)\n  return %g\n}\n",
 };
 
 typedef struct {
@@ -164,6 +170,101 @@ static void misaligned_is_refused(kiln_context_t *ctx, mgpu_t *m, void *stream) 
   printf("cuda: misaligned buffer refused\n");
 }
 
+// options.cuda_graphs: calls with the buffers of an earlier call replay its
+// graph (and see the buffers' new contents); other buffers record a graph;
+// past KILN_GRAPH_SLOTS (4) address sets the least recently used graph is
+// updated in place. Every call gets fresh inputs and is checked.
+#define GRAPH_SETS 5
+typedef struct {
+  DLTensor in[4], out[4];
+} buffers_t;
+
+static void graph_call(kiln_function_t *fn, kiln_graph_t *g, buffers_t *b,
+                       mgpu_t *m, void *stream, uint64_t *seed) {
+  size_t nin = kiln_graph_input_count(g), nout = kiln_graph_output_count(g);
+  kt_tensor_t in[4], got[4], want[4];
+  DLTensor in_dl[4], got_dl[4], want_dl[4];
+  kiln_tensor_type_t it[4], ot[4];
+  for (size_t i = 0; i < nin; ++i) {
+    kiln_graph_input_type(g, i, &it[i]);
+    kt_alloc(&in[i], &it[i], false);
+    kt_fill_random(&in[i], seed);
+    in_dl[i] = in[i].dl;
+    m->memcpy_(b->in[i].data, in[i].dl.data, bytes_of(&it[i]), stream);
+  }
+  for (size_t i = 0; i < nout; ++i) kiln_graph_output_type(g, i, &ot[i]);
+  CHECK(kt_alloc_outputs(ot, nout, got, want, got_dl, want_dl));
+  CHECK_OK(kiln_function_call_async(fn, b->in, nin, b->out, nout, stream));
+  for (size_t i = 0; i < nout; ++i)
+    m->memcpy_(got_dl[i].data, b->out[i].data, bytes_of(&ot[i]), stream);
+  m->stream_sync(stream);
+  CHECK_OK(kiln_graph_interpret(g, in_dl, nin, want_dl, nout));
+  for (size_t i = 0; i < nout; ++i) {
+    kt_compare_t c;
+    if (!kt_compare(&got[i], &want[i], kt_tolerance_for(ot[i].dtype), &c)) {
+      fprintf(stderr, "cuda graphs: output %zu differs from the reference\n", i);
+      kt_failures++;
+    }
+  }
+  kt_free_n(in, nin);
+  kt_free_n(got, nout);
+  kt_free_n(want, nout);
+}
+
+static void graphs_replay(kiln_context_t *ctx, const char *text, mgpu_t *m,
+                          void *stream, uint64_t *seed) {
+  kiln_graph_t *g = NULL;
+  kiln_function_t *fn = NULL;
+  kiln_compile_options_t o;
+  kiln_compile_options_init(&o);
+  o.target = "cuda";
+  o.cuda_graphs = 1;
+  CHECK_OK(kiln_graph_parse(ctx, text, strlen(text), "graphs", &g));
+  if (g) CHECK_OK(kiln_function_compile(ctx, g, &o, &fn));
+  if (!fn) {
+    kiln_graph_destroy(g);
+    return;
+  }
+  size_t nin = kiln_graph_input_count(g), nout = kiln_graph_output_count(g);
+  buffers_t sets[GRAPH_SETS];
+  for (int k = 0; k < GRAPH_SETS; ++k)
+    for (size_t i = 0; i < nin + nout; ++i) {
+      kiln_tensor_type_t t;
+      if (i < nin) kiln_graph_input_type(g, i, &t);
+      else kiln_graph_output_type(g, i - nin, &t);
+      DLTensor *d = i < nin ? &sets[k].in[i] : &sets[k].out[i - nin];
+      int64_t *shape = malloc(sizeof(int64_t) * (size_t)(t.rank ? t.rank : 1));
+      memcpy(shape, t.shape, sizeof(int64_t) * (size_t)t.rank);
+      DLTensor v = {m->mem_alloc(bytes_of(&t), stream, false), {kDLCUDA, 0},
+                    t.rank, t.dtype, shape, NULL, 0};
+      *d = v;
+    }
+  kiln_stats_t before, after;
+  kiln_context_stats(ctx, &before);
+  // Sets 0..4 record (the fifth over set 0's graph), 4 replays, 0 records
+  // over set 1 (least recently used), 0 and 2 replay; set 0's call 2 sees
+  // new inputs in the same buffers.
+  static const int order[] = {0, 1, 2, 3, 4, 4, 0, 0, 2};
+  for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); ++k)
+    graph_call(fn, g, &sets[order[k]], m, stream, seed);
+  kiln_context_stats(ctx, &after);
+  uint64_t records = after.graph_records - before.graph_records;
+  uint64_t replays = after.graph_replays - before.graph_replays;
+  printf("cuda graphs: %.*s %llu calls, %llu recorded, %llu replayed\n",
+         (int)(strchr(text, '(') - text), text,
+         (unsigned long long)(sizeof(order) / sizeof(order[0])),
+         (unsigned long long)records, (unsigned long long)replays);
+  CHECK(records == 6 && replays == 3);
+  for (int k = 0; k < GRAPH_SETS; ++k)
+    for (size_t i = 0; i < nin + nout; ++i) {
+      DLTensor *d = i < nin ? &sets[k].in[i] : &sets[k].out[i - nin];
+      m->mem_free(d->data, stream);
+      free(d->shape);
+    }
+  kiln_function_release(fn);
+  kiln_graph_destroy(g);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);  // a crash on the GPU machine keeps its log
   kiln_status_t s = kiln_cuda_available();
@@ -193,6 +294,8 @@ int main(void) {
   for (size_t i = 0; i < sizeof(kGraphs) / sizeof(kGraphs[0]); ++i)
     run_graph(ctx, kGraphs[i], &m, stream, &seed);
   misaligned_is_refused(ctx, &m, stream);
+  graphs_replay(ctx, kGraphs[3], &m, stream, &seed);  // temporaries
+  graphs_replay(ctx, kGraphs[2], &m, stream, &seed);  // a device copy step
   kiln_stats_t first;
   kiln_context_stats(ctx, &first);
   kiln_context_destroy(ctx);
