@@ -309,9 +309,11 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_LINALG,
                                                KILN_STAGE_FUSED, &o));
   int mma = 0;  // matmuls on tensor cores
-  if (schedules)
+  if (schedules) {
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_rows_gpu(kiln_mlir_context(m), module));
     KILN_RETURN_IF_ERROR_PLAIN(
         kiln_kernels_tile_gpu(kiln_mlir_context(m), module, &mma));
+  }
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
   if (schedules)

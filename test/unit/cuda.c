@@ -46,6 +46,17 @@ static const char *kGraphs[] = {
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
     "graph @mma2(%a: bf16[128,256], %b: bf16[256,256], %c: bf16[256]) {\n"
     "  %d = aten.addmm(%c, %a, %b)\n  %g = aten.gelu(%d)\n  return %g\n}\n",
+    // kernels/gpu_rows.c: a row per warp, shuffle butterflies; softmax in
+    // kiln's row forall, log_softmax and a layer norm after a residual add
+    // at function level.
+    "graph @sm(%x: f32[4096,1024]) {\n"
+    "  %y = aten._softmax(%x) {dim = 1}\n  return %y\n}\n",
+    "graph @lsm(%x: f32[256,1024]) {\n"
+    "  %y = aten._log_softmax(%x) {dim = 1}\n  return %y\n}\n",
+    "graph @ln2(%x: f32[512,768], %r: f32[512,768], %w: f32[768], %b: f32[768]) {\n"
+    "  %s = aten.add(%x, %r)\n"
+    "  %n, %mean, %rstd = aten.native_layer_norm(%s, %w, %b) "
+    "{normalized_shape = [768], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
 };
 
 typedef struct {

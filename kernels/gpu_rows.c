@@ -1,0 +1,1252 @@
+// Cooperative row reductions for the CUDA target (softmax, log_softmax,
+// layer norm): a group of linalg ops over the rows of an f32[M,N] tensor
+// becomes one kernel in which L lanes (a warp or part of one) own a row,
+// each lane holding V 16-byte vectors of it in registers, reductions being
+// vector.reduction then a gpu.shuffle xor butterfly across the lanes.
+//
+// The replacement is written as MLIR text (a block scf.forall over rows and
+// a thread scf.forall inside, on tensors, tagged for kiln_kernels_map_gpu),
+// parsed as a function and inlined by hand where the group was. The shape
+// follows the recipe verified with mlir-opt 22: the expand_shape of the row
+// block to [R,V,L,4] and one rectangular parallel_insert_slice per lane
+// keep bufferization in place (no allocations in the kernel).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mlir-c/AffineExpr.h>
+#include <mlir-c/AffineMap.h>
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+
+#include "kernels/kernels.h"
+
+// Block ids of the row kernels: clear of kiln_kernels_tile_gpu's (0, 1, ..).
+#define ROWS_BLOCK_ID_BASE 1000000
+// Threads per block at most, and at least (whole warps: the butterfly's
+// shfl.sync names all 32 lanes).
+#define ROWS_MAX_THREADS 256
+#define ROWS_MIN_THREADS 64
+// f32 per lane of one row value kept in registers (N <= 2048 with 32 lanes):
+// ptxas -v (sm_90) gives no spills up to here (softmax 100 registers,
+// log_softmax 166, layer norm 119 at N = 2048); longer rows are left to the
+// other schedules.
+#define ROWS_MAX_PER_LANE 64
+// Enough blocks to fill an H100/H200 (132 SMs) twice before blocks grow.
+#define ROWS_TARGET_BLOCKS 264
+
+#define MAX_OPS 32
+#define MAX_VALUES 128
+#define MAX_INPUTS 16
+#define MAX_OUTPUTS 16
+#define NAME 24
+
+typedef enum { K_NONE = 0, K_ROW, K_SCALAR, K_COL } kind_t;
+
+// A tensor value of the group: a member's result, an input, a constant fill.
+typedef struct {
+  MlirValue v;
+  kind_t kind;
+  char name[NAME];  // vector<Kxf32> (ROW, COL) or f32 (SCALAR) in the kernel
+} reg_t;
+
+typedef struct {
+  MlirValue v;  // the whole tensor, [M,N] or [N]
+  kind_t kind;
+  char name[NAME];  // its registers once loaded ("" before)
+} input_t;
+
+// A scalar value inside a generic's body, as re-emitted.
+typedef struct {
+  MlirValue v;
+  bool varying;  // differs along the row: a vector<K> in the kernel
+  char name[NAME];
+} bval_t;
+
+typedef struct {
+  MlirContext ctx;
+  MlirBlock block;      // the block holding the group (or the forall)
+  MlirOperation forall; // case (a): the row forall replaced as a whole
+  MlirValue iv;         // its induction variable
+  int64_t B, M, N;      // rows of the group's tensors, rows in all, row length
+  int64_t L, V, K, R, T;
+  MlirOperation ops[MAX_OPS];
+  int nops;
+  input_t in[MAX_INPUTS];
+  int nin;
+  reg_t regs[MAX_VALUES];
+  int nregs;
+  // Results: what they replace, their kind, register and type.
+  MlirValue out[MAX_OUTPUTS];
+  kind_t out_kind[MAX_OUTPUTS];
+  char out_reg[MAX_OUTPUTS][NAME];
+  MlirType out_type[MAX_OUTPUTS];
+  int nout;
+  // Scalar constants captured from outside the bodies.
+  MlirValue cst[MAX_VALUES];
+  char cst_name[MAX_VALUES][NAME];
+  int ncst;
+  bval_t bv[MAX_VALUES * 2];
+  int nbv;
+  kiln_sbuf_t pre, body;
+  int next;
+  bool failed;
+} group_t;
+
+//===--- small helpers ----------------------------------------------------===//
+
+static bool is(MlirOperation op, const char *name) {
+  if (mlirOperationIsNull(op)) return false;
+  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
+  return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
+}
+
+static bool prefixed(MlirOperation op, const char *prefix) {
+  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
+  return n.length > strlen(prefix) && memcmp(n.data, prefix, strlen(prefix)) == 0;
+}
+
+static MlirOperation def_of(MlirValue v) {
+  if (mlirValueIsAOpResult(v)) return mlirOpResultGetOwner(v);
+  MlirOperation null = {NULL};
+  return null;
+}
+
+static MlirAttribute attr(MlirOperation op, const char *name) {
+  return mlirOperationGetAttributeByName(op, mlirStringRefCreateFromCString(name));
+}
+
+static void sbuf_cb(MlirStringRef s, void *user) {
+  kiln_sbuf_append(user, s.data, s.length);
+}
+
+static void put_type(kiln_sbuf_t *b, MlirType t) { mlirTypePrint(t, sbuf_cb, b); }
+
+static void fresh(group_t *g, char *out) { snprintf(out, NAME, "%%v%d", g->next++); }
+
+// Element i of a dense i64 array attribute, or `dflt`.
+static int64_t i64_at(MlirAttribute a, intptr_t i, int64_t dflt) {
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsADenseI64Array(a) ||
+      i >= mlirDenseArrayGetNumElements(a))
+    return dflt;
+  return mlirDenseI64ArrayGetElement(a, i);
+}
+
+static intptr_t array_len(MlirAttribute a) {
+  return mlirAttributeIsNull(a) || !mlirAttributeIsADenseI64Array(a)
+             ? -1
+             : mlirDenseArrayGetNumElements(a);
+}
+
+// The row form of a tensor type for rows B and row length N: [B,N] and
+// [B,1,N] are rows, [B] and [B,1] a scalar per row, [N] a vector along
+// the row; f32, static. Bit flags, since [B] and [N] agree when B == N.
+enum { F_ROW = 1, F_SCALAR = 2, F_COL = 4 };
+static int forms(MlirType t, int64_t B, int64_t N) {
+  if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t) ||
+      !mlirTypeIsAF32(mlirShapedTypeGetElementType(t)))
+    return 0;
+  intptr_t r = mlirShapedTypeGetRank(t);
+  int64_t d[3] = {0, 0, 0};
+  for (intptr_t i = 0; i < r && i < 3; ++i) d[i] = mlirShapedTypeGetDimSize(t, i);
+  int f = 0;
+  if ((r == 2 && d[0] == B && d[1] == N) ||
+      (r == 3 && d[0] == B && d[1] == 1 && d[2] == N))
+    f |= F_ROW;
+  if ((r == 1 && d[0] == B) || (r == 2 && d[0] == B && d[1] == 1)) f |= F_SCALAR;
+  if (r == 1 && d[0] == N) f |= F_COL;
+  return f;
+}
+
+// Through reshapes between forms of one kind to the value they view.
+static MlirValue look_through(MlirValue v, int64_t B, int64_t N) {
+  for (int depth = 0; depth < 8; ++depth) {
+    MlirOperation d = def_of(v);
+    if (!(is(d, "tensor.expand_shape") || is(d, "tensor.collapse_shape"))) break;
+    MlirValue src = mlirOperationGetOperand(d, 0);
+    int a = forms(mlirValueGetType(src), B, N), b = forms(mlirValueGetType(v), B, N);
+    if (!(a & b)) break;
+    v = src;
+  }
+  return v;
+}
+
+//===--- recognizing row generics -----------------------------------------===//
+
+typedef enum { D_BAD = 0, D_ROW, D_RED, D_SCALAR } domain_t;
+
+typedef struct {
+  domain_t domain;
+  int rank;            // of the iteration domain
+  int nin, nout;
+  kind_t kind[16];     // per operand (inputs then outputs)
+} ginfo_t;
+
+// The kind an operand takes in a domain of `rank` dims (row dim d0, the
+// column dim last; in a rank-3 reduction d1 is a unit dim), or K_NONE.
+static kind_t operand_kind(MlirAffineMap map, MlirType t, int rank, bool scalar_domain,
+                           int64_t B, int64_t N) {
+  int f = forms(t, B, N);
+  intptr_t n = mlirAffineMapGetNumResults(map);
+  int dim[3] = {-2, -2, -2};  // dim position, or -1 for the constant 0
+  for (intptr_t i = 0; i < n && i < 3; ++i) {
+    MlirAffineExpr e = mlirAffineMapGetResult(map, i);
+    if (mlirAffineExprIsADim(e)) dim[i] = (int)mlirAffineDimExprGetPosition(e);
+    else if (mlirAffineExprIsAConstant(e) && mlirAffineConstantExprGetValue(e) == 0)
+      dim[i] = -1;
+  }
+  intptr_t r = mlirShapedTypeGetRank(t);
+  int col = rank - 1;
+  if (scalar_domain) {
+    // [B] by (d0); [B,1] by (d0, d1) or (d0, 0).
+    if ((f & F_SCALAR) && r == 1 && n == 1 && dim[0] == 0) return K_SCALAR;
+    if ((f & F_SCALAR) && r == 2 && n == 2 && dim[0] == 0 &&
+        (dim[1] == -1 || (rank == 2 && dim[1] == 1)))
+      return K_SCALAR;
+    return K_NONE;
+  }
+  if ((f & F_ROW) && r == 2 && n == 2 && dim[0] == 0 && dim[1] == col) return K_ROW;
+  if ((f & F_ROW) && r == 3 && rank == 3 && n == 3 && dim[0] == 0 && dim[1] == 1 &&
+      dim[2] == 2)
+    return K_ROW;
+  if ((f & F_SCALAR) && r == 1 && n == 1 && dim[0] == 0) return K_SCALAR;
+  if ((f & F_SCALAR) && r == 2 && n == 2 && dim[0] == 0 &&
+      (dim[1] == -1 || (rank == 3 && dim[1] == 1)))
+    return K_SCALAR;
+  if ((f & F_COL) && r == 1 && n == 1 && dim[0] == col) return K_COL;
+  return K_NONE;
+}
+
+static bool iterator_is(MlirAttribute it, const char *what) {
+  kiln_sbuf_t b;
+  kiln_sbuf_init(&b);
+  mlirAttributePrint(it, sbuf_cb, &b);
+  bool r = b.data && strstr(b.data, what) != NULL;
+  kiln_sbuf_free(&b);
+  return r;
+}
+
+// Whether `op` is a linalg.generic over the rows (B, N), and how.
+static bool classify(MlirOperation op, int64_t B, int64_t N, ginfo_t *gi) {
+  memset(gi, 0, sizeof(*gi));
+  if (!is(op, "linalg.generic") || B < 1 || N < 2) return false;
+  MlirAttribute seg = attr(op, "operandSegmentSizes");
+  MlirAttribute maps = attr(op, "indexing_maps");
+  MlirAttribute iters = attr(op, "iterator_types");
+  if (mlirAttributeIsNull(seg) || !mlirAttributeIsADenseI32Array(seg) ||
+      mlirDenseArrayGetNumElements(seg) != 2 || mlirAttributeIsNull(maps) ||
+      mlirAttributeIsNull(iters) || !mlirAttributeIsAArray(iters))
+    return false;
+  gi->nin = mlirDenseI32ArrayGetElement(seg, 0);
+  gi->nout = mlirDenseI32ArrayGetElement(seg, 1);
+  int n = gi->nin + gi->nout;
+  if (gi->nout < 1 || n > 16 || mlirArrayAttrGetNumElements(maps) != n ||
+      mlirOperationGetNumResults(op) != gi->nout)
+    return false;
+  int rank = (int)mlirArrayAttrGetNumElements(iters);
+  bool red[3] = {false, false, false};
+  if (rank < 1 || rank > 3) return false;
+  for (int i = 0; i < rank; ++i) {
+    MlirAttribute it = mlirArrayAttrGetElement(iters, i);
+    red[i] = iterator_is(it, "reduction");
+    if (!red[i] && !iterator_is(it, "parallel")) return false;
+  }
+  // The loop ranges, read off the operand shapes.
+  int64_t range[3] = {-1, -1, -1};
+  for (int i = 0; i < n; ++i) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
+    MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+    if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t) ||
+        mlirAffineMapGetNumDims(m) != rank || mlirAffineMapGetNumSymbols(m) != 0 ||
+        mlirAffineMapGetNumResults(m) != mlirShapedTypeGetRank(t))
+      return false;
+    for (intptr_t k = 0; k < mlirAffineMapGetNumResults(m); ++k) {
+      MlirAffineExpr e = mlirAffineMapGetResult(m, k);
+      if (!mlirAffineExprIsADim(e)) continue;
+      intptr_t p = mlirAffineDimExprGetPosition(e);
+      int64_t s = mlirShapedTypeGetDimSize(t, k);
+      if (range[p] >= 0 && range[p] != s) return false;
+      range[p] = s;
+    }
+  }
+  for (int i = 0; i < rank; ++i)
+    if (range[i] < 0) return false;
+  if (rank == 2 && !red[0] && !red[1] && range[0] == B && range[1] == N)
+    gi->domain = D_ROW;
+  else if (rank == 2 && !red[0] && red[1] && range[0] == B && range[1] == N)
+    gi->domain = D_RED;
+  else if (rank == 3 && !red[0] && !red[1] && red[2] && range[0] == B &&
+           range[1] == 1 && range[2] == N)
+    gi->domain = D_RED;
+  else if (rank == 2 && !red[0] && !red[1] && range[0] == B && range[1] == 1)
+    gi->domain = D_SCALAR;
+  else if (rank == 1 && !red[0] && range[0] == B)
+    gi->domain = D_SCALAR;
+  else
+    return false;
+  gi->rank = rank;
+  if (gi->domain == D_RED && gi->nout != 1) return false;
+  for (int i = 0; i < n; ++i) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
+    MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+    kind_t k = operand_kind(m, t, rank, gi->domain == D_SCALAR, B, N);
+    if (k == K_NONE) return false;
+    bool output = i >= gi->nin;
+    if (output && gi->domain == D_ROW && k != K_ROW) return false;
+    if (output && gi->domain != D_ROW && k != K_SCALAR) return false;
+    gi->kind[i] = k;
+  }
+  return true;
+}
+
+//===--- emitting the kernel body -----------------------------------------===//
+
+static reg_t *find_reg(group_t *g, MlirValue v) {
+  for (int i = 0; i < g->nregs; ++i)
+    if (mlirValueEqual(g->regs[i].v, v)) return &g->regs[i];
+  return NULL;
+}
+
+static bool member(group_t *g, MlirOperation op) {
+  for (int i = 0; i < g->nops; ++i)
+    if (mlirOperationEqual(g->ops[i], op)) return true;
+  return false;
+}
+
+// The kernel name of a scalar arith.constant captured from outside (emitted
+// once, at the top of the thread body); NULL when `v` is anything else.
+static const char *constant(group_t *g, MlirValue v) {
+  for (int i = 0; i < g->ncst; ++i)
+    if (mlirValueEqual(g->cst[i], v)) return g->cst_name[i];
+  MlirOperation d = def_of(v);
+  MlirType t = mlirValueGetType(v);
+  if (!is(d, "arith.constant") || g->ncst == MAX_VALUES ||
+      !(mlirTypeIsAFloat(t) || mlirTypeIsAInteger(t)))
+    return NULL;
+  char *name = g->cst_name[g->ncst];
+  snprintf(name, NAME, "%%c%d", g->next++);
+  g->cst[g->ncst++] = v;
+  kiln_sbuf_printf(&g->pre, "        %s = arith.constant ", name);
+  mlirAttributePrint(attr(d, "value"), sbuf_cb, &g->pre);
+  kiln_sbuf_puts(&g->pre, "\n");
+  return name;
+}
+
+// Loads this lane's V vectors of an input row (or of a [N] vector).
+static const char *load_input(group_t *g, input_t *in) {
+  if (in->name[0]) return in->name;
+  int idx = (int)(in - g->in);
+  char prev[NAME];
+  fresh(g, prev);
+  kiln_sbuf_printf(&g->body, "        %s = arith.constant dense<0.0> : vector<%lldxf32>\n",
+                   prev, (long long)g->K);
+  for (int64_t j = 0; j < g->V; ++j) {
+    char l[NAME], acc[NAME];
+    fresh(g, l);
+    fresh(g, acc);
+    kiln_sbuf_printf(&g->body, "        %s = vector.transfer_read %%a%d[", l, idx);
+    if (in->kind == K_ROW) kiln_sbuf_puts(&g->body, "%row, ");
+    kiln_sbuf_printf(&g->body, "%%cc%lld], %%pad {in_bounds = [true]} : ", (long long)j);
+    put_type(&g->body, mlirValueGetType(in->v));
+    kiln_sbuf_printf(&g->body,
+                     ", vector<4xf32>\n"
+                     "        %s = vector.insert_strided_slice %s, %s {offsets = [%lld], "
+                     "strides = [1]} : vector<4xf32> into vector<%lldxf32>\n",
+                     acc, l, prev, (long long)(4 * j), (long long)g->K);
+    memcpy(prev, acc, NAME);
+  }
+  memcpy(in->name, prev, NAME);
+  return in->name;
+}
+
+// The kernel value of a generic's tensor operand: a member's register, an
+// input (loaded), or a constant fill. Records new inputs.
+static bool operand_reg(group_t *g, MlirValue v, kind_t kind, char *out) {
+  MlirValue base = look_through(v, g->B, g->N);
+  reg_t *r = find_reg(g, base);
+  if (r) {
+    if (r->kind != kind) return false;
+    memcpy(out, r->name, NAME);
+    return true;
+  }
+  MlirOperation d = def_of(base);
+  if (is(d, "linalg.fill") && kind == K_SCALAR) {
+    const char *c = constant(g, mlirOperationGetOperand(d, 0));
+    if (!c || !mlirTypeIsAF32(mlirValueGetType(mlirOperationGetOperand(d, 0))))
+      return false;
+    snprintf(out, NAME, "%s", c);
+    return true;
+  }
+  // An input: a slice [iv, 0] [B, N] of a whole tensor in the forall, or a
+  // whole tensor ([M,N] rows, [N] along the row) from outside the group.
+  if (g->forall.ptr && is(d, "tensor.extract_slice") &&
+      mlirOperationEqual(mlirOperationGetParentOperation(d), g->forall)) {
+    if (kind != K_ROW || mlirOperationGetNumOperands(d) != 2 ||
+        !mlirValueEqual(mlirOperationGetOperand(d, 1), g->iv) ||
+        i64_at(attr(d, "static_offsets"), 1, -1) != 0 ||
+        i64_at(attr(d, "static_sizes"), 0, -1) != g->B ||
+        i64_at(attr(d, "static_sizes"), 1, -1) != g->N ||
+        i64_at(attr(d, "static_strides"), 0, -1) != 1 ||
+        i64_at(attr(d, "static_strides"), 1, -1) != 1)
+      return false;
+    base = mlirOperationGetOperand(d, 0);
+    if (mlirValueIsABlockArgument(base) &&
+        mlirBlockEqual(mlirBlockArgumentGetOwner(base),
+                       mlirRegionGetFirstBlock(mlirOperationGetRegion(g->forall, 0))))
+      return false;  // a shared output
+    if (!(forms(mlirValueGetType(base), g->M, g->N) & F_ROW) ||
+        mlirShapedTypeGetRank(mlirValueGetType(base)) != 2)
+      return false;
+  } else {
+    if (g->forall.ptr) {
+      // Defined inside the forall by anything else: not ours.
+      MlirOperation scope = d.ptr ? mlirOperationGetParentOperation(d)
+                                  : mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(base));
+      for (MlirOperation p = scope; !mlirOperationIsNull(p);
+           p = mlirOperationGetParentOperation(p))
+        if (mlirOperationEqual(p, g->forall)) return false;
+    }
+    MlirType t = mlirValueGetType(base);
+    intptr_t rank = mlirTypeIsARankedTensor(t) ? mlirShapedTypeGetRank(t) : -1;
+    int f = forms(t, g->M, g->N);
+    if (kind == K_ROW && !((f & F_ROW) && rank == 2 && g->B == g->M)) return false;
+    if (kind == K_COL && !(f & F_COL)) return false;
+    if (kind == K_SCALAR) return false;  // scalar inputs: not yet
+  }
+  input_t *in = NULL;
+  for (int i = 0; i < g->nin; ++i)
+    if (mlirValueEqual(g->in[i].v, base)) in = &g->in[i];
+  if (!in) {
+    if (g->nin == MAX_INPUTS) return false;
+    in = &g->in[g->nin++];
+    in->v = base;
+    in->kind = kind;
+    in->name[0] = 0;
+  }
+  if (in->kind != kind) return false;
+  memcpy(out, load_input(g, in), NAME);
+  return true;
+}
+
+static bval_t *find_bv(group_t *g, MlirValue v) {
+  for (int i = g->nbv - 1; i >= 0; --i)
+    if (mlirValueEqual(g->bv[i].v, v)) return &g->bv[i];
+  return NULL;
+}
+
+static bval_t *add_bv(group_t *g, MlirValue v, bool varying, const char *name) {
+  if (g->nbv == MAX_VALUES * 2) return NULL;
+  bval_t *b = &g->bv[g->nbv++];
+  b->v = v;
+  b->varying = varying;
+  snprintf(b->name, NAME, "%s", name);
+  return b;
+}
+
+static void put_vtype(group_t *g, MlirType t, bool varying) {
+  if (varying) kiln_sbuf_printf(&g->body, "vector<%lldx", (long long)g->K);
+  put_type(&g->body, t);
+  if (varying) kiln_sbuf_puts(&g->body, ">");
+}
+
+// A body operand as a kernel value, broadcast to a vector when `varying`.
+static bool body_operand(group_t *g, MlirValue v, bool varying, char *out) {
+  bval_t *b = find_bv(g, v);
+  const char *name = b ? b->name : constant(g, v);
+  if (!name) return false;
+  if (!varying || (b && b->varying)) {
+    snprintf(out, NAME, "%s", name);
+    return true;
+  }
+  fresh(g, out);
+  kiln_sbuf_printf(&g->body, "        %s = vector.broadcast %s : ", out, name);
+  put_type(&g->body, mlirValueGetType(v));
+  kiln_sbuf_puts(&g->body, " to ");
+  put_vtype(g, mlirValueGetType(v), true);
+  kiln_sbuf_puts(&g->body, "\n");
+  return true;
+}
+
+// Math ops known to lower on vectors in the NVVM pipeline; any other op of
+// the math dialect is kept to row scalars.
+static bool vector_math_ok(MlirOperation op) {
+  static const char *const ok[] = {"math.floor", "math.ceil", "math.absf",
+                                   "math.sqrt", "math.rsqrt", "math.fma",
+                                   "math.trunc", "math.round", "math.copysign"};
+  for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); ++i)
+    if (is(op, ok[i])) return true;
+  return false;
+}
+
+// Re-emits one scalar body op on the kernel's values, in generic form with
+// its attributes (inherent ones parse back into properties).
+static bool emit_body_op(group_t *g, MlirOperation op) {
+  if (mlirOperationGetNumRegions(op) != 0 || mlirOperationGetNumResults(op) != 1)
+    return false;
+  MlirValue res = mlirOperationGetResult(op, 0);
+  MlirType rt = mlirValueGetType(res);
+  if (!(mlirTypeIsAFloat(rt) || mlirTypeIsAInteger(rt))) return false;
+  if (is(op, "arith.constant")) {
+    char name[NAME];
+    fresh(g, name);
+    kiln_sbuf_printf(&g->pre, "        %s = arith.constant ", name);
+    mlirAttributePrint(attr(op, "value"), sbuf_cb, &g->pre);
+    kiln_sbuf_puts(&g->pre, "\n");
+    return add_bv(g, res, false, name) != NULL;
+  }
+  if (!prefixed(op, "arith.") && !prefixed(op, "math.")) return false;
+  intptr_t n = mlirOperationGetNumOperands(op);
+  if (n > 4) return false;
+  bool varying = false;
+  for (intptr_t i = 0; i < n; ++i) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    MlirType t = mlirValueGetType(v);
+    if (!(mlirTypeIsAFloat(t) || mlirTypeIsAInteger(t))) return false;
+    bval_t *b = find_bv(g, v);
+    if (b && b->varying) varying = true;
+  }
+  if (varying && prefixed(op, "math.") && !vector_math_ok(op)) return false;
+  char ops[4][NAME];
+  for (intptr_t i = 0; i < n; ++i)
+    if (!body_operand(g, mlirOperationGetOperand(op, i), varying, ops[i])) return false;
+  char name[NAME];
+  fresh(g, name);
+  MlirStringRef opname = mlirIdentifierStr(mlirOperationGetName(op));
+  kiln_sbuf_printf(&g->body, "        %s = \"%.*s\"(", name, (int)opname.length,
+                   opname.data);
+  for (intptr_t i = 0; i < n; ++i)
+    kiln_sbuf_printf(&g->body, "%s%s", i ? ", " : "", ops[i]);
+  kiln_sbuf_puts(&g->body, ")");
+  intptr_t na = mlirOperationGetNumAttributes(op);
+  for (intptr_t i = 0; i < na; ++i) {
+    MlirNamedAttribute a = mlirOperationGetAttribute(op, i);
+    MlirStringRef an = mlirIdentifierStr(a.name);
+    kiln_sbuf_printf(&g->body, "%s%.*s = ", i ? ", " : " {", (int)an.length, an.data);
+    mlirAttributePrint(a.attribute, sbuf_cb, &g->body);
+  }
+  kiln_sbuf_puts(&g->body, na ? "} : (" : " : (");
+  for (intptr_t i = 0; i < n; ++i) {
+    if (i) kiln_sbuf_puts(&g->body, ", ");
+    put_vtype(g, mlirValueGetType(mlirOperationGetOperand(op, i)), varying);
+  }
+  kiln_sbuf_puts(&g->body, ") -> ");
+  put_vtype(g, rt, varying);
+  kiln_sbuf_puts(&g->body, "\n");
+  return add_bv(g, res, varying, name) != NULL;
+}
+
+// The vector.reduction kind of a combiner op, or NULL.
+static const char *reduction_kind(MlirOperation op) {
+  static const char *const map[][2] = {
+      {"arith.addf", "add"},           {"arith.mulf", "mul"},
+      {"arith.maximumf", "maximumf"},  {"arith.minimumf", "minimumf"},
+      {"arith.maxnumf", "maxnumf"},    {"arith.minnumf", "minnumf"}};
+  for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); ++i)
+    if (is(op, map[i][0])) return map[i][1];
+  return NULL;
+}
+
+static bool emit_generic(group_t *g, MlirOperation op, const ginfo_t *gi) {
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (mlirBlockIsNull(body) || mlirBlockGetNumArguments(body) != gi->nin + gi->nout)
+    return false;
+  g->nbv = 0;
+  for (int i = 0; i < gi->nin; ++i) {
+    char name[NAME];
+    if (!operand_reg(g, mlirOperationGetOperand(op, i), gi->kind[i], name)) return false;
+    if (!add_bv(g, mlirBlockGetArgument(body, i), gi->kind[i] != K_SCALAR, name))
+      return false;
+  }
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  if (!is(yield, "linalg.yield") || mlirOperationGetNumOperands(yield) != gi->nout)
+    return false;
+  // A reduction: the yielded value combines the output argument with the
+  // per-element value, and the output argument has no other use.
+  MlirOperation comb = {NULL};
+  MlirValue acc = mlirBlockGetArgument(body, gi->nin);
+  char init[NAME] = "";
+  if (gi->domain == D_RED) {
+    MlirValue y = mlirOperationGetOperand(yield, 0);
+    comb = def_of(y);
+    if (mlirOperationIsNull(comb) || !reduction_kind(comb) ||
+        !mlirBlockEqual(mlirOperationGetBlock(comb), body) ||
+        !mlirTypeIsAF32(mlirValueGetType(y)))
+      return false;
+    MlirValue a = mlirOperationGetOperand(comb, 0), b = mlirOperationGetOperand(comb, 1);
+    if (!(mlirValueEqual(a, acc) ^ mlirValueEqual(b, acc))) return false;
+    MlirOpOperand u = mlirValueGetFirstUse(acc);
+    if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u)))
+      return false;
+    if (!operand_reg(g, mlirOperationGetOperand(op, gi->nin), K_SCALAR, init))
+      return false;
+  } else {
+    for (int i = 0; i < gi->nout; ++i)
+      if (!mlirOpOperandIsNull(mlirValueGetFirstUse(mlirBlockGetArgument(body, gi->nin + i))))
+        return false;
+  }
+  for (MlirOperation b = mlirBlockGetFirstOperation(body);
+       !mlirOperationEqual(b, yield); b = mlirOperationGetNextInBlock(b)) {
+    if (comb.ptr && mlirOperationEqual(b, comb)) continue;
+    if (!emit_body_op(g, b)) return false;
+  }
+  if (gi->domain == D_RED) {
+    MlirValue a = mlirOperationGetOperand(comb, 0), b = mlirOperationGetOperand(comb, 1);
+    MlirValue v = mlirValueEqual(a, acc) ? b : a;
+    bval_t *bv = find_bv(g, v);
+    if (!bv || !bv->varying) return false;  // a reduction of a row constant
+    MlirStringRef cn = mlirIdentifierStr(mlirOperationGetName(comb));
+    char cur[NAME];
+    fresh(g, cur);
+    kiln_sbuf_printf(&g->body,
+                     "        %s = vector.reduction <%s>, %s : vector<%lldxf32> into f32\n",
+                     cur, reduction_kind(comb), bv->name, (long long)g->K);
+    // The butterfly: after log2(L) steps every lane of the row holds it.
+    for (int64_t off = g->L / 2; off >= 1; off /= 2) {
+      char s[NAME], ok[NAME], nx[NAME];
+      fresh(g, s);
+      fresh(g, ok);
+      fresh(g, nx);
+      kiln_sbuf_printf(&g->body,
+                       "        %s, %s = gpu.shuffle xor %s, %%sh%lld, %%width : f32\n"
+                       "        %s = %.*s %s, %s : f32\n",
+                       s, ok, cur, (long long)off, nx, (int)cn.length, cn.data, cur, s);
+      memcpy(cur, nx, NAME);
+    }
+    reg_t *r = &g->regs[g->nregs];
+    if (g->nregs == MAX_VALUES) return false;
+    fresh(g, r->name);
+    kiln_sbuf_printf(&g->body, "        %s = %.*s %s, %s : f32\n", r->name,
+                     (int)cn.length, cn.data, init, cur);
+    r->v = mlirOperationGetResult(op, 0);
+    r->kind = K_SCALAR;
+    g->nregs++;
+    return true;
+  }
+  for (int i = 0; i < gi->nout; ++i) {
+    MlirValue y = mlirOperationGetOperand(yield, i);
+    bool row = gi->domain == D_ROW;
+    if (g->nregs == MAX_VALUES) return false;
+    reg_t *r = &g->regs[g->nregs];
+    if (!body_operand(g, y, row, r->name)) return false;
+    if (!row) {
+      bval_t *b = find_bv(g, y);
+      if (b && b->varying) return false;
+    }
+    r->v = mlirOperationGetResult(op, i);
+    r->kind = row ? K_ROW : K_SCALAR;
+    g->nregs++;
+  }
+  return true;
+}
+
+//===--- the kernel text --------------------------------------------------===//
+
+// Lanes per row, vectors per lane, rows and threads per block; false when
+// the rows do not fit this scheme.
+static bool choose_sizes(group_t *g) {
+  if (g->N % 4 != 0) return false;
+  int64_t q = g->N / 4, L = 1;
+  while (L * 2 <= 32 && q % (L * 2) == 0) L *= 2;
+  g->L = L;
+  g->V = q / L;
+  g->K = 4 * g->V;
+  if (g->K > ROWS_MAX_PER_LANE) return false;
+  int64_t R = 1;
+  while (R * 2 * L <= ROWS_MAX_THREADS && g->M % (R * 2) == 0) R *= 2;
+  // Smaller blocks while there are too few of them to fill the device.
+  while (R > 1 && R * L > ROWS_MIN_THREADS && g->M / R < ROWS_TARGET_BLOCKS) R /= 2;
+  g->R = R;
+  g->T = R * L;
+  return g->T >= 32 && g->T % 32 == 0 && g->T <= ROWS_MAX_THREADS;
+}
+
+static void put_out_type(group_t *g, kiln_sbuf_t *b, int i, bool whole) {
+  if (g->out_kind[i] == K_ROW) {
+    if (whole) kiln_sbuf_printf(b, "tensor<%lldx%lldxf32>", (long long)g->M, (long long)g->N);
+    else kiln_sbuf_printf(b, "tensor<%lldx%lldx%lldx4xf32>", (long long)g->R,
+                          (long long)g->V, (long long)g->L);
+  } else {
+    kiln_sbuf_printf(b, "tensor<%lldx1xf32>", (long long)(whole ? g->M : g->R));
+  }
+}
+
+// The function text: block forall over rows, thread forall, body, writes.
+static char *kernel_text(group_t *g, int64_t id) {
+  kiln_sbuf_t t;
+  kiln_sbuf_init(&t);
+  long long M = g->M, N = g->N, R = g->R, V = g->V, L = g->L, T = g->T;
+  kiln_sbuf_printf(&t, "func.func private @kiln_rows(");
+  for (int i = 0; i < g->nin; ++i) {
+    kiln_sbuf_printf(&t, "%s%%a%d: ", i ? ", " : "", i);
+    put_type(&t, mlirValueGetType(g->in[i].v));
+  }
+  kiln_sbuf_puts(&t, ") -> (");
+  for (int i = 0; i < g->nout; ++i) {
+    if (i) kiln_sbuf_puts(&t, ", ");
+    put_type(&t, g->out_type[i]);
+  }
+  kiln_sbuf_puts(&t, ") {\n");
+  for (int i = 0; i < g->nout; ++i) {
+    kiln_sbuf_printf(&t, "  %%e%d = tensor.empty() : ", i);
+    put_out_type(g, &t, i, true);
+    kiln_sbuf_puts(&t, "\n");
+  }
+  // Block forall.
+  kiln_sbuf_printf(&t, "  %%f:%d = scf.forall (%%bx) in (%lld) shared_outs(", g->nout, M / R);
+  for (int i = 0; i < g->nout; ++i) kiln_sbuf_printf(&t, "%s%%o%d = %%e%d", i ? ", " : "", i, i);
+  kiln_sbuf_puts(&t, ") -> (");
+  for (int i = 0; i < g->nout; ++i) {
+    if (i) kiln_sbuf_puts(&t, ", ");
+    put_out_type(g, &t, i, true);
+  }
+  kiln_sbuf_printf(&t, ") {\n    %%cR = arith.constant %lld : index\n"
+                       "    %%r0 = arith.muli %%bx, %%cR : index\n", R);
+  for (int i = 0; i < g->nout; ++i) {
+    if (g->out_kind[i] == K_ROW)
+      kiln_sbuf_printf(&t,
+                       "    %%s%d = tensor.extract_slice %%o%d[%%r0, 0] [%lld, %lld] [1, 1] : "
+                       "tensor<%lldx%lldxf32> to tensor<%lldx%lldxf32>\n"
+                       "    %%x%d = tensor.expand_shape %%s%d [[0], [1, 2, 3]] output_shape "
+                       "[%lld, %lld, %lld, 4] : tensor<%lldx%lldxf32> into "
+                       "tensor<%lldx%lldx%lldx4xf32>\n",
+                       i, i, R, N, M, N, R, N, i, i, R, V, L, R, N, R, V, L);
+    else
+      kiln_sbuf_printf(&t,
+                       "    %%x%d = tensor.extract_slice %%o%d[%%r0, 0] [%lld, 1] [1, 1] : "
+                       "tensor<%lldx1xf32> to tensor<%lldx1xf32>\n",
+                       i, i, R, M, R);
+  }
+  // Thread forall: one per lane; a row per L lanes.
+  kiln_sbuf_printf(&t, "    %%g:%d = scf.forall (%%tx) in (%lld) shared_outs(", g->nout, T);
+  for (int i = 0; i < g->nout; ++i) kiln_sbuf_printf(&t, "%s%%t%d = %%x%d", i ? ", " : "", i, i);
+  kiln_sbuf_puts(&t, ") -> (");
+  for (int i = 0; i < g->nout; ++i) {
+    if (i) kiln_sbuf_puts(&t, ", ");
+    put_out_type(g, &t, i, false);
+  }
+  kiln_sbuf_printf(&t,
+                   ") {\n"
+                   "        %%z = arith.constant 0 : index\n"
+                   "        %%c4 = arith.constant 4 : index\n"
+                   "        %%cL = arith.constant %lld : index\n"
+                   "        %%pad = arith.constant 0.0 : f32\n"
+                   "        %%width = arith.constant 32 : i32\n"
+                   "        %%lane = arith.remui %%tx, %%cL : index\n"
+                   "        %%rloc = arith.divui %%tx, %%cL : index\n"
+                   "        %%row = arith.addi %%r0, %%rloc : index\n"
+                   "        %%col0 = arith.muli %%lane, %%c4 : index\n",
+                   L);
+  for (long long off = 1; off < L; off *= 2)
+    kiln_sbuf_printf(&t, "        %%sh%lld = arith.constant %lld : i32\n", off, off);
+  // Lane l's vector j starts at column 4l + 4Lj: each load is one
+  // coalesced access of the L lanes.
+  for (long long j = 0; j < V; ++j)
+    kiln_sbuf_printf(&t,
+                     "        %%co%lld = arith.constant %lld : index\n"
+                     "        %%cc%lld = arith.addi %%col0, %%co%lld : index\n",
+                     j, 4 * L * j, j, j);
+  if (g->pre.data) kiln_sbuf_puts(&t, g->pre.data);
+  if (g->body.data) kiln_sbuf_puts(&t, g->body.data);
+  for (int i = 0; i < g->nout; ++i) {
+    if (g->out_kind[i] == K_ROW)
+      kiln_sbuf_printf(&t,
+                       "        %%w4_%d = vector.shape_cast %s : vector<%lldxf32> to "
+                       "vector<1x%lldx1x4xf32>\n"
+                       "        %%we%d = tensor.empty() : tensor<1x%lldx1x4xf32>\n"
+                       "        %%w%d = vector.transfer_write %%w4_%d, %%we%d[%%z, %%z, %%z, %%z] "
+                       "{in_bounds = [true, true, true, true]} : vector<1x%lldx1x4xf32>, "
+                       "tensor<1x%lldx1x4xf32>\n",
+                       i, g->out_reg[i], (long long)g->K, V, i, V, i, i, i, V, V);
+    else  // every lane of the row writes the same value
+      kiln_sbuf_printf(&t,
+                       "        %%w4_%d = vector.broadcast %s : f32 to vector<1x1xf32>\n"
+                       "        %%we%d = tensor.empty() : tensor<1x1xf32>\n"
+                       "        %%w%d = vector.transfer_write %%w4_%d, %%we%d[%%z, %%z] "
+                       "{in_bounds = [true, true]} : vector<1x1xf32>, tensor<1x1xf32>\n",
+                       i, g->out_reg[i], i, i, i, i);
+  }
+  kiln_sbuf_puts(&t, "        scf.forall.in_parallel {\n");
+  for (int i = 0; i < g->nout; ++i) {
+    if (g->out_kind[i] == K_ROW)
+      kiln_sbuf_printf(&t,
+                       "          tensor.parallel_insert_slice %%w%d into %%t%d[%%rloc, 0, "
+                       "%%lane, 0] [1, %lld, 1, 4] [1, 1, 1, 1] : tensor<1x%lldx1x4xf32> "
+                       "into tensor<%lldx%lldx%lldx4xf32>\n",
+                       i, i, V, V, R, V, L);
+    else
+      kiln_sbuf_printf(&t,
+                       "          tensor.parallel_insert_slice %%w%d into %%t%d[%%rloc, 0] "
+                       "[1, 1] [1, 1] : tensor<1x1xf32> into tensor<%lldx1xf32>\n",
+                       i, i, R);
+  }
+  kiln_sbuf_puts(&t, "        }\n    } {mapping = [#gpu.thread<x>]}\n");
+  for (int i = 0; i < g->nout; ++i)
+    if (g->out_kind[i] == K_ROW)
+      kiln_sbuf_printf(&t,
+                       "    %%y%d = tensor.collapse_shape %%g#%d [[0], [1, 2, 3]] : "
+                       "tensor<%lldx%lldx%lldx4xf32> into tensor<%lldx%lldxf32>\n",
+                       i, i, R, V, L, R, N);
+  kiln_sbuf_puts(&t, "    scf.forall.in_parallel {\n");
+  for (int i = 0; i < g->nout; ++i) {
+    if (g->out_kind[i] == K_ROW)
+      kiln_sbuf_printf(&t,
+                       "      tensor.parallel_insert_slice %%y%d into %%o%d[%%r0, 0] [%lld, %lld] "
+                       "[1, 1] : tensor<%lldx%lldxf32> into tensor<%lldx%lldxf32>\n",
+                       i, i, R, N, R, N, M, N);
+    else
+      kiln_sbuf_printf(&t,
+                       "      tensor.parallel_insert_slice %%g#%d into %%o%d[%%r0, 0] [%lld, 1] "
+                       "[1, 1] : tensor<%lldx1xf32> into tensor<%lldx1xf32>\n",
+                       i, i, R, R, M);
+  }
+  kiln_sbuf_printf(&t,
+                   "    }\n  } {mapping = [#gpu.block<x>], kiln.gpu_block = %lld : i64, "
+                   "kiln.gpu_tx = %lld : i64, kiln.gpu_ty = 1 : i64}\n",
+                   (long long)id, T);
+  // Results of type [M] (a reduction's own) from the [M,1] written.
+  for (int i = 0; i < g->nout; ++i)
+    if (mlirShapedTypeGetRank(g->out_type[i]) == 1)
+      kiln_sbuf_printf(&t, "  %%q%d = tensor.collapse_shape %%f#%d [[0, 1]] : "
+                           "tensor<%lldx1xf32> into tensor<%lldxf32>\n", i, i, M, M);
+  kiln_sbuf_puts(&t, "  return ");
+  for (int i = 0; i < g->nout; ++i)
+    kiln_sbuf_printf(&t, "%s%%%s%d", i ? ", " : "",
+                     mlirShapedTypeGetRank(g->out_type[i]) == 1 ? "q" : "f#", i);
+  kiln_sbuf_puts(&t, " : ");
+  for (int i = 0; i < g->nout; ++i) {
+    if (i) kiln_sbuf_puts(&t, ", ");
+    put_type(&t, g->out_type[i]);
+  }
+  kiln_sbuf_puts(&t, "\n}\n");
+  return kiln_sbuf_take(&t);
+}
+
+//===--- finding groups and replacing them --------------------------------===//
+
+// The op before `op` in its block, or null (the C API has no such call).
+static MlirOperation prev_in_block(MlirOperation op) {
+  MlirOperation prev = {NULL};
+  for (MlirOperation o = mlirBlockGetFirstOperation(mlirOperationGetBlock(op));
+       !mlirOperationIsNull(o) && !mlirOperationEqual(o, op); o = mlirOperationGetNextInBlock(o))
+    prev = o;
+  return prev;
+}
+
+// The ancestor of `op` in `block`, or null.
+static MlirOperation ancestor_in(MlirOperation op, MlirBlock block) {
+  while (!mlirOperationIsNull(op) && !mlirBlockEqual(mlirOperationGetBlock(op), block))
+    op = mlirOperationGetParentOperation(op);
+  return op;
+}
+
+typedef struct {
+  MlirOperation ops[64];
+  int n;
+} oplist_t;
+
+// Whether a member's result `v` is used outside the group (through
+// reshapes); the reshapes on the way are collected in `views`.
+static bool used_outside(group_t *g, MlirValue v, oplist_t *views, int depth) {
+  bool outside = false;
+  for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u);
+       u = mlirOpOperandGetNextUse(u)) {
+    MlirOperation user = mlirOpOperandGetOwner(u);
+    if (member(g, user)) continue;
+    if ((is(user, "tensor.expand_shape") || is(user, "tensor.collapse_shape")) &&
+        depth < 8 && mlirOperationEqual(ancestor_in(user, g->block), user)) {
+      bool seen = false;
+      for (int i = 0; i < views->n; ++i) seen |= mlirOperationEqual(views->ops[i], user);
+      if (!seen && views->n < 64) views->ops[views->n++] = user;
+      outside |= used_outside(g, mlirOperationGetResult(user, 0), views, depth + 1);
+      continue;
+    }
+    outside = true;
+  }
+  return outside;
+}
+
+// Parses the kernel function and moves its body in front of `before`, its
+// arguments bound to the group's inputs; the values it returns go to
+// `results`.
+static kiln_status_t splice(group_t *g, const char *text, MlirOperation before,
+                            MlirValue *results) {
+  MlirModule m = mlirModuleCreateParse(g->ctx, mlirStringRefCreateFromCString(text));
+  if (mlirModuleIsNull(m))
+    return kiln_make_status(KILN_STATUS_INTERNAL,
+                            "kernels: the row kernel for f32[%lld,%lld] does not parse",
+                            (long long)g->M, (long long)g->N);
+  MlirOperation func = mlirBlockGetFirstOperation(mlirModuleGetBody(m));
+  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+  for (int i = 0; i < g->nin; ++i)
+    mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(entry, i), g->in[i].v);
+  MlirOperation ret = mlirBlockGetTerminator(entry);
+  for (int i = 0; i < g->nout; ++i) results[i] = mlirOperationGetOperand(ret, i);
+  for (MlirOperation op = mlirBlockGetFirstOperation(entry); !mlirOperationEqual(op, ret);) {
+    MlirOperation next = mlirOperationGetNextInBlock(op);
+    mlirOperationMoveBefore(op, before);
+    op = next;
+  }
+  mlirModuleDestroy(m);
+  return NULL;
+}
+
+// Erases, backwards from `last`, the group's members and the reshapes,
+// fills and empties left without uses.
+static void sweep(group_t *g, MlirOperation last, MlirOperation stop) {
+  for (MlirOperation op = last; !mlirOperationIsNull(op);) {
+    MlirOperation prev = prev_in_block(op);
+    bool dead = true;
+    for (intptr_t i = 0; i < mlirOperationGetNumResults(op); ++i)
+      dead &= mlirOpOperandIsNull(mlirValueGetFirstUse(mlirOperationGetResult(op, i)));
+    bool pure = is(op, "tensor.empty") || is(op, "linalg.fill") ||
+                is(op, "tensor.expand_shape") || is(op, "tensor.collapse_shape");
+    if (dead && (member(g, op) || pure)) mlirOperationDestroy(op);
+    if (mlirOperationEqual(op, stop)) break;
+    op = prev;
+  }
+}
+
+// Emits the group's kernel body (members in block order) and picks its
+// outputs; false when something is not handled.
+static bool build(group_t *g) {
+  if (!choose_sizes(g)) return false;
+  for (int i = 0; i < g->nops; ++i) {
+    ginfo_t gi;
+    if (!classify(g->ops[i], g->B, g->N, &gi) || !emit_generic(g, g->ops[i], &gi))
+      return false;
+  }
+  return !g->pre.oom && !g->body.oom;
+}
+
+static bool has_reduction(group_t *g) {
+  for (int i = 0; i < g->nops; ++i) {
+    ginfo_t gi;
+    if (classify(g->ops[i], g->B, g->N, &gi) && gi.domain == D_RED) return true;
+  }
+  return false;
+}
+
+static void group_init(group_t *g, MlirContext ctx, MlirBlock block) {
+  memset(g, 0, sizeof(*g));
+  g->ctx = ctx;
+  g->block = block;
+  kiln_sbuf_init(&g->pre);
+  kiln_sbuf_init(&g->body);
+}
+
+static void group_free(group_t *g) {
+  kiln_sbuf_free(&g->pre);
+  kiln_sbuf_free(&g->body);
+}
+
+// Case (a): the row forall of softmax and log_softmax (lowering/ops/nn.c):
+// a block of B rows per iteration, its body linalg generics over them.
+static kiln_status_t try_forall(group_t *g, MlirOperation fa, int64_t id, bool *done) {
+  *done = false;
+  MlirAttribute lb = attr(fa, "staticLowerBound"), ub = attr(fa, "staticUpperBound"),
+                st = attr(fa, "staticStep");
+  if (array_len(lb) != 1 || array_len(ub) != 1 || array_len(st) != 1 ||
+      i64_at(lb, 0, -1) != 0)
+    return NULL;
+  int64_t M = i64_at(ub, 0, -1), B = i64_at(st, 0, -1);
+  intptr_t nres = mlirOperationGetNumResults(fa);
+  if (B < 1 || M < 1 || M % B != 0 || nres < 1 || nres > MAX_OUTPUTS ||
+      mlirOperationGetNumOperands(fa) != nres)
+    return NULL;
+  MlirType t0 = mlirValueGetType(mlirOperationGetResult(fa, 0));
+  if (!mlirTypeIsARankedTensor(t0) || mlirShapedTypeGetRank(t0) != 2) return NULL;
+  int64_t N = mlirShapedTypeGetDimSize(t0, 1);
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(fa, 0));
+  g->forall = fa;
+  g->iv = mlirBlockGetArgument(body, 0);
+  g->B = B;
+  g->M = M;
+  g->N = N;
+  MlirOperation term = mlirBlockGetTerminator(body);
+  for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationEqual(op, term);
+       op = mlirOperationGetNextInBlock(op)) {
+    if (is(op, "linalg.generic")) {
+      if (g->nops == MAX_OPS) return NULL;
+      g->ops[g->nops++] = op;
+    } else if (!(is(op, "tensor.empty") || is(op, "linalg.fill") ||
+                 is(op, "tensor.expand_shape") || is(op, "tensor.collapse_shape") ||
+                 is(op, "tensor.extract_slice") || is(op, "arith.constant"))) {
+      return NULL;
+    }
+  }
+  // The shared outputs: whole [M,N] rows written [iv, 0] [B, N] by the
+  // terminator, and used nowhere else.
+  MlirBlock tb = mlirRegionGetFirstBlock(mlirOperationGetRegion(term, 0));
+  MlirOperation ins = mlirBlockGetFirstOperation(tb);
+  for (intptr_t i = 0; i < nres; ++i, ins = mlirOperationGetNextInBlock(ins)) {
+    MlirValue arg = mlirBlockGetArgument(body, 1 + i);
+    MlirOpOperand u = mlirValueGetFirstUse(arg);
+    if (mlirOperationIsNull(ins) || !is(ins, "tensor.parallel_insert_slice") ||
+        mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u)) ||
+        !mlirOperationEqual(mlirOpOperandGetOwner(u), ins) ||
+        mlirOperationGetNumOperands(ins) != 3 ||
+        !mlirValueEqual(mlirOperationGetOperand(ins, 1), arg) ||
+        !mlirValueEqual(mlirOperationGetOperand(ins, 2), g->iv) ||
+        i64_at(attr(ins, "static_offsets"), 1, -1) != 0 ||
+        i64_at(attr(ins, "static_sizes"), 0, -1) != B ||
+        i64_at(attr(ins, "static_sizes"), 1, -1) != N ||
+        i64_at(attr(ins, "static_strides"), 0, -1) != 1 ||
+        i64_at(attr(ins, "static_strides"), 1, -1) != 1)
+      return NULL;
+    MlirType rt = mlirValueGetType(mlirOperationGetResult(fa, i));
+    if (!(forms(rt, M, N) & F_ROW) || mlirShapedTypeGetRank(rt) != 2) return NULL;
+  }
+  if (!mlirOperationIsNull(ins) || !has_reduction(g) || !build(g)) return NULL;
+  ins = mlirBlockGetFirstOperation(tb);
+  for (intptr_t i = 0; i < nres; ++i, ins = mlirOperationGetNextInBlock(ins)) {
+    MlirValue src = look_through(mlirOperationGetOperand(ins, 0), B, N);
+    reg_t *r = find_reg(g, src);
+    if (!r || r->kind != K_ROW) return NULL;
+    g->out[g->nout] = mlirOperationGetResult(fa, i);
+    g->out_kind[g->nout] = K_ROW;
+    g->out_type[g->nout] = mlirValueGetType(g->out[g->nout]);
+    memcpy(g->out_reg[g->nout++], r->name, NAME);
+  }
+  char *text = kernel_text(g, id);
+  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "row kernel");
+  MlirValue results[MAX_OUTPUTS];
+  kiln_status_t s = splice(g, text, fa, results);
+  free(text);
+  if (s) return s;
+  for (int i = 0; i < g->nout; ++i) mlirValueReplaceAllUsesOfWith(g->out[i], results[i]);
+  MlirOperation prev = prev_in_block(fa);
+  mlirOperationDestroy(fa);
+  g->nops = 0;  // destroyed with the forall
+  // The shared outputs' empties, now unused.
+  if (!mlirOperationIsNull(prev)) sweep(g, prev, mlirBlockGetFirstOperation(g->block));
+  *done = true;
+  return NULL;
+}
+
+// The first op of the block (in order) outside the group that uses one of
+// its members' results, directly or through reshapes; null when none.
+static MlirOperation first_outside_user(group_t *g) {
+  MlirOperation first = {NULL};
+  for (int k = 0; k < g->nops; ++k)
+    for (intptr_t i = 0; i < mlirOperationGetNumResults(g->ops[k]); ++i) {
+      MlirValue vals[65];
+      int nv = 1;
+      vals[0] = mlirOperationGetResult(g->ops[k], i);
+      oplist_t views = {.n = 0};
+      used_outside(g, vals[0], &views, 0);
+      for (int j = 0; j < views.n; ++j) vals[nv++] = mlirOperationGetResult(views.ops[j], 0);
+      for (int j = 0; j < nv; ++j)
+        for (MlirOpOperand u = mlirValueGetFirstUse(vals[j]); !mlirOpOperandIsNull(u);
+             u = mlirOpOperandGetNextUse(u)) {
+          MlirOperation user = ancestor_in(mlirOpOperandGetOwner(u), g->block);
+          if (mlirOperationIsNull(user) || member(g, user) ||
+              is(user, "tensor.expand_shape") || is(user, "tensor.collapse_shape"))
+            continue;
+          if (mlirOperationIsNull(first) || mlirOperationIsBeforeInBlock(user, first))
+            first = user;
+        }
+    }
+  return first;
+}
+
+static bool has_member_user(group_t *g, MlirOperation op) {
+  for (intptr_t i = 0; i < mlirOperationGetNumResults(op); ++i) {
+    oplist_t views = {.n = 0};
+    MlirValue v = mlirOperationGetResult(op, i);
+    used_outside(g, v, &views, 0);
+    MlirValue vals[65];
+    int nv = 1;
+    vals[0] = v;
+    for (int j = 0; j < views.n; ++j) vals[nv++] = mlirOperationGetResult(views.ops[j], 0);
+    for (int j = 0; j < nv; ++j)
+      for (MlirOpOperand u = mlirValueGetFirstUse(vals[j]); !mlirOpOperandIsNull(u);
+           u = mlirOpOperandGetNextUse(u))
+        if (member(g, mlirOpOperandGetOwner(u))) return true;
+  }
+  return false;
+}
+
+// Case (b): generics over the rows of one [M,N] at function level
+// (softmax and log_softmax of smaller tensors, layer norm): the ones
+// connected to a row reduction through values of row forms.
+static kiln_status_t try_connected(group_t *g, MlirOperation seed, int64_t id, bool *done) {
+  *done = false;
+  // The rows from the reduction's iteration domain.
+  ginfo_t gi;
+  MlirAttribute maps = attr(seed, "indexing_maps");
+  if (mlirAttributeIsNull(maps) || mlirOperationGetNumOperands(seed) < 2) return NULL;
+  MlirType t = mlirValueGetType(mlirOperationGetOperand(seed, 0));
+  if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t)) return NULL;
+  intptr_t r = mlirShapedTypeGetRank(t);
+  if (r < 2 || r > 3) return NULL;
+  g->B = g->M = mlirShapedTypeGetDimSize(t, 0);
+  g->N = mlirShapedTypeGetDimSize(t, r - 1);
+  if (!classify(seed, g->B, g->N, &gi) || gi.domain != D_RED) return NULL;
+  g->ops[g->nops++] = seed;
+  // Grow along uses and definitions (through reshapes) to every generic
+  // over the same rows in this block.
+  for (int k = 0; k < g->nops; ++k) {
+    MlirOperation op = g->ops[k];
+    MlirValue cand[64];
+    int nc = 0;
+    for (intptr_t i = 0; i < mlirOperationGetNumOperands(op) && nc < 64; ++i)
+      cand[nc++] = look_through(mlirOperationGetOperand(op, i), g->B, g->N);
+    oplist_t views = {.n = 0};
+    for (intptr_t i = 0; i < mlirOperationGetNumResults(op); ++i)
+      used_outside(g, mlirOperationGetResult(op, i), &views, 0);
+    for (int v = 0; v < views.n && nc < 64; ++v)
+      cand[nc++] = mlirOperationGetResult(views.ops[v], 0);
+    for (intptr_t i = 0; i < mlirOperationGetNumResults(op) && nc < 64; ++i)
+      cand[nc++] = mlirOperationGetResult(op, i);
+    for (int c = 0; c < nc; ++c) {
+      // The producer, then the users.
+      MlirOperation d = def_of(cand[c]);
+      ginfo_t x;
+      if (is(d, "linalg.generic") && mlirBlockEqual(mlirOperationGetBlock(d), g->block) &&
+          !member(g, d) && classify(d, g->B, g->N, &x)) {
+        if (g->nops == MAX_OPS) return NULL;
+        g->ops[g->nops++] = d;
+      }
+      for (MlirOpOperand u = mlirValueGetFirstUse(cand[c]); !mlirOpOperandIsNull(u);
+           u = mlirOpOperandGetNextUse(u)) {
+        MlirOperation user = mlirOpOperandGetOwner(u);
+        if (is(user, "linalg.generic") &&
+            mlirBlockEqual(mlirOperationGetBlock(user), g->block) && !member(g, user) &&
+            classify(user, g->B, g->N, &x)) {
+          if (g->nops == MAX_OPS) return NULL;
+          g->ops[g->nops++] = user;
+        }
+      }
+    }
+  }
+  // Block order.
+  for (int i = 1; i < g->nops; ++i)
+    for (int j = i; j > 0 && mlirOperationIsBeforeInBlock(g->ops[j], g->ops[j - 1]); --j) {
+      MlirOperation tmp = g->ops[j];
+      g->ops[j] = g->ops[j - 1];
+      g->ops[j - 1] = tmp;
+    }
+  // The kernel goes after the last member, so members that come after an
+  // op outside the group using the group's values (a matmul of softmax's
+  // rows, say) and that feed no other member are left out.
+  for (bool again = true; again && g->nops > 1;) {
+    again = false;
+    MlirOperation first = first_outside_user(g);
+    if (mlirOperationIsNull(first)) break;
+    for (int k = g->nops - 1; k >= 0 && !again; --k) {
+      if (!mlirOperationIsBeforeInBlock(first, g->ops[k]) || has_member_user(g, g->ops[k]))
+        continue;
+      memmove(&g->ops[k], &g->ops[k + 1], sizeof(g->ops[0]) * (size_t)(g->nops - k - 1));
+      g->nops--;
+      again = true;
+    }
+  }
+  if (!has_reduction(g)) return NULL;
+  MlirOperation last = g->ops[g->nops - 1];
+  if (!build(g)) return NULL;
+  // Outputs: member results used outside the group, all after the last
+  // member (the kernel goes there); reshapes of them before it move after.
+  oplist_t views = {.n = 0};
+  for (int k = 0; k < g->nops; ++k)
+    for (intptr_t i = 0; i < mlirOperationGetNumResults(g->ops[k]); ++i) {
+      MlirValue v = mlirOperationGetResult(g->ops[k], i);
+      oplist_t mine = {.n = 0};
+      if (!used_outside(g, v, &mine, 0)) continue;
+      for (int j = 0; j < mine.n; ++j) {
+        MlirValue w = mlirOperationGetResult(mine.ops[j], 0);
+        for (MlirOpOperand u = mlirValueGetFirstUse(w); !mlirOpOperandIsNull(u);
+             u = mlirOpOperandGetNextUse(u)) {
+          MlirOperation user = ancestor_in(mlirOpOperandGetOwner(u), g->block);
+          if (mlirOperationIsNull(user)) return NULL;
+          if (!member(g, user) && !is(user, "tensor.expand_shape") &&
+              !is(user, "tensor.collapse_shape") &&
+              !mlirOperationIsBeforeInBlock(last, user))
+            return NULL;
+        }
+        if (views.n < 64) views.ops[views.n++] = mine.ops[j];
+      }
+      for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u);
+           u = mlirOpOperandGetNextUse(u)) {
+        MlirOperation user = ancestor_in(mlirOpOperandGetOwner(u), g->block);
+        if (mlirOperationIsNull(user)) return NULL;
+        if (!member(g, user) && !is(user, "tensor.expand_shape") &&
+            !is(user, "tensor.collapse_shape") && !mlirOperationIsBeforeInBlock(last, user))
+          return NULL;
+      }
+      reg_t *rg = find_reg(g, v);
+      if (!rg || rg->kind == K_COL || g->nout == MAX_OUTPUTS) return NULL;
+      g->out[g->nout] = v;
+      g->out_kind[g->nout] = rg->kind;
+      g->out_type[g->nout] = mlirValueGetType(v);
+      memcpy(g->out_reg[g->nout++], rg->name, NAME);
+    }
+  if (g->nout == 0) return NULL;
+  char *text = kernel_text(g, id);
+  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "row kernel");
+  MlirOperation after = mlirOperationGetNextInBlock(last);
+  MlirValue results[MAX_OUTPUTS];
+  kiln_status_t s = splice(g, text, after, results);
+  free(text);
+  if (s) return s;
+  // Reshapes of outputs that sat between the members follow the kernel.
+  MlirOperation anchor = prev_in_block(after);
+  for (int i = 1; i < views.n; ++i)
+    for (int j = i; j > 0 && mlirOperationIsBeforeInBlock(views.ops[j], views.ops[j - 1]); --j) {
+      MlirOperation tmp = views.ops[j];
+      views.ops[j] = views.ops[j - 1];
+      views.ops[j - 1] = tmp;
+    }
+  for (int i = 0; i < views.n; ++i)
+    if (mlirOperationIsBeforeInBlock(views.ops[i], after)) {
+      mlirOperationMoveAfter(views.ops[i], anchor);
+      anchor = views.ops[i];
+    }
+  for (int i = 0; i < g->nout; ++i) mlirValueReplaceAllUsesOfWith(g->out[i], results[i]);
+  sweep(g, last, mlirBlockGetFirstOperation(g->block));
+  *done = true;
+  return NULL;
+}
+
+kiln_status_t kiln_kernels_rows_gpu(MlirContext ctx, MlirModule module) {
+  group_t *g = malloc(sizeof(*g));
+  if (!g) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "row kernels");
+  int64_t id = ROWS_BLOCK_ID_BASE;
+  kiln_status_t s = NULL;
+  for (MlirOperation func = mlirBlockGetFirstOperation(mlirModuleGetBody(module));
+       !s && !mlirOperationIsNull(func); func = mlirOperationGetNextInBlock(func)) {
+    if (!is(func, "func.func") || mlirOperationGetNumRegions(func) != 1) continue;
+    MlirBlock block = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+    if (mlirBlockIsNull(block)) continue;
+    // Restart the scan after every replacement: it rewrites the block.
+    bool changed = true;
+    while (!s && changed) {
+      changed = false;
+      for (MlirOperation op = mlirBlockGetFirstOperation(block);
+           !s && !changed && !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
+        bool fa = is(op, "scf.forall") &&
+                  mlirAttributeIsNull(attr(op, "kiln.gpu_block"));
+        ginfo_t gi;
+        bool red = false;
+        if (is(op, "linalg.generic")) {
+          MlirType t = mlirValueGetType(mlirOperationGetOperand(op, 0));
+          if (mlirTypeIsARankedTensor(t) && mlirShapedTypeHasStaticShape(t) &&
+              mlirShapedTypeGetRank(t) >= 2 && mlirShapedTypeGetRank(t) <= 3)
+            red = classify(op, mlirShapedTypeGetDimSize(t, 0),
+                           mlirShapedTypeGetDimSize(t, mlirShapedTypeGetRank(t) - 1), &gi) &&
+                  gi.domain == D_RED;
+        }
+        if (!fa && !red) continue;
+        group_init(g, ctx, block);
+        bool done = false;
+        s = fa ? try_forall(g, op, id, &done) : try_connected(g, op, id, &done);
+        group_free(g);
+        if (done) {
+          ++id;
+          changed = true;
+        }
+      }
+    }
+  }
+  free(g);
+  return s;
+}
