@@ -285,6 +285,8 @@ void kiln_cuda_free_static(void *ptr) {
 
 struct kiln_cuda_graph {
   CUgraphExec exec;
+  CUevent done;      // recorded after the latest launch
+  bool launched;
 };
 
 kiln_status_t kiln_cuda_capture_begin(void **out_stream) {
@@ -322,7 +324,7 @@ kiln_status_t kiln_cuda_capture_end(void *stream, bool keep,
   if (kg) {
     // Same launches with other pointers: patch the executable in place;
     // a different topology (it cannot happen for one launch program, but
-    // the driver decides) instantiates afresh.
+    // the driver decides) instantiates afresh once the old one is done.
     CUgraphExecUpdateResultInfo info;
     memset(&info, 0, sizeof(info));
     if (cug.cuGraphExecUpdate_v2(kg->exec, g, &info) == CUDA_SUCCESS) {
@@ -330,20 +332,27 @@ kiln_status_t kiln_cuda_capture_end(void *stream, bool keep,
       cug.cuGraphDestroy(g);
       return NULL;
     }
+    s = kiln_cuda_graph_wait(kg);
     cug.cuGraphExecDestroy(kg->exec);
     kg->exec = NULL;
+    kg->launched = false;
   } else {
     kg = calloc(1, sizeof(*kg));
-    if (!kg) {
+    CUresult er = kg ? cu.cuEventCreate(&kg->done, CU_EVENT_DISABLE_TIMING)
+                     : CUDA_ERROR_OUT_OF_MEMORY;
+    if (er != CUDA_SUCCESS) {
+      free(kg);
       cug.cuGraphDestroy(g);
-      return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "CUDA graph");
+      *graph = NULL;
+      return kg ? cuda_error(er, "cuEventCreate")
+                : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "CUDA graph");
     }
   }
-  r = cug.cuGraphInstantiateWithFlags(&kg->exec, g, 0);
+  r = s ? CUDA_SUCCESS : cug.cuGraphInstantiateWithFlags(&kg->exec, g, 0);
   cug.cuGraphDestroy(g);
-  if (r != CUDA_SUCCESS) {
-    s = cuda_error(r, "cuGraphInstantiateWithFlags");
-    free(kg);
+  if (!s && r != CUDA_SUCCESS) s = cuda_error(r, "cuGraphInstantiateWithFlags");
+  if (s) {
+    kiln_cuda_graph_destroy(kg);
     kg = NULL;
   }
   *graph = kg;
@@ -352,12 +361,22 @@ kiln_status_t kiln_cuda_capture_end(void *stream, bool keep,
 
 kiln_status_t kiln_cuda_graph_launch(kiln_cuda_graph_t *graph, void *stream) {
   CU_CHECK(cug.cuGraphLaunch(graph->exec, (CUstream)stream), "cuGraphLaunch");
+  CU_CHECK(cu.cuEventRecord(graph->done, (CUstream)stream), "cuEventRecord");
+  graph->launched = true;
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_graph_wait(kiln_cuda_graph_t *graph) {
+  if (!graph || !graph->launched) return NULL;
+  CU_CHECK(cu.cuEventSynchronize(graph->done), "cuEventSynchronize");
   return NULL;
 }
 
 void kiln_cuda_graph_destroy(kiln_cuda_graph_t *graph) {
   if (!graph) return;
+  kiln_status_free(kiln_cuda_graph_wait(graph));
   if (graph->exec && cug.cuGraphExecDestroy) cug.cuGraphExecDestroy(graph->exec);
+  if (graph->done) cu.cuEventDestroy_v2(graph->done);
   free(graph);
 }
 
@@ -565,6 +584,7 @@ kiln_status_t kiln_cuda_capture_begin(void **s) {
 kiln_status_t kiln_cuda_capture_end(void *s, bool k, kiln_cuda_graph_t **g,
                                     bool *u) { KILN_NO_CUDA; }
 kiln_status_t kiln_cuda_graph_launch(kiln_cuda_graph_t *g, void *s) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_graph_wait(kiln_cuda_graph_t *g) { KILN_NO_CUDA; }
 void kiln_cuda_graph_destroy(kiln_cuda_graph_t *g) {}
 const kiln_cuda_symbol_t *kiln_cuda_mgpu_symbols(int *n) {
   *n = 0;

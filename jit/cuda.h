@@ -61,13 +61,21 @@ void kiln_cuda_free_static(void *ptr);
 // kiln_cuda_capture_end stops it and, when `keep`, makes the recording into
 // `*graph` -- a new executable graph when *graph is NULL, else *graph
 // updated in place (`*updated`; cuGraphExecUpdate, cheap: same launches,
-// other pointers) or rebuilt. A graph launch runs the whole recording on
+// other pointers) or rebuilt (after waiting for the old executable's
+// latest launch, so memory the two share is never used by both at once).
+// When instantiation fails, *graph is destroyed and NULL; after other
+// failures the caller destroys it. A graph launch runs the whole recording on
 // `stream` as one unit; launches of one graph are ordered with each other.
 typedef struct kiln_cuda_graph kiln_cuda_graph_t;
+// Each graph has an event recorded after its latest launch:
+// kiln_cuda_graph_wait blocks the host until that launch has finished (for
+// reusing memory a previous executable of the graph may still touch).
 kiln_status_t kiln_cuda_capture_begin(void **out_stream);
 kiln_status_t kiln_cuda_capture_end(void *stream, bool keep,
                                     kiln_cuda_graph_t **graph, bool *updated);
 kiln_status_t kiln_cuda_graph_launch(kiln_cuda_graph_t *graph, void *stream);
+kiln_status_t kiln_cuda_graph_wait(kiln_cuda_graph_t *graph);
+// Waits for the graph's latest launch, then frees it.
 void kiln_cuda_graph_destroy(kiln_cuda_graph_t *graph);
 
 // The mgpu* runtime functions MLIR's generated host code calls, by name,

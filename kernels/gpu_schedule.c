@@ -86,8 +86,9 @@ static bool is_pun(MlirValue v) {
 }
 
 // The lowering's tensor-core form: linalg.matmul of f16 views of bf16 bits
-// (is_pun; B transposed) into f32, static, in whole 128 x 128 x 32 tiles. (A true f16
-// matmul is not one: the pipeline relabels every f16 mma.sync as bf16.)
+// (is_pun; B transposed) into f32, static, in whole 128 x 128 x 32 tiles.
+// A true f16 matmul is not one: lowering/gpu.c relabels the mma.sync of
+// these as bf16 and refuses a module with any other mma.sync.
 static bool is_mma_matmul(MlirOperation op) {
   if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.matmul") ||
       mlirOperationGetNumOperands(op) != 3)

@@ -34,6 +34,15 @@ static bool name_is(MlirOperation op, const char *name) {
   return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
 }
 
+// Counts KILN_MMA_PUN bitcasts (bf16 -> f16).
+static MlirWalkResult count_puns(MlirOperation op, void *user) {
+  if (name_is(op, "arith.bitcast") && mlirOperationGetNumOperands(op) == 1 &&
+      mlirTypeIsABF16(mlirValueGetType(mlirOperationGetOperand(op, 0))) &&
+      mlirTypeIsAF16(mlirValueGetType(mlirOperationGetResult(op, 0))))
+    ++*(int *)user;
+  return MlirWalkResultAdvance;
+}
+
 void kiln_gpu_program_free(kiln_gpu_program_t *p) {
   if (!p) return;
   for (int i = 0; i < p->module_count; ++i) free(p->ptx[i]);
@@ -308,12 +317,22 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   o.tiling = NULL;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_LINALG,
                                                KILN_STAGE_FUSED, &o));
+  // The lowering's f16 views of bf16 operands (two per tensor-core matmul):
+  // each such matmul must get the tensor-core schedule, or the module is
+  // refused (multiplied as f16 numbers, the bits would be garbage).
+  int puns = 0;
+  mlirOperationWalk(mlirModuleGetOperation(module), count_puns, &puns,
+                    MlirWalkPreOrder);
   int mma = 0;  // matmuls on tensor cores
   if (schedules) {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_rows_gpu(kiln_mlir_context(m), module));
     KILN_RETURN_IF_ERROR_PLAIN(
         kiln_kernels_tile_gpu(kiln_mlir_context(m), module, &mma));
   }
+  if (puns != 2 * mma)
+    return kiln_make_status(KILN_STATUS_INTERNAL,
+                            "cuda: %d bf16 matmuls in tensor-core form, %d "
+                            "given the tensor-core schedule", puns / 2, mma);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
   if (schedules)
@@ -323,7 +342,9 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   if (ld) snprintf(link, sizeof(link), " l=%s", ld);
   // Tensor cores: the mma matmuls' 16x8x16 contracts become nvgpu.mma.sync
   // (and their operand reads per-lane fragment loads) before anything else
-  // lowers vectors; only then, so no other contraction turns into tf32.
+  // lowers vectors. Only in modules with mma matmuls: the other schedules
+  // leave no vector.contract behind, and the checks below refuse a module
+  // where any other contraction became an mma.
   const char *mma_front = mma ? "convert-vector-to-gpu{use-nvgpu=1},canonicalize,cse," : "";
   const char *mma_nvvm = mma ? "convert-nvgpu-to-nvvm," : "";
   char pipeline[2048];
@@ -398,9 +419,11 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
     out->module_count = i + 1;
   }
   // Tensor cores: the f16 mma.sync of the punned bf16 matmuls become bf16
-  // ones (each name grows by 2 bytes). Every mma matmul
-  // must have become mma.sync; otherwise its f16 view was multiplied as f16
-  // numbers and the module is refused (the caller recompiles without).
+  // ones (each name grows by 2 bytes). Each mma matmul must be exactly one
+  // kernel module with mma.sync and no f16 arithmetic or f16 -> f32
+  // conversion (a contract left to the ordinary vector lowering); no other
+  // module may have an mma.sync. Otherwise the module is refused (the
+  // caller recompiles without tensor cores).
   static const char kF16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
   static const char kBf16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
   int mma_modules = 0;
@@ -422,8 +445,14 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
       any = true;
     }
     mma_modules += any;
+    static const char *const kF16Math[] = {"cvt.f32.f16", "fma.rn.f16",
+                                           "mul.rn.f16", "add.rn.f16"};
+    for (size_t k = 0; any && !s && k < sizeof(kF16Math) / sizeof(kF16Math[0]); ++k)
+      if (strstr(out->ptx[i], kF16Math[k]))
+        s = kiln_make_status(KILN_STATUS_INTERNAL, "cuda: a tensor-core kernel "
+                             "with f16 arithmetic (%s)", kF16Math[k]);
   }
-  if (!s && mma_modules < mma)
+  if (!s && mma_modules != mma)
     s = kiln_make_status(KILN_STATUS_INTERNAL,
                          "cuda: %d tensor-core matmuls, %d kernels with "
                          "mma.sync", mma, mma_modules);

@@ -469,11 +469,13 @@ static void variant_free(kiln_variant_t *v) {
   if (!v) return;
   free(v->cuda_fns);
   // Modules unload from their context, which must be current.
-  kiln_status_t us = v->cuda_modules ? kiln_cuda_use_device(v->cuda_device) : NULL;
+  kiln_status_t us = v->cuda_modules || v->graph_lock_ready
+                         ? kiln_cuda_use_device(v->cuda_device)
+                         : NULL;
   kiln_status_free(us);
   for (int i = 0; v->graph_lock_ready && i < KILN_GRAPH_SLOTS; ++i) {
     kiln_graph_slot_t *slot = &v->graph_slots[i];
-    kiln_cuda_graph_destroy(slot->graph);
+    kiln_cuda_graph_destroy(slot->graph);  // after its last launch is done
     for (int t = 0; slot->bufs && t < v->gpu.temp_count; ++t)
       kiln_cuda_free_static(slot->bufs[v->gpu.arg_count + t]);
     free(slot->bufs);
@@ -1412,14 +1414,15 @@ static kiln_status_t record_graph(kiln_function_t *f, kiln_variant_t *v,
   memcpy(slot->bufs, args, sizeof(void *) * (size_t)p->arg_count);
   void *capture = NULL;
   kiln_status_t s = kiln_cuda_capture_begin(&capture);
-  if (s) return s;
-  s = queue_program(f, v, slot->bufs, capture);
   bool updated = false;
-  kiln_status_t e = kiln_cuda_capture_end(capture, !s, &slot->graph, &updated);
-  if (!s) s = e;
-  else kiln_status_free(e);
+  if (!s) {
+    s = queue_program(f, v, slot->bufs, capture);
+    kiln_status_t e = kiln_cuda_capture_end(capture, !s, &slot->graph, &updated);
+    if (!s) s = e;
+    else kiln_status_free(e);
+  }
   if (s) {
-    // The slot's graph (if any) no longer matches its key.
+    // The slot's key changed: its graph (if any) must not be replayed.
     kiln_cuda_graph_destroy(slot->graph);
     slot->graph = NULL;
   }
@@ -1508,9 +1511,17 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
                          "for %d buffers, the graph has %d", g->name,
                          p->arg_count, n);
   if (!s) s = kiln_cuda_use_device(f->cuda_device);
+  bool direct = !s;
   if (!s && f->options.cuda_graphs) {
     s = run_cuda_graph(f, v, ptrs, stream);
-  } else if (!s) {
+    // A driver without CUDA graphs runs the launches directly.
+    direct = s && kiln_status_code(s) == KILN_STATUS_UNAVAILABLE;
+    if (direct) {
+      kiln_status_free(s);
+      s = NULL;
+    }
+  }
+  if (direct) {
     int allocated = 0;  // temporaries that exist (freed below)
     for (int t = 0; !s && t < p->temp_count; ++t) {
       ptrs[n + t] = NULL;
@@ -1978,8 +1989,10 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   if (cuda && !as) snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
   kiln_status_free(as);
   char *mlir_text = NULL;
+  // Tensor cores where the device has them (sm_80+), or for the sm_90
+  // printed without a device.
   kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
-                                cuda && opts.vectorize};
+                                cuda && opts.vectorize && (major == 0 || major >= 8)};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

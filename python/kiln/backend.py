@@ -78,9 +78,13 @@ def parse_options(mode, options) -> dict:
             raise ValueError(f"kiln: option {k!r} is {v!r}; expected one of "
                              f"{OPTIONS[k]}")
         opts[k] = v
-    if opts.pop("max_autotune", False):
+    max_autotune, graphs = opts.pop("max_autotune", False), opts.pop("cuda_graphs", False)
+    if max_autotune and graphs:
+        raise ValueError("kiln: options max_autotune and cuda_graphs are two modes "
+                         "('max-autotune', 'reduce-overhead'); pick one")
+    if max_autotune:
         opts["mode"] = "max-autotune"
-    if opts.pop("cuda_graphs", False):
+    if graphs:
         opts["mode"] = "reduce-overhead"
     # "max-autotune" measures tile sizes (lib/autotune); "reduce-overhead"
     # replays CUDA partitions as CUDA graphs and compiles like "default" on

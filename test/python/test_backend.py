@@ -165,3 +165,10 @@ def test_dynamic_batch_compiles_once(capfd, monkeypatch):
     # One symbolic variant per kiln partition, compiled on its first call.
     recompiles = [l for l in err.splitlines() if l.startswith("[kiln recompiles]")]
     assert recompiles and all("=?" in l and "first call" in l for l in recompiles), err
+
+
+def test_max_autotune_and_cuda_graphs_conflict():
+    compiled = torch.compile(nn.ReLU(), backend="kiln",
+                             options={"max_autotune": True, "cuda_graphs": True})
+    with pytest.raises(Exception, match="max_autotune and cuda_graphs are two modes"):
+        compiled(torch.randn(2))
