@@ -69,11 +69,12 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
 // over the rows of an f32[M,N] (softmax, log_softmax, layer norm: row
 // reductions and the elementwise ops around them, in kiln's row forall or at
 // function level) becomes one kernel, a row per L <= 32 lanes held in
-// registers (16-byte loads and stores), reduced by gpu.shuffle xor
-// butterflies; block foralls tagged kiln.gpu_block >= 1000000. Groups it
-// cannot do exactly (N not a multiple of 4, rows too long for registers,
-// other element types, dynamic shapes, unknown ops) are left unchanged.
-// Fails only when a generated kernel does not parse (a bug).
+// registers (16-byte loads and stores) -- longer rows (N > 2048, a multiple
+// of 128) streamed in chunks, one pass per reduction -- reduced by
+// gpu.shuffle xor butterflies; block foralls tagged kiln.gpu_block >=
+// 1000000. Groups it cannot do exactly (N not a multiple of 4, other
+// element types, dynamic shapes, unknown ops) are left unchanged, as is a
+// group whose generated kernel does not parse (a bug; KILN_LOG=cuda).
 kiln_status_t kiln_kernels_rows_gpu(MlirContext ctx, MlirModule module);
 // After bufferization: each tagged block forall becomes a gpu.launch
 // (transform.gpu.map_forall_to_blocks) with its threads mapped
