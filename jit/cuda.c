@@ -53,9 +53,15 @@ static struct {
 #undef X
 } cu;
 
-// Optional entry points (stream-ordered allocation, CUDA 11.2+).
+// Optional entry points (stream-ordered allocation and memory pools, CUDA
+// 11.2+).
 static CUresult (*cuMemAllocAsync_)(CUdeviceptr *, size_t, CUstream);
 static CUresult (*cuMemFreeAsync_)(CUdeviceptr, CUstream);
+static CUresult (*cuMemPoolCreate_)(CUmemoryPool *, const CUmemPoolProps *);
+static CUresult (*cuMemPoolSetAttribute_)(CUmemoryPool, CUmemPool_attribute, void *);
+static CUresult (*cuMemAllocFromPoolAsync_)(CUdeviceptr *, size_t, CUmemoryPool,
+                                            CUstream);
+static CUresult (*cuCtxGetDevice_)(CUdevice *);
 
 // CUDA graphs (stream capture, in-place update: CUDA 12.0+); optional, so an
 // older driver still runs kernels and only graph recording is UNAVAILABLE.
@@ -98,6 +104,10 @@ static void load_driver(void) {
 #undef X
   cuMemAllocAsync_ = (CUresult(*)(CUdeviceptr *, size_t, CUstream))dlsym(h, "cuMemAllocAsync");
   cuMemFreeAsync_ = (CUresult(*)(CUdeviceptr, CUstream))dlsym(h, "cuMemFreeAsync");
+  *(void **)&cuMemPoolCreate_ = dlsym(h, "cuMemPoolCreate");
+  *(void **)&cuMemPoolSetAttribute_ = dlsym(h, "cuMemPoolSetAttribute");
+  *(void **)&cuMemAllocFromPoolAsync_ = dlsym(h, "cuMemAllocFromPoolAsync");
+  *(void **)&cuCtxGetDevice_ = dlsym(h, "cuCtxGetDevice");
   cug.present = true;
 #define X(name, ret, args)                                                    \
   cug.name = (ret(*) args)dlsym(h, #name);                                    \
@@ -236,10 +246,50 @@ kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],
   return NULL;
 }
 
+// kiln's own stream-ordered pool per device for temporaries. The default
+// pool returns freed memory to the OS at every synchronization (release
+// threshold 0), so a 64 MB temporary was mapped again on every call
+// (0.35 ms of a 4096^3 bf16 matmul); this one keeps up to 2 GiB of freed
+// memory for reuse. Not the device's default pool: the user's
+// cudaMallocAsync keeps its own settings. NULL where the driver has none.
+static CUmemoryPool pools[KILN_CUDA_MAX_DEVICES];
+static bool pool_failed[KILN_CUDA_MAX_DEVICES];
+
+static CUmemoryPool current_pool(void) {
+  CUdevice dev = 0;
+  if (!cuMemPoolCreate_ || !cuMemPoolSetAttribute_ || !cuMemAllocFromPoolAsync_ ||
+      !cuCtxGetDevice_ || cuCtxGetDevice_(&dev) != CUDA_SUCCESS || dev < 0 ||
+      dev >= KILN_CUDA_MAX_DEVICES)
+    return NULL;
+  pthread_mutex_lock(&primary_lock);
+  CUmemoryPool pool = pools[dev];
+  if (!pool && !pool_failed[dev]) {
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof(props));
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = dev;
+    cuuint64_t keep = (cuuint64_t)2 << 30;
+    if (cuMemPoolCreate_(&pool, &props) == CUDA_SUCCESS &&
+        cuMemPoolSetAttribute_(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) ==
+            CUDA_SUCCESS)
+      pools[dev] = pool;
+    else
+      pool = NULL, pool_failed[dev] = true;
+  }
+  pthread_mutex_unlock(&primary_lock);
+  return pool;
+}
+
 kiln_status_t kiln_cuda_alloc(size_t bytes, void *stream, void **out_ptr) {
   CU_READY();
   CUdeviceptr p = 0;
-  if (cuMemAllocAsync_)
+  CUmemoryPool pool = current_pool();
+  if (pool)
+    CU_CHECK(cuMemAllocFromPoolAsync_(&p, bytes ? bytes : 1, pool, (CUstream)stream),
+             "cuMemAllocFromPoolAsync");
+  else if (cuMemAllocAsync_)
     CU_CHECK(cuMemAllocAsync_(&p, bytes ? bytes : 1, (CUstream)stream),
              "cuMemAllocAsync");
   else

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mlir-c/AffineMap.h>
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 
@@ -21,6 +22,10 @@ static int64_t pow2_divisor(int64_t n, int64_t cap) {
   return p;
 }
 
+static void print_to_sbuf(MlirStringRef s, void *user) {
+  kiln_sbuf_append(user, s.data, s.length);
+}
+
 static bool equals(MlirStringRef s, const char *p) {
   return s.length == strlen(p) && memcmp(s.data, p, s.length) == 0;
 }
@@ -33,66 +38,27 @@ typedef struct {
   int k_count;
 } tiler_t;
 
-// Tiles of the tensor-core schedule: a block of bm x bn outputs, warps of
-// wm x wn (so 32 * bn/wn x bm/wm threads), K steps of bk. The lowering
-// only emits the mma form for sizes in whole 128 x 128 x 32 tiles, which
-// every choice here divides.
-typedef struct {
-  int bm, bn, wm, wn, bk;
-} mma_tile_t;
-
-// 128 x 128 blocks of 4 warps of 64 x 64, K steps of 16: 32 accumulators
-// of 16x8 per warp, 164 registers, no spills (ptxas, sm_90). Measured on an
-// H200, the matmul kernel at 4096^3 (B viewed transposed): 1.20 ms, against
-// 1.46 ms with K steps of 32, 1.83 ms for 8 warps of 64 x 32, 1.77 ms for
-// 8 warps of 32 x 64. KILN_GPU_MMA_TILE="bm,bn,wm,wn,bk" overrides it (a
-// developer knob for comparing tiles until the autotuner measures them on
-// the GPU).
-static mma_tile_t mma_tile(void) {
-  mma_tile_t t = {128, 128, 64, 64, 16};
-  const char *env = getenv("KILN_GPU_MMA_TILE");
-  mma_tile_t e;
-  if (env && sscanf(env, "%d,%d,%d,%d,%d", &e.bm, &e.bn, &e.wm, &e.wn, &e.bk) == 5 &&
-      e.bm > 0 && e.bn > 0 && e.wm > 0 && e.wn > 0 && e.bk > 0 &&
-      128 % e.bm == 0 && 128 % e.bn == 0 && 32 % e.bk == 0 && e.bk % 16 == 0 &&
-      e.bm % e.wm == 0 && e.bn % e.wn == 0 && e.wm % 16 == 0 && e.wn % 8 == 0 &&
-      32 * (e.bn / e.wn) * (e.bm / e.wm) <= 1024)
-    t = e;
-  return t;
-}
-
-// True when `v` is the f16 view of bf16 bits: the result of a linalg.generic
-// that yields an arith.bitcast of a bf16 (KILN_MMA_PUN; elementwise fusion
-// may have merged producers into that generic).
-static bool is_pun(MlirValue v) {
-  if (!mlirValueIsAOpResult(v)) return false;
-  MlirOperation g = mlirOpResultGetOwner(v);
-  if (!equals(mlirIdentifierStr(mlirOperationGetName(g)), "linalg.generic") ||
-      mlirOperationGetNumRegions(g) < 1)
-    return false;
-  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
-  if (mlirBlockIsNull(body)) return false;
-  MlirOperation yield = mlirBlockGetTerminator(body);
-  if (mlirOperationIsNull(yield) || mlirOperationGetNumOperands(yield) < 1)
-    return false;
-  MlirValue y = mlirOperationGetOperand(
-      yield, mlirOpResultGetResultNumber(v) < mlirOperationGetNumOperands(yield)
-                 ? mlirOpResultGetResultNumber(v)
-                 : 0);
-  if (!mlirValueIsAOpResult(y)) return false;
-  MlirOperation cast = mlirOpResultGetOwner(y);
-  return equals(mlirIdentifierStr(mlirOperationGetName(cast)), "arith.bitcast") &&
-         mlirTypeIsABF16(mlirValueGetType(mlirOperationGetOperand(cast, 0)));
-}
-
-// The lowering's tensor-core form: linalg.matmul of f16 views of bf16 bits
-// (is_pun; B transposed) into f32, static, in whole 128 x 128 x 32 tiles.
-// A true f16 matmul is not one: lowering/gpu.c relabels the mma.sync of
-// these as bf16 and refuses a module with any other mma.sync.
+// A matmul for kernels/gpu_mma.c's tensor-core kernel: linalg.matmul of
+// row-major bf16 operands (the default indexing maps, not kiln's
+// transposed-lhs form) into f32, static, in whole 128 x 128 x 32 tiles.
 static bool is_mma_matmul(MlirOperation op) {
   if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.matmul") ||
       mlirOperationGetNumOperands(op) != 3)
     return false;
+  MlirAttribute maps = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("indexing_maps"));
+  if (!mlirAttributeIsNull(maps)) {
+    char text[256] = "";
+    kiln_sbuf_t b;
+    kiln_sbuf_init(&b);
+    mlirAttributePrint(maps, print_to_sbuf, &b);
+    char *printed = kiln_sbuf_take(&b);
+    if (printed) snprintf(text, sizeof(text), "%s", printed);
+    free(printed);
+    if (strcmp(text, "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, "
+                     "d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]") != 0)
+      return false;
+  }
   MlirType a = mlirValueGetType(mlirOperationGetOperand(op, 0));
   MlirType b = mlirValueGetType(mlirOperationGetOperand(op, 1));
   MlirType c = mlirValueGetType(mlirOperationGetOperand(op, 2));
@@ -101,31 +67,64 @@ static bool is_mma_matmul(MlirOperation op) {
       !mlirShapedTypeHasStaticShape(b) || !mlirShapedTypeHasStaticShape(c) ||
       mlirShapedTypeGetRank(a) != 2 || mlirShapedTypeGetRank(b) != 2)
     return false;
-  // C [M, N] = A [M, K] x B^T, B^T given as [N, K].
-  return is_pun(mlirOperationGetOperand(op, 0)) &&
-         is_pun(mlirOperationGetOperand(op, 1)) &&
-         mlirTypeIsAF16(mlirShapedTypeGetElementType(a)) &&
-         mlirTypeIsAF16(mlirShapedTypeGetElementType(b)) &&
+  return mlirTypeIsABF16(mlirShapedTypeGetElementType(a)) &&
+         mlirTypeIsABF16(mlirShapedTypeGetElementType(b)) &&
          mlirTypeIsAF32(mlirShapedTypeGetElementType(c)) &&
          mlirShapedTypeGetDimSize(a, 0) % 128 == 0 &&
-         mlirShapedTypeGetDimSize(b, 0) % 128 == 0 &&
-         mlirShapedTypeGetDimSize(a, 1) % 32 == 0 &&
-         mlirShapedTypeGetDimSize(b, 1) == mlirShapedTypeGetDimSize(a, 1);
+         mlirShapedTypeGetDimSize(b, 1) % 128 == 0 &&
+         mlirShapedTypeGetDimSize(a, 1) % 32 == 0;
 }
 
-// Mma matmuls are tagged kiln.gpu_mma = j before any schedule is applied
-// (tiling their bitcast producers hides the pattern is_mma_matmul sees).
+// Mma matmuls are tagged kiln.gpu_mma = j before any schedule is applied;
+// they and their zero fills are left whole for kernels/gpu_mma.c.
 static bool marked_mma(MlirOperation op) {
   return !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.gpu_mma")));
 }
 
+// The matmul's only consumer when it rounds it to bf16 and nothing else: a
+// linalg.generic of one input, identity maps, yielding arith.truncf of it.
+static MlirOperation rounding_consumer(MlirOperation mm) {
+  MlirOperation none = {NULL};
+  MlirValue r = mlirOperationGetResult(mm, 0);
+  MlirOpOperand u = mlirValueGetFirstUse(r);
+  if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u)))
+    return none;
+  MlirOperation g = mlirOpOperandGetOwner(u);
+  if (!equals(mlirIdentifierStr(mlirOperationGetName(g)), "linalg.generic") ||
+      mlirOperationGetNumOperands(g) != 2 || mlirOpOperandGetOperandNumber(u) != 0)
+    return none;
+  MlirAttribute maps = mlirOperationGetAttributeByName(
+      g, mlirStringRefCreateFromCString("indexing_maps"));
+  if (mlirAttributeIsNull(maps) || mlirArrayAttrGetNumElements(maps) != 2) return none;
+  for (int i = 0; i < 2; ++i)
+    if (!mlirAffineMapIsIdentity(
+            mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i))))
+      return none;
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
+  MlirOperation first = mlirBlockGetFirstOperation(body);
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  if (!equals(mlirIdentifierStr(mlirOperationGetName(first)), "arith.truncf") ||
+      !mlirOperationEqual(mlirOperationGetNextInBlock(first), yield) ||
+      !mlirValueEqual(mlirOperationGetOperand(first, 0), mlirBlockGetArgument(body, 0)) ||
+      !mlirValueEqual(mlirOperationGetOperand(yield, 0), mlirOperationGetResult(first, 0)) ||
+      !mlirTypeIsABF16(mlirValueGetType(mlirOperationGetResult(first, 0))))
+    return none;
+  return g;
+}
+
 static MlirWalkResult mark_mma(MlirOperation op, void *user) {
   tiler_t *t = user;
-  if (is_mma_matmul(op) && !kiln_kernels_inside_forall(op))
+  if (!is_mma_matmul(op) || kiln_kernels_inside_forall(op))
+    return MlirWalkResultAdvance;
+  MlirAttribute id = mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++);
+  mlirOperationSetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_mma"), id);
+  // Rounded to bf16 as the kernel stores (kernels/gpu_mma.c folds it in).
+  MlirOperation g = rounding_consumer(op);
+  if (!mlirOperationIsNull(g))
     mlirOperationSetDiscardableAttributeByName(
-        op, mlirStringRefCreateFromCString("kiln.gpu_mma"),
-        mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++));
+        g, mlirStringRefCreateFromCString("kiln.gpu_mma_round"), id);
   return MlirWalkResultAdvance;
 }
 
@@ -141,71 +140,16 @@ static bool feeds_mma(MlirOperation op) {
   return false;
 }
 
-// Tensor-core schedule of one mma matmul (kernels/gpu_schedule.c's only
-// warp-level one): blocks of outputs, tiled to warps (#gpu.warp, x then y),
-// K in steps (mma_tile); the zero fill fused in and, once the K loop
-// carries the warp's 16x8 accumulators (unrolled to mma shape, then
-// hoisted), folded away. The
-// pipeline's convert-vector-to-gpu turns the 16x8x16 contracts into
-// nvgpu.mma.sync.
-static MlirWalkResult mma_op(MlirOperation op, void *user) {
-  tiler_t *t = user;
-  if (!marked_mma(op)) return MlirWalkResultAdvance;
-  int i = t->count++;
-  mlirOperationSetDiscardableAttributeByName(
-      op, mlirStringRefCreateFromCString("kiln.gpu_mma"),
-      mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
-  mma_tile_t mt = mma_tile();
-  // '@' stands for this op's index in the handle names and attributes, '?'
-  // for the next of its tile numbers.
-  static const char *const kScript =
-      "    %mm@ = transform.structured.match attributes {kiln.gpu_mma = @ : "
-      "i64} in %root : (!transform.any_op) -> !transform.any_op\n"
-      "    %fill@ = transform.get_producer_of_operand %mm@[2] : "
-      "(!transform.any_op) -> !transform.any_op\n"
-      "    %b@, %bf@ = transform.structured.tile_using_forall %mm@ "
-      "tile_sizes [?, ?] (mapping = [#gpu.block<y>, #gpu.block<x>]) : "
-      "(!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
-      "    %fb@, %bff@ = transform.structured.fuse_into_containing_op "
-      "%fill@ into %bf@ : (!transform.any_op, !transform.any_op) -> "
-      "(!transform.any_op, !transform.any_op)\n"
-      "    %w@, %wf@ = transform.structured.tile_using_forall %b@ "
-      "tile_sizes [?, ?] (mapping = [#gpu.warp<y>, #gpu.warp<x>]) : "
-      "(!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
-      "    %fw@, %wff@ = transform.structured.fuse_into_containing_op "
-      "%fb@ into %wf@ : (!transform.any_op, !transform.any_op) -> "
-      "(!transform.any_op, !transform.any_op)\n"
-      "    %k@, %kl@ = transform.structured.tile_using_for %w@ "
-      "tile_sizes [0, 0, ?] : (!transform.any_op) -> (!transform.any_op, "
-      "!transform.any_op)\n"
-      "    transform.structured.vectorize %k@ : !transform.any_op\n"
-      "    transform.structured.vectorize %fw@ : !transform.any_op\n"
-      "    %p@ = transform.param.constant @ : i64 -> !transform.param<i64>\n"
-      "    transform.annotate %bff@ \"kiln.gpu_block\" = %p@ : "
-      "!transform.any_op, !transform.param<i64>\n"
-      "    %px@ = transform.param.constant ? : i64 -> !transform.param<i64>\n"
-      "    transform.annotate %bff@ \"kiln.gpu_tx\" = %px@ : "
-      "!transform.any_op, !transform.param<i64>\n"
-      "    %py@ = transform.param.constant ? : i64 -> !transform.param<i64>\n"
-      "    transform.annotate %bff@ \"kiln.gpu_ty\" = %py@ : "
-      "!transform.any_op, !transform.param<i64>\n";
-  const int tiles[] = {mt.bm, mt.bn, mt.wm, mt.wn, mt.bk,
-                       32 * (mt.bn / mt.wn), mt.bm / mt.wm};
-  int next = 0;
-  for (const char *c = kScript; *c; ++c)
-    if (*c == '@') kiln_sbuf_printf(&t->script, "%d", i);
-    else if (*c == '?') kiln_sbuf_printf(&t->script, "%d", tiles[next++]);
-    else kiln_sbuf_printf(&t->script, "%c", *c);
-  if (t->k_count < 4096) t->k_loops[t->k_count++] = i;
-  return MlirWalkResultAdvance;
-}
-
 static MlirWalkResult tile_op(MlirOperation op, void *user) {
   tiler_t *t = user;
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   if (name.length < 7 || memcmp(name.data, "linalg.", 7) != 0)
     return MlirWalkResultAdvance;
-  if (marked_mma(op) || feeds_mma(op)) return MlirWalkResultAdvance;  // mma_op's
+  // kernels/gpu_mma.c's (after bufferization)
+  if (marked_mma(op) || feeds_mma(op) ||
+      !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
+          op, mlirStringRefCreateFromCString("kiln.gpu_mma_round"))))
+    return MlirWalkResultAdvance;
   kiln_kernel_desc_t d;
   if (!kiln_kernels_describe(op, &d) || kiln_kernels_inside_forall(op))
     return MlirWalkResultAdvance;
@@ -363,58 +307,16 @@ static kiln_status_t walk_and_apply(MlirContext ctx, MlirModule module,
   return s;
 }
 
-// The tensor-core schedules, after the others (whose contraction lowering
-// to outer products would take the mma contracts apart).
-static kiln_status_t tile_mma(MlirContext ctx, MlirModule module, int first,
-                              int *out_mma) {
-  tiler_t *t = calloc(1, sizeof(*t));
-  if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
-  t->ctx = ctx;
-  t->count = first;
-  kiln_sbuf_init(&t->script);
-  mlirOperationWalk(mlirModuleGetOperation(module), mma_op, t, MlirWalkPreOrder);
-  *out_mma = t->k_count;
-  if (t->k_count) {
-    kiln_sbuf_puts(&t->script,
-                   "    %funcs = transform.structured.match ops{[\"func.func\"]} "
-                   "in %root : (!transform.any_op) -> !transform.any_op\n"
-                   "    transform.apply_patterns to %funcs {\n"
-                   "      transform.apply_patterns.vector.reduction_to_contract\n"
-                   "      transform.apply_patterns.vector.fold_arith_extension\n"
-                   "      transform.apply_patterns.vector.transfer_permutation_patterns\n"
-                   "      transform.apply_patterns.canonicalization\n"
-                   "    } : !transform.any_op\n"
-                   "    transform.apply_patterns to %funcs {\n"
-                   "      transform.apply_patterns.gpu.unroll_vectors_subgroup_mma "
-                   "[16, 8, 16]\n"
-                   "      transform.apply_patterns.canonicalization\n"
-                   "    } : !transform.any_op\n");
-    for (int j = 0; j < t->k_count; ++j)
-      kiln_sbuf_printf(&t->script, "    transform.loop.hoist_loop_invariant_subsets "
-                       "%%kl%d : !transform.any_op\n", t->k_loops[j]);
-    kiln_sbuf_puts(&t->script,
-                   "    transform.apply_patterns to %funcs {\n"
-                   "      transform.apply_patterns.canonicalization\n"
-                   "    } : !transform.any_op\n");
-  }
-  char *body = kiln_sbuf_take(&t->script);
-  kiln_status_t s = NULL;
-  if (*out_mma > 0)
-    s = body ? apply(ctx, module, body, "GPU tensor-core schedule")
-             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
-  free(body);
-  free(t);
-  return s;
-}
-
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
-                                    int *out_mma) {
+                                    bool tensor_cores, int *out_mma) {
   *out_mma = 0;
   tiler_t *t = calloc(1, sizeof(*t));
   if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
   t->ctx = ctx;
   kiln_sbuf_init(&t->script);
-  mlirOperationWalk(mlirModuleGetOperation(module), mark_mma, t, MlirWalkPreOrder);
+  if (tensor_cores)
+    mlirOperationWalk(mlirModuleGetOperation(module), mark_mma, t, MlirWalkPreOrder);
+  *out_mma = t->k_count;
   t->k_count = 0;
   mlirOperationWalk(mlirModuleGetOperation(module), tile_op, t, MlirWalkPreOrder);
   // The vectorized K steps lowered to multiply-adds, and each contraction's
@@ -438,10 +340,9 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
   if (t->count > 0)
     s = body ? apply(ctx, module, body, "GPU tiling schedule")
              : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
-  int next = t->count;
   free(body);
   free(t);
-  return s ? s : tile_mma(ctx, module, next, out_mma);
+  return s;
 }
 
 typedef struct {

@@ -59,12 +59,17 @@ bool kiln_kernels_inside_forall(MlirOperation op);
 // element per thread, the innermost dim on thread x so a warp's accesses
 // are contiguous (scf.forall mapped to #gpu.thread). Reduction loops stay
 // sequential per thread. The block foralls are tagged kiln.gpu_block = i.
-// f16 x f16 -> f32 linalg.matmuls (the lowering's tensor-core form, see
-// KILN_MMA_PUN in lowering/lowering.h) get the warp-level mma schedule
-// instead; *out_mma counts them (the pipeline then lowers their contracts
-// to nvgpu.mma.sync).
+// With `tensor_cores` (sm_80+), bf16 x bf16 -> f32 matmuls in whole
+// 128 x 128 x 32 tiles are tagged kiln.gpu_mma and left whole, with their
+// zero fills, for kiln_kernels_mma_gpu; *out_mma counts them.
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
-                                    int *out_mma);
+                                    bool tensor_cores, int *out_mma);
+// After bufferization: each kiln.gpu_mma matmul on whole row-major buffers
+// becomes kernels/gpu_mma.c's hand-scheduled tensor-core kernel (a
+// gpu.launch: cp.async pipeline into shared memory, ldmatrix, mma.sync);
+// *out_count counts those replaced.
+kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module,
+                                   int *out_count);
 // On tensors, before kiln_kernels_tile_gpu: each group of linalg generics
 // over the rows of an f32[M,N] (softmax, log_softmax, layer norm: row
 // reductions and the elementwise ops around them, in kiln's row forall or at

@@ -34,15 +34,6 @@ static bool name_is(MlirOperation op, const char *name) {
   return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
 }
 
-// Counts KILN_MMA_PUN bitcasts (bf16 -> f16).
-static MlirWalkResult count_puns(MlirOperation op, void *user) {
-  if (name_is(op, "arith.bitcast") && mlirOperationGetNumOperands(op) == 1 &&
-      mlirTypeIsABF16(mlirValueGetType(mlirOperationGetOperand(op, 0))) &&
-      mlirTypeIsAF16(mlirValueGetType(mlirOperationGetResult(op, 0))))
-    ++*(int *)user;
-  return MlirWalkResultAdvance;
-}
-
 void kiln_gpu_program_free(kiln_gpu_program_t *p) {
   if (!p) return;
   for (int i = 0; i < p->module_count; ++i) free(p->ptx[i]);
@@ -317,35 +308,29 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   o.tiling = NULL;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_LINALG,
                                                KILN_STAGE_FUSED, &o));
-  // The lowering's f16 views of bf16 operands (two per tensor-core matmul):
-  // each such matmul must get the tensor-core schedule, or the module is
-  // refused (multiplied as f16 numbers, the bits would be garbage).
-  int puns = 0;
-  mlirOperationWalk(mlirModuleGetOperation(module), count_puns, &puns,
-                    MlirWalkPreOrder);
+  // Tensor cores (kernels/gpu_mma.c: cp.async, ldmatrix, mma.sync) from
+  // sm_80 on.
+  bool tensor_cores = atoi(chip + (strncmp(chip, "sm_", 3) == 0 ? 3 : 0)) >= 80;
   int mma = 0;  // matmuls on tensor cores
   if (schedules) {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_rows_gpu(kiln_mlir_context(m), module));
     KILN_RETURN_IF_ERROR_PLAIN(
-        kiln_kernels_tile_gpu(kiln_mlir_context(m), module, &mma));
+        kiln_kernels_tile_gpu(kiln_mlir_context(m), module, tensor_cores, &mma));
   }
-  if (puns != 2 * mma)
-    return kiln_make_status(KILN_STATUS_INTERNAL,
-                            "cuda: %d bf16 matmuls in tensor-core form, %d "
-                            "given the tensor-core schedule", puns / 2, mma);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
+  // A tagged matmul the kernel does not take (not on whole row-major
+  // buffers) stays a linalg.matmul: the parallel-loop mapping computes it.
+  if (mma)
+    KILN_RETURN_IF_ERROR_PLAIN(
+        kiln_kernels_mma_gpu(kiln_mlir_context(m), module, &mma));
   if (schedules)
     KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_map_gpu(kiln_mlir_context(m), module));
   const char *ld = libdevice_path();
   char link[512] = "";
   if (ld) snprintf(link, sizeof(link), " l=%s", ld);
-  // Tensor cores: the mma matmuls' 16x8x16 contracts become nvgpu.mma.sync
-  // (and their operand reads per-lane fragment loads) before anything else
-  // lowers vectors. Only in modules with mma matmuls: the other schedules
-  // leave no vector.contract behind, and the checks below refuse a module
-  // where any other contraction became an mma.
-  const char *mma_front = mma ? "convert-vector-to-gpu{use-nvgpu=1},canonicalize,cse," : "";
+  // Tensor cores: the mma kernels' nvgpu ops (cp.async, ldmatrix,
+  // mma.sync) to NVVM.
   const char *mma_nvvm = mma ? "convert-nvgpu-to-nvvm," : "";
   char pipeline[2048];
   snprintf(pipeline, sizeof(pipeline),
@@ -356,12 +341,12 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "gpu-map-parallel-loops,convert-parallel-loops-to-gpu,canonicalize),"
            "gpu-launch-sink-index-computations,gpu-kernel-outlining,"
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
-           "gpu.module(%sconvert-linalg-to-loops,convert-vector-to-scf{full-unroll=true},"
+           "gpu.module(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=true},"
            "expand-strided-metadata,lower-affine,convert-vector-to-llvm{use-vector-alignment=true},"
            "convert-scf-to-cf,%s"
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts))",
-           KILN_GPU_BLOCK, chip, link, mma_front, mma_nvvm);
+           KILN_GPU_BLOCK, chip, link, mma_nvvm);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
                                                     "the CUDA pipeline"));
   // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
@@ -418,16 +403,17 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
     out->ptx[i][ptx.length] = 0;
     out->module_count = i + 1;
   }
-  // Tensor cores: the f16 mma.sync of the punned bf16 matmuls become bf16
-  // ones (each name grows by 2 bytes). Each mma matmul must be exactly one
-  // kernel module with mma.sync and no f16 arithmetic or f16 -> f32
-  // conversion (a contract left to the ordinary vector lowering); no other
-  // module may have an mma.sync. Otherwise the module is refused (the
-  // caller recompiles without tensor cores).
+  // Tensor cores: kernels/gpu_mma.c multiplies bf16 bits as f16 vectors
+  // (MLIR 22's nvgpu has no bf16 mma.sync; fragment layouts and registers
+  // are the same), so its f16 mma.sync become bf16 ones here (each name
+  // grows by 2 bytes). Each such kernel must be exactly one module with
+  // mma.sync and no f16 arithmetic or f16 -> f32 conversion; no other module
+  // may have an mma.sync. Otherwise the module is refused (the caller
+  // recompiles with the plain mapping).
   static const char kF16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
   static const char kBf16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
   int mma_modules = 0;
-  for (int i = 0; !s && mma && i < out->module_count; ++i) {
+  for (int i = 0; !s && i < out->module_count; ++i) {
     bool any = false;
     for (char *q = out->ptx[i]; (q = strstr(q, kF16Mma)) != NULL;) {
       // "...f32.f16.f16.f32" -> "...f32.bf16.bf16.f32" is 2 bytes longer.

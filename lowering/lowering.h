@@ -15,19 +15,7 @@ typedef struct kiln_lower_options {
   // AVX512-BF16 (vdpbf16ps): bf16 matmuls use the packed dot-product
   // microkernel of lowering/ops/matmul.c instead of f32 FMAs.
   bool x86_bf16_dot;
-  // NVIDIA tensor cores (sm_80+): bf16 mm / addmm whose sizes are whole mma
-  // block tiles (M, N multiples of 128, K of 32) multiply f16-typed views of
-  // their operands' bits (arith.bitcast, marked KILN_MMA_PUN): MLIR 22's
-  // nvgpu path lowers f16 contractions to mma.sync but has no bf16 one, and
-  // the GPU pipeline relabels those mma.sync as bf16 in the PTX (same
-  // fragment layout and registers; nothing else reads the f16 views). Only
-  // for a pipeline that guarantees the relabeling (kiln_pipeline_run_gpu
-  // refuses a module whose punned matmuls did not all become mma.sync).
-  bool cuda_mma_bf16;
 } kiln_lower_options_t;
-
-// The text of the bitcast that makes a bf16 operand's f16 view.
-#define KILN_MMA_PUN "arith.bitcast %in : bf16 to f16"
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking
 // one memref per input (strided layout where `input_strided[i]`, which may be

@@ -925,8 +925,7 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   }
   double t2 = now_seconds();
   if (!loaded) {
-    // Tensor cores for bf16 matmuls (sm_80+) with the GPU schedules.
-    kiln_lower_options_t lopts = {false, f->options.vectorize && major >= 8};
+    kiln_lower_options_t lopts = {false};
     char *linalg = NULL;
     double t0 = now_seconds();
     s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
@@ -936,33 +935,23 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     char tag[256];
     snprintf(tag, sizeof(tag), "%s-cuda-%d",
              f->graph->name ? f->graph->name : "graph", c->dump_counter++);
-    // With kernels/' GPU schedules (and tensor cores) first; a graph they
-    // cannot take is compiled again without tensor cores, then with the
-    // plain parallel-loop mapping.
+    // With kernels/' GPU schedules first; a graph they cannot take is
+    // compiled again with the plain parallel-loop mapping.
     kiln_pipeline_options_t popts = {f->options.vectorize, 1, c->dump_dir, tag, NULL};
     if (!s && c->dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
-    for (int attempt = 0; !s && attempt < 3; ++attempt) {
+    for (int attempt = 0; !s && attempt < 2; ++attempt) {
       MlirModule mod = {NULL};
       s = kiln_mlir_parse(c->mlir, linalg, &mod);
       if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
       if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
       if (!s || !popts.vectorize) break;
-      bool punned = strstr(linalg, KILN_MMA_PUN) != NULL;
       if (log_enabled("cuda"))
-        fprintf(stderr, "[kiln cuda] @%s: %s failed (%s); %s\n", f->graph->name,
-                punned ? "tensor cores" : "GPU schedules", kiln_status_message(s),
-                punned ? "without them" : "plain mapping");
+        fprintf(stderr, "[kiln cuda] @%s: GPU schedules failed (%s); plain "
+                "mapping\n", f->graph->name, kiln_status_message(s));
       kiln_status_free(s);
       s = NULL;
       kiln_gpu_program_free(&v->gpu);
-      if (punned) {
-        lopts.cuda_mma_bf16 = false;
-        free(linalg);
-        linalg = NULL;
-        s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
-      } else {
-        popts.vectorize = 0;
-      }
+      popts.vectorize = 0;
     }
     pthread_mutex_unlock(&c->lock);
     free(linalg);
@@ -1989,10 +1978,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   if (cuda && !as) snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
   kiln_status_free(as);
   char *mlir_text = NULL;
-  // Tensor cores where the device has them (sm_80+), or for the sm_90
-  // printed without a device.
-  kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
-                                cuda && opts.vectorize && (major == 0 || major >= 8)};
+  kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16")};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

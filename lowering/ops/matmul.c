@@ -186,45 +186,6 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
   return perm[0] == 1 && perm[1] == 0 && src->type.rank == 2 ? src : NULL;
 }
 
-// Tensor cores (kiln_lower_options_t.cuda_mma_bf16): a plain 2-D bf16
-// product in whole 128 x 128 x 32 tiles.
-static bool mma_applies(const kiln_emitter_t *e, const kiln_node_t *n,
-                        const kiln_tv_t *a, const kiln_tv_t *b) {
-  return e->options.cuda_mma_bf16 && n->op != KILN_OP_BMM &&
-         a->type.dtype == KILN_BF16 && b->type.dtype == KILN_BF16 &&
-         a->type.rank == 2 && b->type.rank == 2 &&
-         kiln_type_is_static(&a->type) && kiln_type_is_static(&b->type) &&
-         a->type.dims[0] % 128 == 0 && b->type.dims[1] % 128 == 0 &&
-         a->type.dims[1] % 32 == 0;
-}
-
-// `x` (bf16 [R, C]) viewed as f16: same bits, for the mma path only;
-// `transpose` writes the view as [C, R].
-static void emit_f16_view(kiln_emitter_t *e, const kiln_tv_t *x, bool transpose,
-                          kiln_tv_t *out) {
-  kiln_type_t ht = x->type;
-  ht.dtype = KILN_F16;
-  if (transpose) {
-    ht.dims[0] = x->type.dims[1];
-    ht.dims[1] = x->type.dims[0];
-  }
-  char init[24], xty[256], hty[256];
-  kiln_emit_empty(e, &ht, init);
-  kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
-  kiln_mlir_tensor_type(&ht, hty, sizeof(hty));
-  kiln_emit_fresh(e, out->ssa);
-  out->type = ht;
-  kiln_sbuf_printf(&e->out,
-                   "    %s = linalg.generic {indexing_maps = [affine_map<(d0, d1) "
-                   "-> (%s)>, affine_map<(d0, d1) -> (d0, d1)>], "
-                   "iterator_types = [\"parallel\", \"parallel\"]} ins(%s : %s) "
-                   "outs(%s : %s) {\n    ^bb0(%%in: bf16, %%out: f16):\n"
-                   "      %%v = %s\n      linalg.yield %%v : f16\n"
-                   "    } -> %s\n",
-                   out->ssa, transpose ? "d1, d0" : "d0, d1", x->ssa, xty, init,
-                   hty, KILN_MMA_PUN, hty);
-}
-
 kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   int base = n->op == KILN_OP_ADDMM ? 1 : 0;
   const kiln_tv_t *a = &e->values[n->operands[base].value];
@@ -250,24 +211,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     kiln_emit_set_result(e, n, 0, &out);
     return NULL;
   }
-  if (acc == KILN_F32 && mma_applies(e, n, a, b)) {
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &init));
-    // B is viewed transposed ([N, K], K contiguous): the mma's "col"
-    // operand is then read as 32-bit pairs along K, not 16-bit scalars
-    // (H200, 4096^3: 2.12 -> 1.82 ms for the matmul kernel).
-    kiln_tv_t ha, hbt;
-    emit_f16_view(e, a, false, &ha);
-    emit_f16_view(e, b, true, &hbt);
-    kiln_mlir_tensor_type(&ha.type, aty, sizeof(aty));
-    kiln_mlir_tensor_type(&hbt.type, bty, sizeof(bty));
-    kiln_emit_fresh(e, mm.ssa);
-    kiln_sbuf_printf(&e->out,
-                     "    %s = linalg.matmul indexing_maps = [affine_map<(d0, d1, "
-                     "d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
-                     "affine_map<(d0, d1, d2) -> (d0, d1)>] ins(%s, %s : %s, %s) "
-                     "outs(%s : %s) -> %s\n",
-                     mm.ssa, ha.ssa, hbt.ssa, aty, bty, init.ssa, oty, oty);
-  } else if (n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b)) {
+  if (n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b)) {
     // Every element is written by the kernel: no fill.
     kiln_emit_empty(e, &at, init.ssa);
     emit_bf16_dot(e, a, b, init.ssa, oty, false, mm.ssa);

@@ -40,12 +40,16 @@ static const char *kGraphs[] = {
     "graph @ln(%x: f32[16,256], %w: f32[256], %b: f32[256]) {\n"
     "  %n, %mean, %rstd = aten.native_layer_norm(%x, %w, %b) "
     "{normalized_shape = [256], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
-    // bf16 on tensor cores (mma.sync, whole 128x128x32 tiles), and with a
-    // bias + GELU epilogue.
+    // bf16 on tensor cores (kernels/gpu_mma.c, whole 128x128x32 tiles), and
+    // with a bias + GELU epilogue.
     "graph @mma(%a: bf16[256,512], %b: bf16[512,384]) {\n"
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
     "graph @mma2(%a: bf16[128,256], %b: bf16[256,256], %c: bf16[256]) {\n"
     "  %d = aten.addmm(%c, %a, %b)\n  %g = aten.gelu(%d)\n  return %g\n}\n",
+    // 8 x 5 blocks in groups of 8 block rows, 8 K steps through the
+    // 3-stage pipeline.
+    "graph @mma3(%a: bf16[1024,256], %b: bf16[256,640]) {\n"
+    "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
     // kernels/gpu_rows.c: a row per warp, shuffle butterflies; softmax in
     // kiln's row forall, log_softmax and a layer norm after a residual add
     // at function level.
