@@ -38,10 +38,11 @@ typedef struct {
   int k_count;
 } tiler_t;
 
-// A matmul for kernels/gpu_mma.c's tensor-core kernel: linalg.matmul of
-// row-major bf16 operands (the default indexing maps, not kiln's
-// transposed-lhs form) into f32, static, in whole 128 x 128 x 32 tiles.
-static bool is_mma_matmul(MlirOperation op) {
+// A matmul for kernels/gpu_mma.c's tensor-core kernel (`bf16`) or
+// kernels/gpu_sgemm.c's f32 one: linalg.matmul of row-major operands (the
+// default indexing maps, not kiln's transposed-lhs form), bf16 or f32, into
+// f32, static, in whole 128 x 128 x 32 (f32: x KILN_SGEMM_BK) tiles.
+static bool is_gemm_matmul(MlirOperation op, bool bf16) {
   if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.matmul") ||
       mlirOperationGetNumOperands(op) != 3)
     return false;
@@ -67,19 +68,23 @@ static bool is_mma_matmul(MlirOperation op) {
       !mlirShapedTypeHasStaticShape(b) || !mlirShapedTypeHasStaticShape(c) ||
       mlirShapedTypeGetRank(a) != 2 || mlirShapedTypeGetRank(b) != 2)
     return false;
-  return mlirTypeIsABF16(mlirShapedTypeGetElementType(a)) &&
-         mlirTypeIsABF16(mlirShapedTypeGetElementType(b)) &&
+  MlirType ae = mlirShapedTypeGetElementType(a), be = mlirShapedTypeGetElementType(b);
+  return (bf16 ? mlirTypeIsABF16(ae) && mlirTypeIsABF16(be)
+               : mlirTypeIsAF32(ae) && mlirTypeIsAF32(be)) &&
          mlirTypeIsAF32(mlirShapedTypeGetElementType(c)) &&
          mlirShapedTypeGetDimSize(a, 0) % 128 == 0 &&
          mlirShapedTypeGetDimSize(b, 1) % 128 == 0 &&
-         mlirShapedTypeGetDimSize(a, 1) % 32 == 0;
+         mlirShapedTypeGetDimSize(a, 1) % (bf16 ? 32 : KILN_SGEMM_BK) == 0;
 }
 
-// Mma matmuls are tagged kiln.gpu_mma = j before any schedule is applied;
-// they and their zero fills are left whole for kernels/gpu_mma.c.
+// Mma matmuls are tagged kiln.gpu_mma = j (f32 ones kiln.gpu_sgemm = j)
+// before any schedule is applied; they and their zero fills are left whole
+// for kernels/gpu_mma.c (kernels/gpu_sgemm.c).
 static bool marked_mma(MlirOperation op) {
   return !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
-      op, mlirStringRefCreateFromCString("kiln.gpu_mma")));
+             op, mlirStringRefCreateFromCString("kiln.gpu_mma"))) ||
+         !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
+             op, mlirStringRefCreateFromCString("kiln.gpu_sgemm")));
 }
 
 // The matmul's only consumer when it rounds it to bf16 and nothing else: a
@@ -115,7 +120,7 @@ static MlirOperation rounding_consumer(MlirOperation mm) {
 
 static MlirWalkResult mark_mma(MlirOperation op, void *user) {
   tiler_t *t = user;
-  if (!is_mma_matmul(op) || kiln_kernels_inside_forall(op))
+  if (!is_gemm_matmul(op, true) || kiln_kernels_inside_forall(op))
     return MlirWalkResultAdvance;
   MlirAttribute id = mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++);
   mlirOperationSetDiscardableAttributeByName(
@@ -125,6 +130,18 @@ static MlirWalkResult mark_mma(MlirOperation op, void *user) {
   if (!mlirOperationIsNull(g))
     mlirOperationSetDiscardableAttributeByName(
         g, mlirStringRefCreateFromCString("kiln.gpu_mma_round"), id);
+  return MlirWalkResultAdvance;
+}
+
+// f32 matmuls for kernels/gpu_sgemm.c (no epilogue folded: a bias add or
+// activation after it stays its own kernel).
+static MlirWalkResult mark_sgemm(MlirOperation op, void *user) {
+  tiler_t *t = user;
+  if (!is_gemm_matmul(op, false) || kiln_kernels_inside_forall(op))
+    return MlirWalkResultAdvance;
+  mlirOperationSetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_sgemm"),
+      mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++));
   return MlirWalkResultAdvance;
 }
 
@@ -145,7 +162,7 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   if (name.length < 7 || memcmp(name.data, "linalg.", 7) != 0)
     return MlirWalkResultAdvance;
-  // kernels/gpu_mma.c's (after bufferization)
+  // kernels/gpu_mma.c's and gpu_sgemm.c's (after bufferization)
   if (marked_mma(op) || feeds_mma(op) ||
       !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
           op, mlirStringRefCreateFromCString("kiln.gpu_mma_round"))))
@@ -308,8 +325,10 @@ static kiln_status_t walk_and_apply(MlirContext ctx, MlirModule module,
 }
 
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
-                                    bool tensor_cores, int *out_mma) {
+                                    bool tensor_cores, int *out_mma,
+                                    int *out_sgemm) {
   *out_mma = 0;
+  *out_sgemm = 0;
   tiler_t *t = calloc(1, sizeof(*t));
   if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
   t->ctx = ctx;
@@ -317,6 +336,10 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
   if (tensor_cores)
     mlirOperationWalk(mlirModuleGetOperation(module), mark_mma, t, MlirWalkPreOrder);
   *out_mma = t->k_count;
+  t->k_count = 0;
+  if (tensor_cores)  // cp.async, as the mma kernels
+    mlirOperationWalk(mlirModuleGetOperation(module), mark_sgemm, t, MlirWalkPreOrder);
+  *out_sgemm = t->k_count;
   t->k_count = 0;
   mlirOperationWalk(mlirModuleGetOperation(module), tile_op, t, MlirWalkPreOrder);
   // The vectorized K steps lowered to multiply-adds, and each contraction's

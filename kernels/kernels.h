@@ -62,14 +62,37 @@ bool kiln_kernels_inside_forall(MlirOperation op);
 // With `tensor_cores` (sm_80+), bf16 x bf16 -> f32 matmuls in whole
 // 128 x 128 x 32 tiles are tagged kiln.gpu_mma and left whole, with their
 // zero fills, for kiln_kernels_mma_gpu; *out_mma counts them.
+// With `tensor_cores`, also f32 x f32 -> f32 matmuls (the default indexing
+// maps, static, M and N multiples of 128, K of KILN_SGEMM_BK) are tagged
+// kiln.gpu_sgemm and left whole, with their zero fills, for
+// kiln_kernels_sgemm_gpu (its kernel needs cp.async: sm_80+); *out_sgemm
+// counts them. Other f32 matmuls keep the tiled schedule.
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
-                                    bool tensor_cores, int *out_mma);
+                                    bool tensor_cores, int *out_mma,
+                                    int *out_sgemm);
 // After bufferization: each kiln.gpu_mma matmul on whole row-major buffers
 // becomes kernels/gpu_mma.c's hand-scheduled tensor-core kernel (a
 // gpu.launch: cp.async pipeline into shared memory, ldmatrix, mma.sync);
 // *out_count counts those replaced.
 kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module,
                                    int *out_count);
+// The K step of kernels/gpu_sgemm.c's f32 GEMM: K must be a multiple.
+#define KILN_SGEMM_BK 8
+// After bufferization: each kiln.gpu_sgemm matmul on whole row-major f32
+// buffers whose C is zero-filled just before becomes kernels/gpu_sgemm.c's
+// hand-scheduled CUDA-core kernel (a gpu.launch of 256 threads per 128 x 128
+// outputs: cp.async pipeline into shared memory, 8x8 f32 register tiles,
+// exact FMAs), which overwrites C; the fill is dropped. Others stay
+// linalg.matmul (the parallel-loop mapping computes them). *out_count
+// counts those replaced. Fails only when a generated kernel does not parse
+// (a bug) or on allocation failure.
+kiln_status_t kiln_kernels_sgemm_gpu(MlirContext ctx, MlirModule module,
+                                     int *out_count);
+// The text of that kernel for M x N x K: func.func @kiln_sgemm(%A, %B, %C)
+// holding its gpu.launch (for tests and standalone builds); NULL when the
+// shape is not whole 128 x 128 x KILN_SGEMM_BK tiles or on allocation
+// failure. Caller frees.
+char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k);
 // On tensors, before kiln_kernels_tile_gpu: each group of linalg generics
 // over the rows of an f32[M,N] (softmax, log_softmax, layer norm: row
 // reductions and the elementwise ops around them, in kiln's row forall or at

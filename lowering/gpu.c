@@ -309,13 +309,14 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_LINALG,
                                                KILN_STAGE_FUSED, &o));
   // Tensor cores (kernels/gpu_mma.c: cp.async, ldmatrix, mma.sync) from
-  // sm_80 on.
+  // sm_80 on; the f32 GEMM kernel (kernels/gpu_sgemm.c) needs cp.async too.
   bool tensor_cores = atoi(chip + (strncmp(chip, "sm_", 3) == 0 ? 3 : 0)) >= 80;
-  int mma = 0;  // matmuls on tensor cores
+  int mma = 0;    // matmuls on tensor cores
+  int sgemm = 0;  // f32 matmuls by kernels/gpu_sgemm.c
   if (schedules) {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_rows_gpu(kiln_mlir_context(m), module));
-    KILN_RETURN_IF_ERROR_PLAIN(
-        kiln_kernels_tile_gpu(kiln_mlir_context(m), module, tensor_cores, &mma));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_tile_gpu(
+        kiln_mlir_context(m), module, tensor_cores, &mma, &sgemm));
   }
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
@@ -324,14 +325,17 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   if (mma)
     KILN_RETURN_IF_ERROR_PLAIN(
         kiln_kernels_mma_gpu(kiln_mlir_context(m), module, &mma));
+  if (sgemm)
+    KILN_RETURN_IF_ERROR_PLAIN(
+        kiln_kernels_sgemm_gpu(kiln_mlir_context(m), module, &sgemm));
   if (schedules)
     KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_map_gpu(kiln_mlir_context(m), module));
   const char *ld = libdevice_path();
   char link[512] = "";
   if (ld) snprintf(link, sizeof(link), " l=%s", ld);
-  // Tensor cores: the mma kernels' nvgpu ops (cp.async, ldmatrix,
+  // The mma and f32 GEMM kernels' nvgpu ops (cp.async, ldmatrix,
   // mma.sync) to NVVM.
-  const char *mma_nvvm = mma ? "convert-nvgpu-to-nvvm," : "";
+  const char *mma_nvvm = mma || sgemm ? "convert-nvgpu-to-nvvm," : "";
   char pipeline[2048];
   snprintf(pipeline, sizeof(pipeline),
            "builtin.module(gpu-launch-sink-index-computations,gpu-kernel-outlining,"
