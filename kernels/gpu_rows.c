@@ -15,10 +15,16 @@
 // streamed instead: each reduction is an scf.for over chunks of Vc vectors
 // per lane with a vector accumulator, then the butterfly, and the outputs
 // are written by a last loop over the chunks. Row values are not kept
-// between these passes but recomputed from the inputs in each (the row of
-// a warp, 16 KB at N = 4096, is read again from L2): a member over the
-// rows is emitted where a pass first needs it. Odd passes walk the chunks
-// backwards, so a pass starts on the chunks the previous one read last.
+// between these passes but recomputed from the inputs in each: a member
+// over the rows is emitted where a pass first needs it. At large M the
+// rows in flight exceed L2 and every pass reads the row from memory again,
+// so softmax's max and sum of exponentials, and layer norm's sum and sum
+// of squared deviations, share one pass each ("one-pass forms" below):
+// softmax, log_softmax and layer norm read their rows twice. Odd passes
+// walk the chunks backwards, so a pass starts on the chunks the previous
+// one read last.
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,8 +51,9 @@
 #define ROWS_TARGET_BLOCKS 264
 // 16-byte vectors per lane in one chunk of a streamed row (at most): 8
 // (4 KB of loads per warp in flight) for one input, 16 for more. ptxas -v
-// (sm_90, f32[16384,4096], blocks of 256): softmax 64 registers at 8, 157
-// at 16; layer norm with weight and bias 150 at 8, 100 at 16; no spills.
+// (sm_90, f32[16384,4096], blocks of 256, one-pass forms): softmax 64
+// registers at 8, log_softmax 63; layer norm with weight and bias 98 at
+// 16, without them 64 at 8; no spills.
 #define ROWS_CHUNK_VECTORS 8
 #define ROWS_CHUNK_VECTORS_MULTI 16
 
@@ -113,6 +120,14 @@ typedef struct {
   int ncst;
   bval_t bv[MAX_VALUES * 2];
   int nbv;
+  // Streamed rows: a row value standing for another (subst_v, named
+  // subst_name) while a member's element is evaluated at one point; the
+  // mean and M2 of a row value gathered by the pass of its sum (stat_x;
+  // see emit_sum_stats).
+  MlirValue subst_v;
+  char subst_name[NAME];
+  MlirValue stat_x;
+  char stat_mean[NAME], stat_m2[NAME];
   kiln_sbuf_t pre, body;
   int next;
   bool failed;
@@ -406,6 +421,10 @@ static bool demand(group_t *g, reg_t *r) {
 // input (loaded), or a constant fill. Records new inputs.
 static bool operand_reg(group_t *g, MlirValue v, kind_t kind, char *out) {
   MlirValue base = look_through(v, g->B, g->N);
+  if (kind == K_ROW && !mlirValueIsNull(g->subst_v) && mlirValueEqual(base, g->subst_v)) {
+    memcpy(out, g->subst_name, NAME);
+    return true;
+  }
   reg_t *r = find_reg(g, base);
   if (r) {
     if (r->kind != kind || !demand(g, r)) return false;
@@ -669,6 +688,559 @@ static bool defer_row(group_t *g, MlirOperation op, const ginfo_t *gi) {
   return true;
 }
 
+// A reduction member's combiner, its accumulator argument and the value
+// it combines per element; false when the body is not of that form.
+static bool red_parts(MlirOperation op, const ginfo_t *gi, MlirOperation *comb,
+                      MlirValue *acc, MlirValue *elem) {
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (mlirBlockIsNull(body) || mlirBlockGetNumArguments(body) != gi->nin + gi->nout)
+    return false;
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  if (!is(yield, "linalg.yield") || mlirOperationGetNumOperands(yield) != 1) return false;
+  MlirValue y = mlirOperationGetOperand(yield, 0);
+  *acc = mlirBlockGetArgument(body, gi->nin);
+  *comb = def_of(y);
+  if (mlirOperationIsNull(*comb) || !reduction_kind(*comb) ||
+      !mlirBlockEqual(mlirOperationGetBlock(*comb), body) ||
+      !mlirTypeIsAF32(mlirValueGetType(y)))
+    return false;
+  MlirValue a = mlirOperationGetOperand(*comb, 0), b = mlirOperationGetOperand(*comb, 1);
+  if (!(mlirValueEqual(a, *acc) ^ mlirValueEqual(b, *acc))) return false;
+  MlirOpOperand u = mlirValueGetFirstUse(*acc);
+  if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u)))
+    return false;
+  *elem = mlirValueEqual(a, *acc) ? b : a;
+  return true;
+}
+
+// Emits a reduction member's inputs and body but its combiner; `out` names
+// the element value (varying). Body values are the caller's to scope.
+static bool emit_elem(group_t *g, MlirOperation op, const ginfo_t *gi, MlirOperation comb,
+                      MlirValue elem, char *out) {
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  for (int i = 0; i < gi->nin; ++i) {
+    char name[NAME];
+    if (!operand_reg(g, mlirOperationGetOperand(op, i), gi->kind[i], name)) return false;
+    if (!add_bv(g, mlirBlockGetArgument(body, i), gi->kind[i] != K_SCALAR, name))
+      return false;
+  }
+  for (MlirOperation b = mlirBlockGetFirstOperation(body);
+       !mlirOperationEqual(b, yield); b = mlirOperationGetNextInBlock(b)) {
+    if (mlirOperationEqual(b, comb)) continue;
+    if (!emit_body_op(g, b)) return false;
+  }
+  bval_t *bv = find_bv(g, elem);
+  if (!bv || !bv->varying) return false;  // a reduction of a row constant
+  memcpy(out, bv->name, NAME);
+  return true;
+}
+
+// The butterfly: after log2(L) steps of `op` every lane of the row holds
+// the combination of all of them.
+static void butterfly(group_t *g, const char *cur, const char *op, char *out) {
+  char c[NAME];
+  memcpy(c, cur, NAME);
+  for (int64_t off = g->L / 2; off >= 1; off /= 2) {
+    char s[NAME], ok[NAME], nx[NAME];
+    fresh(g, s);
+    fresh(g, ok);
+    fresh(g, nx);
+    kiln_sbuf_printf(&g->body,
+                     "        %s, %s = gpu.shuffle xor %s, %%sh%lld, %%width : f32\n"
+                     "        %s = %s %s, %s : f32\n",
+                     s, ok, c, (long long)off, nx, op, c, s);
+    memcpy(c, nx, NAME);
+  }
+  memcpy(out, c, NAME);
+}
+
+static reg_t *add_scalar_reg(group_t *g, MlirValue v) {
+  if (g->nregs == MAX_VALUES) return NULL;
+  reg_t *r = &g->regs[g->nregs++];
+  r->v = v;
+  r->kind = K_SCALAR;
+  r->name[0] = 0;
+  r->def.ptr = NULL;
+  return r;
+}
+
+static void clear_rows(group_t *g) {
+  for (int i = 0; i < g->nregs; ++i)
+    if (g->regs[i].kind == K_ROW) g->regs[i].name[0] = 0;
+  for (int i = 0; i < g->nin; ++i) g->in[i].name[0] = 0;
+}
+
+//===--- one-pass forms of streamed reductions ----------------------------===//
+//
+// Streamed, each reduction is a pass over the row, and the row misses L2 on
+// every pass after the first at large M. Two pairs of reductions over one
+// row value x are computed by one pass instead:
+//  - m = max(x) then s = sum(e(x, m)) with e(x, m) = exp(x - m) (softmax,
+//    log_softmax): an online max and sum. Each lane keeps a running max
+//    and a sum scaled to it, multiplied by e(m_old, m_new) as the max grows;
+//    after the max's butterfly each lane's sum is scaled to the row's max
+//    the same way, then summed by the butterfly.
+//  - sum(x) then q = sum(f(x, m)) with f(x, m) = (x - m)^2 for a scalar m
+//    known by then (layer norm's variance): the pass of the sum keeps each
+//    lane's mean and M2 (chunks merged by Chan's formula, lanes by the
+//    butterfly), and q = M2 + N (mean - m)^2, exact for any m.
+// e and f are whatever the members compute (kiln's exp is a polynomial of
+// arith ops): their bodies, reached only from x, m and constants, are
+// evaluated here in f32 on sample points and must agree with exp(x - m)
+// (and give 0 at x = -inf) or (x - m)^2 there. The kernel evaluates the
+// members' own bodies for the rescaling factors too.
+
+typedef union {
+  float f;
+  int32_t i;
+} word_t;
+
+typedef struct {
+  group_t *g;
+  MlirValue x, m;  // the row value and the scalar (null: the first met)
+  float xv, mv;
+  MlirValue memo_v[64];
+  word_t memo[64];
+  int nmemo;
+  bool bad;
+} interp_t;
+
+static word_t interp_value(interp_t *it, MlirValue v, int depth);
+
+static bool word_type(MlirType t) {
+  return mlirTypeIsAF32(t) || (mlirTypeIsAInteger(t) && (mlirIntegerTypeGetWidth(t) == 32 ||
+                                                         mlirIntegerTypeGetWidth(t) == 1));
+}
+
+// A generic's input operand of `kind`: x, m, a constant fill or a row
+// member (its inputs evaluated too, so that nothing else reaches it).
+static word_t interp_operand(interp_t *it, MlirValue operand, kind_t kind, int depth) {
+  word_t r = {.i = 0};
+  group_t *g = it->g;
+  MlirValue base = look_through(operand, g->B, g->N);
+  MlirOperation d = def_of(base);
+  ginfo_t gi;
+  if (kind == K_ROW && mlirValueEqual(base, it->x)) {
+    r.f = it->xv;
+  } else if (kind == K_SCALAR && !mlirValueIsNull(it->m) && mlirValueEqual(base, it->m)) {
+    r.f = it->mv;
+  } else if (kind == K_SCALAR && is(d, "linalg.fill") &&
+             mlirTypeIsAF32(mlirValueGetType(mlirOperationGetOperand(d, 0)))) {
+    r = interp_value(it, mlirOperationGetOperand(d, 0), depth + 1);
+  } else if (kind == K_ROW && member(g, d) && classify(d, g->B, g->N, &gi) &&
+             gi.domain == D_ROW) {
+    for (int i = 0; i < gi.nin; ++i) interp_operand(it, mlirOperationGetOperand(d, i), gi.kind[i], depth + 1);
+    MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(d, 0));
+    MlirOperation yield = mlirBlockGetTerminator(body);
+    for (int i = 0; i < gi.nout; ++i)
+      if (mlirValueEqual(mlirOperationGetResult(d, i), base))
+        r = interp_value(it, mlirOperationGetOperand(yield, i), depth + 1);
+  } else if (kind == K_SCALAR && mlirValueIsNull(it->m) && member(g, d)) {
+    it->m = base;  // a member's result: named by the time it is needed
+    r.f = it->mv;
+  } else {
+    it->bad = true;
+  }
+  return r;
+}
+
+static word_t interp_op(interp_t *it, MlirOperation op, int depth) {
+  word_t r = {.i = 0}, a[3] = {{.i = 0}, {.i = 0}, {.i = 0}};
+  intptr_t n = mlirOperationGetNumOperands(op);
+  if (n > 3 || mlirOperationGetNumResults(op) != 1 ||
+      !word_type(mlirValueGetType(mlirOperationGetResult(op, 0)))) {
+    it->bad = true;
+    return r;
+  }
+  for (intptr_t i = 0; i < n; ++i) {
+    if (!word_type(mlirValueGetType(mlirOperationGetOperand(op, i)))) it->bad = true;
+    a[i] = interp_value(it, mlirOperationGetOperand(op, i), depth + 1);
+  }
+  if (it->bad) return r;
+  float x = a[0].f, y = a[1].f;
+  if (is(op, "arith.addf")) r.f = x + y;
+  else if (is(op, "arith.subf")) r.f = x - y;
+  else if (is(op, "arith.mulf")) r.f = x * y;
+  else if (is(op, "arith.divf")) r.f = x / y;
+  else if (is(op, "arith.negf")) r.f = -x;
+  else if (is(op, "arith.minimumf")) r.f = x != x || y != y ? NAN : (x < y ? x : y);
+  else if (is(op, "arith.maximumf")) r.f = x != x || y != y ? NAN : (x > y ? x : y);
+  else if (is(op, "math.floor")) r.f = floorf(x);
+  else if (is(op, "math.absf")) r.f = fabsf(x);
+  else if (is(op, "math.exp")) r.f = expf(x);
+  else if (is(op, "math.fma")) r.f = fmaf(x, y, a[2].f);
+  else if (is(op, "arith.addi")) r.i = (int32_t)((uint32_t)a[0].i + (uint32_t)a[1].i);
+  else if (is(op, "arith.subi")) r.i = (int32_t)((uint32_t)a[0].i - (uint32_t)a[1].i);
+  else if (is(op, "arith.bitcast")) r = a[0];
+  else if (is(op, "arith.select")) r = a[0].i ? a[1] : a[2];
+  else if (is(op, "arith.sitofp")) r.f = (float)a[0].i;
+  else if (is(op, "arith.shli") && a[1].i >= 0 && a[1].i < 32)
+    r.i = (int32_t)((uint32_t)a[0].i << a[1].i);
+  else if (is(op, "arith.fptosi") && x > -2.0e9f && x < 2.0e9f)
+    r.i = (int32_t)x;
+  else if (is(op, "arith.cmpf")) {
+    MlirAttribute p = attr(op, "predicate");
+    int64_t k = !mlirAttributeIsNull(p) && mlirAttributeIsAInteger(p)
+                    ? mlirIntegerAttrGetValueInt(p) : -1;
+    bool un = x != x || y != y;
+    switch (k) {  // arith::CmpFPredicate
+      case 1: r.i = !un && x == y; break;  // oeq
+      case 2: r.i = !un && x > y; break;   // ogt
+      case 3: r.i = !un && x >= y; break;  // oge
+      case 4: r.i = !un && x < y; break;   // olt
+      case 5: r.i = !un && x <= y; break;  // ole
+      case 9: r.i = un || x > y; break;    // ugt
+      case 11: r.i = un || x < y; break;   // ult
+      default: it->bad = true;
+    }
+  } else {
+    it->bad = true;
+  }
+  return r;
+}
+
+static word_t interp_value(interp_t *it, MlirValue v, int depth) {
+  word_t r = {.i = 0};
+  if (it->bad || depth > 200) {
+    it->bad = true;
+    return r;
+  }
+  for (int i = 0; i < it->nmemo; ++i)
+    if (mlirValueEqual(it->memo_v[i], v)) return it->memo[i];
+  if (mlirValueIsABlockArgument(v)) {
+    MlirOperation gen = mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v));
+    intptr_t i = mlirBlockArgumentGetArgNumber(v);
+    ginfo_t gi;
+    if (member(it->g, gen) && classify(gen, it->g->B, it->g->N, &gi) && i < gi.nin)
+      r = interp_operand(it, mlirOperationGetOperand(gen, i), gi.kind[i], depth + 1);
+    else
+      it->bad = true;
+  } else {
+    MlirOperation op = mlirOpResultGetOwner(v);
+    MlirAttribute c = is(op, "arith.constant") ? attr(op, "value") : (MlirAttribute){NULL};
+    if (!mlirAttributeIsNull(c) && mlirAttributeIsAFloat(c) && mlirTypeIsAF32(mlirValueGetType(v)))
+      r.f = (float)mlirFloatAttrGetValueDouble(c);
+    else if (!mlirAttributeIsNull(c) && mlirAttributeIsAInteger(c) &&
+             word_type(mlirValueGetType(v)))
+      r.i = (int32_t)mlirIntegerAttrGetValueInt(c);
+    else if (member(it->g, mlirOperationGetParentOperation(op)))
+      r = interp_op(it, op, depth + 1);
+    else
+      it->bad = true;
+  }
+  if (!it->bad && it->nmemo < 64) {
+    it->memo_v[it->nmemo] = v;
+    it->memo[it->nmemo++] = r;
+  }
+  return r;
+}
+
+enum { WANT_EXP, WANT_SQUARE };
+
+// Whether the element `elem` of the reduction member `red` is exp(x - m)
+// (WANT_EXP) or (x - m)^2 (WANT_SQUARE) of the row value x and the scalar
+// *m (null: any one member's scalar result, returned in *m).
+static bool elem_is(group_t *g, MlirOperation red, const ginfo_t *gi, MlirValue elem,
+                    MlirValue x, MlirValue *m, int want) {
+  static const float exp_m[] = {0.0f, 3.5f, -40.25f, 100.0f};
+  static const float exp_d[] = {0.0f, -0.001f, -0.3f, -1.0f, -2.5f, -7.125f, -15.75f,
+                                -30.0f, -60.5f, -86.0f, -100.0f, -INFINITY};
+  static const float sq_m[] = {100.0f, 0.25f, -2.5f};
+  static const float sq_x[] = {100.5f, -3.25f, 0.1f, 7.0f, 1000.0f, 99.0f};
+  interp_t it = {.g = g, .x = x, .m = *m};
+  int nm = want == WANT_EXP ? 4 : 3, nx = want == WANT_EXP ? 12 : 6;
+  for (int i = 0; i < nm; ++i)
+    for (int j = 0; j < nx; ++j) {
+      it.mv = want == WANT_EXP ? exp_m[i] : sq_m[i];
+      it.xv = want == WANT_EXP ? exp_m[i] + exp_d[j] : sq_x[j];
+      it.nmemo = 0;
+      for (int k = 0; k < gi->nin; ++k)
+        interp_operand(&it, mlirOperationGetOperand(red, k), gi->kind[k], 0);
+      float f = interp_value(&it, elem, 0).f;
+      if (it.bad) return false;
+      double d = (double)(float)(it.xv - it.mv);
+      if (want == WANT_EXP && isinf(it.xv)) {
+        if (f != 0.0f) return false;
+      } else {
+        double ref = want == WANT_EXP ? exp(d) : d * d;
+        if (!(fabs((double)f - ref) <= 1e-6 * ref + 1e-37)) return false;
+      }
+    }
+  *m = it.m;
+  return !mlirValueIsNull(it.m);
+}
+
+// A reduction of one row value with no other computation, x being that
+// value; false for others.
+static bool plain_reduction(group_t *g, MlirOperation op, const ginfo_t *gi, MlirValue elem,
+                            MlirValue *x) {
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (gi->nin != 1 || gi->kind[0] != K_ROW || !mlirValueEqual(elem, mlirBlockGetArgument(body, 0)))
+    return false;
+  *x = look_through(mlirOperationGetOperand(op, 0), g->B, g->N);
+  return true;
+}
+
+// Streamed rows: a later member summing exp(x - op) (want WANT_EXP, op
+// being max(x)) or (x - m)^2 (WANT_SQUARE, op being sum(x)); null if none.
+static MlirOperation partner(group_t *g, MlirOperation op, MlirValue x, int want) {
+  MlirOperation none = {NULL};
+  int k = 0;
+  while (k < g->nops && !mlirOperationEqual(g->ops[k], op)) ++k;
+  for (++k; k < g->nops; ++k) {
+    ginfo_t gi;
+    MlirOperation comb;
+    MlirValue acc, elem, m = want == WANT_EXP ? mlirOperationGetResult(op, 0) : (MlirValue){NULL};
+    if (classify(g->ops[k], g->B, g->N, &gi) && gi.domain == D_RED &&
+        red_parts(g->ops[k], &gi, &comb, &acc, &elem) && is(comb, "arith.addf") &&
+        elem_is(g, g->ops[k], &gi, elem, x, &m, want))
+      return g->ops[k];
+  }
+  return none;
+}
+
+// Evaluates a reduction member's element at one point, the row value x
+// taken as the f32 `xs` (other values as named now); `out` names an f32.
+static bool emit_elem_at(group_t *g, MlirOperation op, const ginfo_t *gi, MlirOperation comb,
+                         MlirValue elem, MlirValue x, const char *xs, char *out) {
+  int64_t K = g->K;
+  bool in_pass = g->in_pass;
+  int base = g->nbv;
+  char e[NAME];
+  clear_rows(g);
+  fresh(g, g->subst_name);
+  kiln_sbuf_printf(&g->body, "        %s = vector.broadcast %s : f32 to vector<1xf32>\n",
+                   g->subst_name, xs);
+  g->subst_v = x;
+  g->K = 1;
+  g->in_pass = true;
+  bool ok = emit_elem(g, op, gi, comb, elem, e);
+  g->K = K;
+  g->in_pass = in_pass;
+  g->nbv = base;
+  g->subst_v.ptr = NULL;
+  clear_rows(g);
+  if (!ok) return false;
+  fresh(g, out);
+  kiln_sbuf_printf(&g->body, "        %s = vector.extract %s[0] : f32 from vector<1xf32>\n",
+                   out, e);
+  return true;
+}
+
+// Streamed softmax: r1 = max(x) and r2 = sum(exp(x - r1)) by one pass (an
+// online max and sum), r2 emitted here. `init` names r1's initial value.
+static bool emit_online(group_t *g, MlirOperation r1, MlirOperation r2, MlirValue x,
+                        const char *init) {
+  ginfo_t gi1, gi2;
+  MlirOperation comb1, comb2;
+  MlirValue acc, elem1, elem2;
+  char init2[NAME];
+  if (!classify(r1, g->B, g->N, &gi1) || !red_parts(r1, &gi1, &comb1, &acc, &elem1) ||
+      !classify(r2, g->B, g->N, &gi2) || !red_parts(r2, &gi2, &comb2, &acc, &elem2) ||
+      !operand_reg(g, mlirOperationGetOperand(r2, gi2.nin), K_SCALAR, init2))
+    return false;
+  // The rows between them: deferred now, emitted where the pass needs them.
+  int k = 0;
+  while (k < g->nops && !mlirOperationEqual(g->ops[k], r1)) ++k;
+  for (++k; k < g->nops && !mlirOperationEqual(g->ops[k], r2); ++k) {
+    ginfo_t gi;
+    if (classify(g->ops[k], g->B, g->N, &gi) && gi.domain == D_ROW &&
+        !find_reg(g, mlirOperationGetResult(g->ops[k], 0)) && !defer_row(g, g->ops[k], &gi))
+      return false;
+  }
+  reg_t *m = add_scalar_reg(g, mlirOperationGetResult(r1, 0));
+  if (!m) return false;
+  int mi = (int)(m - g->regs);
+  char ninf[NAME], zero[NAME], lp[NAME], lm[NAME], ls[NAME], iter[4 * NAME + 16];
+  fresh(g, ninf);
+  fresh(g, zero);
+  fresh(g, lp);
+  fresh(g, lm);
+  fresh(g, ls);
+  kiln_sbuf_printf(&g->pre,
+                   "        %s = arith.constant 0xFF800000 : f32\n"
+                   "        %s = arith.constant 0.0 : f32\n",
+                   ninf, zero);
+  snprintf(iter, sizeof(iter), "%s = %s, %s = %s", lm, ninf, ls, zero);
+  char res[NAME + 4];
+  snprintf(res, sizeof(res), "%s:2", lp);
+  begin_pass(g, res, iter, "f32, f32");
+  // The running max with this chunk, and the reference of the chunk's
+  // exponentials: the max, or 0 while it is -inf (exp(-inf - -inf) would be
+  // a NaN where the reference has 0).
+  char xe[NAME], cm[NAME], mn[NAME], isn[NAME], ref[NAME], ee[NAME], cs[NAME], fac[NAME],
+      t[NAME], sn[NAME];
+  int base = g->nbv;
+  bool ok = emit_elem(g, r1, &gi1, comb1, elem1, xe);
+  g->nbv = base;
+  if (!ok) return false;
+  fresh(g, cm);
+  fresh(g, mn);
+  fresh(g, isn);
+  fresh(g, ref);
+  kiln_sbuf_printf(&g->body,
+                   "        %s = vector.reduction <maximumf>, %s : vector<%lldxf32> into f32\n"
+                   "        %s = arith.maximumf %s, %s : f32\n"
+                   "        %s = arith.cmpf oeq, %s, %s : f32\n"
+                   "        %s = arith.select %s, %s, %s : f32\n",
+                   cm, xe, (long long)g->K, mn, lm, cm, isn, mn, ninf, ref, isn, zero, mn);
+  memcpy(g->regs[mi].name, ref, NAME);
+  ok = emit_elem(g, r2, &gi2, comb2, elem2, ee);
+  g->nbv = base;
+  if (!ok) return false;
+  fresh(g, cs);
+  kiln_sbuf_printf(&g->body, "        %s = vector.reduction <add>, %s : vector<%lldxf32> into f32\n",
+                   cs, ee, (long long)g->K);
+  // The sum so far, to the new reference: times exp(m_old - ref).
+  if (!emit_elem_at(g, r2, &gi2, comb2, elem2, x, lm, fac)) return false;
+  fresh(g, t);
+  fresh(g, sn);
+  kiln_sbuf_printf(&g->body,
+                   "        %s = arith.mulf %s, %s : f32\n"
+                   "        %s = arith.addf %s, %s : f32\n"
+                   "        scf.yield %s, %s : f32, f32\n",
+                   t, ls, fac, sn, t, cs, mn, sn);
+  end_pass(g);
+  // The row's max, then each lane's sum to it, then their sum.
+  char lmax[NAME + 4], lsum[NAME + 4], mx[NAME], sl[NAME], sum[NAME];
+  snprintf(lmax, sizeof(lmax), "%s#0", lp);
+  snprintf(lsum, sizeof(lsum), "%s#1", lp);
+  butterfly(g, lmax, "arith.maximumf", mx);
+  fresh(g, g->regs[mi].name);
+  fresh(g, isn);
+  fresh(g, ref);
+  kiln_sbuf_printf(&g->body,
+                   "        %s = arith.maximumf %s, %s : f32\n"
+                   "        %s = arith.cmpf oeq, %s, %s : f32\n"
+                   "        %s = arith.select %s, %s, %s : f32\n",
+                   g->regs[mi].name, init, mx, isn, g->regs[mi].name, ninf, ref, isn, zero,
+                   g->regs[mi].name);
+  char mfinal[NAME];
+  memcpy(mfinal, g->regs[mi].name, NAME);
+  memcpy(g->regs[mi].name, ref, NAME);
+  ok = emit_elem_at(g, r2, &gi2, comb2, elem2, x, lmax, fac);
+  memcpy(g->regs[mi].name, mfinal, NAME);
+  if (!ok) return false;
+  fresh(g, sl);
+  kiln_sbuf_printf(&g->body, "        %s = arith.mulf %s, %s : f32\n", sl, lsum, fac);
+  butterfly(g, sl, "arith.addf", sum);
+  reg_t *s = add_scalar_reg(g, mlirOperationGetResult(r2, 0));
+  if (!s) return false;
+  fresh(g, s->name);
+  kiln_sbuf_printf(&g->body, "        %s = arith.addf %s, %s : f32\n", s->name, init2, sum);
+  return true;
+}
+
+// Streamed layer norm: the pass of r1 = sum(x) also keeps each lane's mean
+// and M2 of x, for a later sum of (x - m)^2 (emit_generic_in).
+static bool emit_sum_stats(group_t *g, MlirOperation r1, MlirValue x, const char *init) {
+  ginfo_t gi;
+  MlirOperation comb;
+  MlirValue acc, elem;
+  if (!classify(r1, g->B, g->N, &gi) || !red_parts(r1, &gi, &comb, &acc, &elem)) return false;
+  char zero[NAME], kf[NAME], kinv[NAME], lp[NAME], ls[NAME], lmean[NAME], lm2[NAME], ln[NAME];
+  char iter[8 * NAME + 32], res[NAME + 4];
+  fresh(g, zero);
+  fresh(g, kf);
+  fresh(g, kinv);
+  fresh(g, lp);
+  fresh(g, ls);
+  fresh(g, lmean);
+  fresh(g, lm2);
+  fresh(g, ln);
+  kiln_sbuf_printf(&g->pre,
+                   "        %s = arith.constant 0.0 : f32\n"
+                   "        %s = arith.constant %lld.0 : f32\n"
+                   "        %s = arith.constant %.9e : f32\n",
+                   zero, kf, (long long)g->K, kinv, 1.0 / (double)g->K);
+  snprintf(iter, sizeof(iter), "%s = %s, %s = %s, %s = %s, %s = %s", ls, zero, lmean, zero, lm2,
+           zero, ln, zero);
+  snprintf(res, sizeof(res), "%s:4", lp);
+  begin_pass(g, res, iter, "f32, f32, f32, f32");
+  char xe[NAME];
+  int base = g->nbv;
+  bool ok = emit_elem(g, r1, &gi, comb, elem, xe);
+  g->nbv = base;
+  if (!ok) return false;
+  // The chunk's sum, mean and M2, merged into the lane's (Chan et al.).
+  char v[16][NAME];
+  for (int i = 0; i < 16; ++i) fresh(g, v[i]);
+  long long K = g->K;
+  kiln_sbuf_printf(&g->body,
+                   "        %s = vector.reduction <add>, %s : vector<%lldxf32> into f32\n"
+                   "        %s = arith.mulf %s, %s : f32\n"
+                   "        %s = vector.broadcast %s : f32 to vector<%lldxf32>\n"
+                   "        %s = arith.subf %s, %s : vector<%lldxf32>\n"
+                   "        %s = arith.mulf %s, %s : vector<%lldxf32>\n"
+                   "        %s = vector.reduction <add>, %s : vector<%lldxf32> into f32\n",
+                   v[0], xe, K, v[1], v[0], kinv, v[2], v[1], K, v[3], xe, v[2], K, v[4], v[3],
+                   v[3], K, v[5], v[4], K);
+  // n = n_a + K, w = K / n; mean += d w; M2 += q + d (d w) n_a. The
+  // quotient approximate (2 ulp; no IEEE division's slow path in the
+  // loop): the mean only enters q through (mean - m)^2, far below M2.
+  kiln_sbuf_printf(&g->body,
+                   "        %s = arith.addf %s, %s : f32\n"
+                   "        %s = arith.addf %s, %s : f32\n"
+                   "        %s = arith.divf %s, %s fastmath<afn> : f32\n"
+                   "        %s = arith.subf %s, %s : f32\n"
+                   "        %s = arith.mulf %s, %s : f32\n"
+                   "        %s = arith.addf %s, %s : f32\n"
+                   "        %s = arith.mulf %s, %s : f32\n"
+                   "        %s = arith.mulf %s, %s : f32\n"
+                   "        %s = arith.addf %s, %s : f32\n"
+                   "        %s = arith.addf %s, %s : f32\n"
+                   "        scf.yield %s, %s, %s, %s : f32, f32, f32, f32\n",
+                   v[6], ls, v[0], v[7], ln, kf, v[8], kf, v[7], v[9], v[1], lmean, v[10], v[9],
+                   v[8], v[11], lmean, v[10], v[12], v[10], ln, v[13], v[12], v[9], v[14], lm2,
+                   v[5], v[15], v[14], v[13], v[6], v[11], v[15], v[7]);
+  end_pass(g);
+  char lsum[NAME + 4], mean[NAME + 4], m2[NAME + 4], sum[NAME];
+  snprintf(lsum, sizeof(lsum), "%s#0", lp);
+  snprintf(mean, sizeof(mean), "%s#1", lp);
+  snprintf(m2, sizeof(m2), "%s#2", lp);
+  butterfly(g, lsum, "arith.addf", sum);
+  reg_t *s = add_scalar_reg(g, mlirOperationGetResult(r1, 0));
+  if (!s) return false;
+  fresh(g, s->name);
+  kiln_sbuf_printf(&g->body, "        %s = arith.addf %s, %s : f32\n", s->name, init, sum);
+  // Lanes of equal counts c: mean = (a + b) / 2, M2 = M2a + M2b + d^2 c / 2.
+  char half[NAME];
+  fresh(g, half);
+  kiln_sbuf_printf(&g->pre, "        %s = arith.constant 0.5 : f32\n", half);
+  long long c = g->C * g->K;
+  for (int64_t off = g->L / 2; off >= 1; off /= 2, c *= 2) {
+    char w[9][NAME];
+    for (int i = 0; i < 9; ++i) fresh(g, w[i]);
+    kiln_sbuf_printf(&g->pre, "        %s = arith.constant %lld.0 : f32\n", w[0], c / 2);
+    kiln_sbuf_printf(&g->body,
+                     "        %s, %s = gpu.shuffle xor %s, %%sh%lld, %%width : f32\n"
+                     "        %s, %s = gpu.shuffle xor %s, %%sh%lld, %%width : f32\n"
+                     "        %s = arith.subf %s, %s : f32\n"
+                     "        %s = arith.addf %s, %s : f32\n"
+                     "        %s = arith.mulf %s, %s : f32\n",
+                     w[1], w[2], mean, (long long)off, w[3], w[4], m2, (long long)off, w[5],
+                     mean, w[1], w[6], mean, w[1], w[7], w[6], half);
+    char d2[NAME], dc[NAME], q[NAME], m2n[NAME];
+    fresh(g, d2);
+    fresh(g, dc);
+    fresh(g, q);
+    fresh(g, m2n);
+    kiln_sbuf_printf(&g->body,
+                     "        %s = arith.mulf %s, %s : f32\n"
+                     "        %s = arith.mulf %s, %s : f32\n"
+                     "        %s = arith.addf %s, %s : f32\n"
+                     "        %s = arith.addf %s, %s : f32\n",
+                     d2, w[5], w[5], dc, d2, w[0], q, m2, w[3], m2n, q, dc);
+    memcpy(mean, w[7], NAME);
+    memcpy(m2, m2n, NAME);
+  }
+  g->stat_x = x;
+  memcpy(g->stat_mean, mean, NAME);
+  memcpy(g->stat_m2, m2, NAME);
+  return true;
+}
+
 static bool emit_generic_in(group_t *g, MlirOperation op, const ginfo_t *gi) {
   MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
   if (mlirBlockIsNull(body) || mlirBlockGetNumArguments(body) != gi->nin + gi->nout)
@@ -679,21 +1251,11 @@ static bool emit_generic_in(group_t *g, MlirOperation op, const ginfo_t *gi) {
   // A reduction: the yielded value combines the output argument with the
   // per-element value, and the output argument has no other use.
   MlirOperation comb = {NULL};
-  MlirValue acc = mlirBlockGetArgument(body, gi->nin);
+  MlirValue acc, elem;
   char init[NAME] = "";
   if (gi->domain == D_RED) {
-    MlirValue y = mlirOperationGetOperand(yield, 0);
-    comb = def_of(y);
-    if (mlirOperationIsNull(comb) || !reduction_kind(comb) ||
-        !mlirBlockEqual(mlirOperationGetBlock(comb), body) ||
-        !mlirTypeIsAF32(mlirValueGetType(y)))
-      return false;
-    MlirValue a = mlirOperationGetOperand(comb, 0), b = mlirOperationGetOperand(comb, 1);
-    if (!(mlirValueEqual(a, acc) ^ mlirValueEqual(b, acc))) return false;
-    MlirOpOperand u = mlirValueGetFirstUse(acc);
-    if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u)))
-      return false;
-    if (!operand_reg(g, mlirOperationGetOperand(op, gi->nin), K_SCALAR, init))
+    if (!red_parts(op, gi, &comb, &acc, &elem) ||
+        !operand_reg(g, mlirOperationGetOperand(op, gi->nin), K_SCALAR, init))
       return false;
   } else {
     for (int i = 0; i < gi->nout; ++i)
@@ -701,10 +1263,39 @@ static bool emit_generic_in(group_t *g, MlirOperation op, const ginfo_t *gi) {
         return false;
   }
   // Streamed rows: a reduction is a pass of its own, the vector
-  // accumulator carried by the loop over the chunks.
+  // accumulator carried by the loop over the chunks, but where one pass
+  // serves two reductions (see above).
   char lp[NAME] = "", lacc[NAME] = "";
   if (g->chunked && gi->domain == D_RED) {
     if (g->in_pass) return false;
+    MlirValue x, m = {NULL};
+    if (plain_reduction(g, op, gi, elem, &x)) {
+      MlirOperation p = {NULL};
+      if (is(comb, "arith.maximumf") && (p = partner(g, op, x, WANT_EXP)).ptr)
+        return emit_online(g, op, p, x, init);
+      if (is(comb, "arith.addf") && partner(g, op, x, WANT_SQUARE).ptr)
+        return emit_sum_stats(g, op, x, init);
+    }
+    if (is(comb, "arith.addf") && !mlirValueIsNull(g->stat_x) &&
+        elem_is(g, op, gi, elem, g->stat_x, &m, WANT_SQUARE)) {
+      // sum((x - m)^2) = M2 + N (mean - m)^2.
+      char mn[NAME], v[5][NAME];
+      reg_t *r = add_scalar_reg(g, mlirOperationGetResult(op, 0));
+      if (!r || !operand_reg(g, m, K_SCALAR, mn)) return false;
+      for (int i = 0; i < 5; ++i) fresh(g, v[i]);
+      fresh(g, r->name);
+      kiln_sbuf_printf(&g->pre, "        %s = arith.constant %lld.0 : f32\n", v[0],
+                       (long long)g->N);
+      kiln_sbuf_printf(&g->body,
+                       "        %s = arith.subf %s, %s : f32\n"
+                       "        %s = arith.mulf %s, %s : f32\n"
+                       "        %s = arith.mulf %s, %s : f32\n"
+                       "        %s = arith.addf %s, %s : f32\n"
+                       "        %s = arith.addf %s, %s : f32\n",
+                       v[1], g->stat_mean, mn, v[2], v[1], v[1], v[3], v[2], v[0], v[4],
+                       g->stat_m2, v[3], r->name, init, v[4]);
+      return true;
+    }
     char n0[NAME], iter[2 * NAME + 8], types[32];
     fresh(g, n0);
     fresh(g, lp);
@@ -715,32 +1306,20 @@ static bool emit_generic_in(group_t *g, MlirOperation op, const ginfo_t *gi) {
     snprintf(types, sizeof(types), "vector<%lldxf32>", (long long)g->K);
     begin_pass(g, lp, iter, types);
   }
-  for (int i = 0; i < gi->nin; ++i) {
-    char name[NAME];
-    if (!operand_reg(g, mlirOperationGetOperand(op, i), gi->kind[i], name)) return false;
-    if (!add_bv(g, mlirBlockGetArgument(body, i), gi->kind[i] != K_SCALAR, name))
-      return false;
-  }
-  for (MlirOperation b = mlirBlockGetFirstOperation(body);
-       !mlirOperationEqual(b, yield); b = mlirOperationGetNextInBlock(b)) {
-    if (comb.ptr && mlirOperationEqual(b, comb)) continue;
-    if (!emit_body_op(g, b)) return false;
-  }
   if (gi->domain == D_RED) {
-    MlirValue a = mlirOperationGetOperand(comb, 0), b = mlirOperationGetOperand(comb, 1);
-    MlirValue v = mlirValueEqual(a, acc) ? b : a;
-    bval_t *bv = find_bv(g, v);
-    if (!bv || !bv->varying) return false;  // a reduction of a row constant
+    char ev[NAME];
+    if (!emit_elem(g, op, gi, comb, elem, ev)) return false;
     MlirStringRef cn = mlirIdentifierStr(mlirOperationGetName(comb));
-    const char *whole = bv->name;
+    char cname[40];
+    snprintf(cname, sizeof(cname), "%.*s", (int)cn.length, cn.data);
+    const char *whole = ev;
     if (lp[0]) {
       char nx[NAME];
       fresh(g, nx);
       kiln_sbuf_printf(&g->body,
-                       "        %s = %.*s %s, %s : vector<%lldxf32>\n"
+                       "        %s = %s %s, %s : vector<%lldxf32>\n"
                        "        scf.yield %s : vector<%lldxf32>\n",
-                       nx, (int)cn.length, cn.data, lacc, bv->name, (long long)g->K, nx,
-                       (long long)g->K);
+                       nx, cname, lacc, ev, (long long)g->K, nx, (long long)g->K);
       end_pass(g);
       whole = lp;
     }
@@ -749,29 +1328,22 @@ static bool emit_generic_in(group_t *g, MlirOperation op, const ginfo_t *gi) {
     kiln_sbuf_printf(&g->body,
                      "        %s = vector.reduction <%s>, %s : vector<%lldxf32> into f32\n",
                      cur, reduction_kind(comb), whole, (long long)g->K);
-    // The butterfly: after log2(L) steps every lane of the row holds it.
-    for (int64_t off = g->L / 2; off >= 1; off /= 2) {
-      char s[NAME], ok[NAME], nx[NAME];
-      fresh(g, s);
-      fresh(g, ok);
-      fresh(g, nx);
-      kiln_sbuf_printf(&g->body,
-                       "        %s, %s = gpu.shuffle xor %s, %%sh%lld, %%width : f32\n"
-                       "        %s = %.*s %s, %s : f32\n",
-                       s, ok, cur, (long long)off, nx, (int)cn.length, cn.data, cur, s);
-      memcpy(cur, nx, NAME);
-    }
-    reg_t *r = &g->regs[g->nregs];
-    if (g->nregs == MAX_VALUES) return false;
+    butterfly(g, cur, cname, cur);
+    reg_t *r = add_scalar_reg(g, mlirOperationGetResult(op, 0));
+    if (!r) return false;
     fresh(g, r->name);
-    kiln_sbuf_printf(&g->body, "        %s = %.*s %s, %s : f32\n", r->name,
-                     (int)cn.length, cn.data, init, cur);
-    r->v = mlirOperationGetResult(op, 0);
-    r->kind = K_SCALAR;
-    r->def.ptr = NULL;
-    g->nregs++;
+    kiln_sbuf_printf(&g->body, "        %s = %s %s, %s : f32\n", r->name, cname, init, cur);
     return true;
   }
+  for (int i = 0; i < gi->nin; ++i) {
+    char name[NAME];
+    if (!operand_reg(g, mlirOperationGetOperand(op, i), gi->kind[i], name)) return false;
+    if (!add_bv(g, mlirBlockGetArgument(body, i), gi->kind[i] != K_SCALAR, name))
+      return false;
+  }
+  for (MlirOperation b = mlirBlockGetFirstOperation(body);
+       !mlirOperationEqual(b, yield); b = mlirOperationGetNextInBlock(b))
+    if (!emit_body_op(g, b)) return false;
   for (int i = 0; i < gi->nout; ++i) {
     MlirValue y = mlirOperationGetOperand(yield, i);
     bool row = gi->domain == D_ROW;
@@ -1186,6 +1758,10 @@ static bool build(group_t *g) {
   if (!choose_sizes(g, outside_tensors(g))) return false;
   for (int i = 0; i < g->nops; ++i) {
     ginfo_t gi;
+    // Emitted already: by a one-pass form (emit_online).
+    if (mlirOperationGetNumResults(g->ops[i]) > 0 &&
+        find_reg(g, mlirOperationGetResult(g->ops[i], 0)))
+      continue;
     if (!classify(g->ops[i], g->B, g->N, &gi) || !emit_generic(g, g->ops[i], &gi))
       return false;
   }
