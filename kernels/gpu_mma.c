@@ -32,6 +32,7 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 
+#include "kernels/gpu_splice.h"
 #include "kernels/kernels.h"
 
 typedef struct {
@@ -378,19 +379,6 @@ static mma_shape_t choose(int64_t m, int64_t n, int64_t k) {
   return s;
 }
 
-static bool identity_memref(MlirType t, int64_t d0, int64_t d1, bool bf16) {
-  if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t) ||
-      mlirShapedTypeGetRank(t) != 2 || mlirShapedTypeGetDimSize(t, 0) != d0 ||
-      mlirShapedTypeGetDimSize(t, 1) != d1)
-    return false;
-  MlirType el = mlirShapedTypeGetElementType(t);
-  if (!(bf16 ? mlirTypeIsABF16(el) : mlirTypeIsAF32(el))) return false;
-  MlirAttribute layout = mlirMemRefTypeGetLayout(t);
-  return mlirAttributeIsNull(layout) ||
-         (mlirAttributeIsAAffineMap(layout) &&
-          mlirAffineMapIsIdentity(mlirAffineMapAttrGetValue(layout)));
-}
-
 typedef struct {
   MlirContext ctx;
   MlirOperation found[256];
@@ -418,63 +406,13 @@ static MlirWalkResult find(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
-static bool named(MlirOperation op, const char *name) {
-  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
-  return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
-}
-
-// True when `v` is `buf` or a view of it (one reshape or cast deep).
-static bool is_buffer(MlirValue v, MlirValue buf) {
-  if (mlirValueEqual(v, buf)) return true;
-  if (!mlirValueIsAOpResult(v)) return false;
-  MlirOperation d = mlirOpResultGetOwner(v);
-  return (named(d, "memref.expand_shape") || named(d, "memref.collapse_shape") ||
-          named(d, "memref.subview") || named(d, "memref.cast") ||
-          named(d, "memref.reshape")) &&
-         mlirValueEqual(mlirOperationGetOperand(d, 0), buf);
-}
-
-typedef struct {
-  MlirValue buf;
-  bool uses;
-} use_finder_t;
-
-static MlirWalkResult find_use(MlirOperation op, void *user) {
-  use_finder_t *u = user;
-  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); ++i)
-    if (is_buffer(mlirOperationGetOperand(op, i), u->buf)) {
-      u->uses = true;
-      return MlirWalkResultInterrupt;
-    }
-  return MlirWalkResultAdvance;
-}
-
-// The zero fill of C before `mm` (the kernel overwrites C): erased when
-// nothing between them touches C.
-static void erase_fill(MlirOperation mm, MlirValue c) {
-  for (MlirOpOperand u = mlirValueGetFirstUse(c); !mlirOpOperandIsNull(u);
-       u = mlirOpOperandGetNextUse(u)) {
-    MlirOperation fill = mlirOpOperandGetOwner(u);
-    if (!named(fill, "linalg.fill") ||
-        !mlirBlockEqual(mlirOperationGetBlock(fill), mlirOperationGetBlock(mm)) ||
-        !mlirOperationIsBeforeInBlock(fill, mm))
-      continue;
-    use_finder_t uf = {c, false};
-    for (MlirOperation op = mlirOperationGetNextInBlock(fill);
-         !mlirOperationEqual(op, mm) && !uf.uses; op = mlirOperationGetNextInBlock(op))
-      mlirOperationWalk(op, find_use, &uf, MlirWalkPreOrder);
-    if (!uf.uses) mlirOperationDestroy(fill);
-    return;  // the use list changed (or C is read in between)
-  }
-}
-
 // Erases `buf`'s memref.alloc when its only remaining uses are deallocs.
 static void erase_if_dead(MlirValue buf) {
-  if (!mlirValueIsAOpResult(buf) || !named(mlirOpResultGetOwner(buf), "memref.alloc"))
+  if (!mlirValueIsAOpResult(buf) || !kiln_gpu_op_named(mlirOpResultGetOwner(buf), "memref.alloc"))
     return;
   for (MlirOpOperand u = mlirValueGetFirstUse(buf); !mlirOpOperandIsNull(u);
        u = mlirOpOperandGetNextUse(u))
-    if (!named(mlirOpOperandGetOwner(u), "memref.dealloc")) return;
+    if (!kiln_gpu_op_named(mlirOpOperandGetOwner(u), "memref.dealloc")) return;
   MlirOpOperand u;
   while (!mlirOpOperandIsNull(u = mlirValueGetFirstUse(buf)))
     mlirOperationDestroy(mlirOpOperandGetOwner(u));
@@ -496,55 +434,36 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
     return NULL;
   int64_t m = mlirShapedTypeGetDimSize(at, 0), k = mlirShapedTypeGetDimSize(at, 1),
           n = mlirShapedTypeGetDimSize(bt, 1);
-  if (!identity_memref(at, m, k, true) || !identity_memref(bt, k, n, true) ||
-      !identity_memref(mlirValueGetType(cv), m, n, false) || m % 128 || n % 128 ||
-      k % 32)
+  MlirType bf16 = mlirBF16TypeGet(ctx), f32 = mlirF32TypeGet(ctx);
+  // The kernel overwrites C: only where C is zero-filled just before.
+  MlirOperation fill = kiln_gpu_zero_fill(mm, cv);
+  if (!kiln_gpu_whole_matrix(at, m, k, bf16) || !kiln_gpu_whole_matrix(bt, k, n, bf16) ||
+      !kiln_gpu_whole_matrix(mlirValueGetType(cv), m, n, f32) || m % 128 ||
+      n % 128 || k % 32 || mlirOperationIsNull(fill))
     return NULL;
   // The rounding generic on whole buffers: ins(C) outs(O), O bf16 [M, N],
-  // after the matmul in its block.
+  // after the matmul in its block, nothing between them touching C or O.
   MlirValue out = cv;
   bool bf16_out = false;
   if (!mlirOperationIsNull(round) && mlirOperationGetNumOperands(round) == 2 &&
       mlirValueEqual(mlirOperationGetOperand(round, 0), cv) &&
-      identity_memref(mlirValueGetType(mlirOperationGetOperand(round, 1)), m, n, true) &&
+      kiln_gpu_whole_matrix(mlirValueGetType(mlirOperationGetOperand(round, 1)), m, n,
+                            bf16) &&
       mlirBlockEqual(mlirOperationGetBlock(round), mlirOperationGetBlock(mm)) &&
-      mlirOperationIsBeforeInBlock(mm, round)) {
-    // Nothing between them may touch C or O.
-    use_finder_t uc = {cv, false}, uo = {mlirOperationGetOperand(round, 1), false};
-    for (MlirOperation op = mlirOperationGetNextInBlock(mm);
-         !mlirOperationEqual(op, round) && !uc.uses && !uo.uses;
-         op = mlirOperationGetNextInBlock(op)) {
-      mlirOperationWalk(op, find_use, &uc, MlirWalkPreOrder);
-      mlirOperationWalk(op, find_use, &uo, MlirWalkPreOrder);
-    }
-    if (!uc.uses && !uo.uses) {
-      out = uo.buf;
-      bf16_out = true;
-    }
+      mlirOperationIsBeforeInBlock(mm, round) &&
+      !kiln_gpu_used_between(mm, round, cv) &&
+      !kiln_gpu_used_between(mm, round, mlirOperationGetOperand(round, 1))) {
+    out = mlirOperationGetOperand(round, 1);
+    bf16_out = true;
   }
   mma_shape_t s = choose(m, n, k);
   char *text = kernel_text(&s, bf16_out);
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "mma kernel");
-  MlirModule km = mlirModuleCreateParse(ctx, mlirStringRefCreateFromCString(text));
-  free(text);
-  if (mlirModuleIsNull(km))
-    return kiln_make_status(KILN_STATUS_INTERNAL,
-                            "kernels: the tensor-core kernel for %lldx%lldx%lld does "
-                            "not parse", (long long)m, (long long)n, (long long)k);
-  erase_fill(mm, cv);
-  MlirOperation func = mlirBlockGetFirstOperation(mlirModuleGetBody(km));
-  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   MlirValue args[3] = {a, bv, out};
-  for (int i = 0; i < 3; ++i)
-    mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(entry, i), args[i]);
-  MlirOperation ret = mlirBlockGetTerminator(entry);
-  for (MlirOperation op = mlirBlockGetFirstOperation(entry); !mlirOperationEqual(op, ret);) {
-    MlirOperation next = mlirOperationGetNextInBlock(op);
-    mlirOperationMoveBefore(op, mm);
-    op = next;
-  }
-  mlirModuleDestroy(km);
-  mlirOperationDestroy(mm);
+  kiln_status_t st = kiln_gpu_splice(ctx, text, mm, args, 3, "tensor-core GEMM");
+  free(text);
+  if (st) return st;
+  mlirOperationDestroy(fill);
   if (bf16_out) {
     mlirOperationDestroy(round);
     erase_if_dead(cv);

@@ -34,6 +34,7 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 
+#include "kernels/gpu_splice.h"
 #include "kernels/kernels.h"
 
 enum {
@@ -305,108 +306,18 @@ char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k) {
 
 //===--- replacing tagged matmuls ------------------------------------------===//
 
-static bool identity_memref(MlirType t, int64_t d0, int64_t d1) {
-  if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t) ||
-      mlirShapedTypeGetRank(t) != 2 || mlirShapedTypeGetDimSize(t, 0) != d0 ||
-      mlirShapedTypeGetDimSize(t, 1) != d1 ||
-      !mlirTypeIsAF32(mlirShapedTypeGetElementType(t)))
-    return false;
-  MlirAttribute layout = mlirMemRefTypeGetLayout(t);
-  return mlirAttributeIsNull(layout) ||
-         (mlirAttributeIsAAffineMap(layout) &&
-          mlirAffineMapIsIdentity(mlirAffineMapAttrGetValue(layout)));
-}
-
 typedef struct {
   MlirOperation found[256];
   int count;
 } finder_t;
 
-static bool op_named(MlirOperation op, const char *name) {
-  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
-  return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
-}
-
 static MlirWalkResult find(MlirOperation op, void *user) {
   finder_t *f = user;
-  if (op_named(op, "linalg.matmul") && f->count < 256 &&
+  if (kiln_gpu_op_named(op, "linalg.matmul") && f->count < 256 &&
       !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
           op, mlirStringRefCreateFromCString("kiln.gpu_sgemm"))))
     f->found[f->count++] = op;
   return MlirWalkResultAdvance;
-}
-
-// True when `v` is `buf` or a view of it (one reshape or cast deep).
-static bool is_buffer(MlirValue v, MlirValue buf) {
-  if (mlirValueEqual(v, buf)) return true;
-  if (!mlirValueIsAOpResult(v)) return false;
-  MlirOperation d = mlirOpResultGetOwner(v);
-  return (op_named(d, "memref.expand_shape") || op_named(d, "memref.collapse_shape") ||
-          op_named(d, "memref.subview") || op_named(d, "memref.cast") ||
-          op_named(d, "memref.reshape")) &&
-         mlirValueEqual(mlirOperationGetOperand(d, 0), buf);
-}
-
-typedef struct {
-  MlirValue buf;
-  bool uses;
-} use_finder_t;
-
-static MlirWalkResult find_use(MlirOperation op, void *user) {
-  use_finder_t *u = user;
-  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); ++i)
-    if (is_buffer(mlirOperationGetOperand(op, i), u->buf)) {
-      u->uses = true;
-      return MlirWalkResultInterrupt;
-    }
-  return MlirWalkResultAdvance;
-}
-
-// The zero fill of C before `mm` (the kernel overwrites C): erased when
-// nothing between them touches C.
-static void erase_fill(MlirOperation mm, MlirValue c) {
-  for (MlirOpOperand u = mlirValueGetFirstUse(c); !mlirOpOperandIsNull(u);
-       u = mlirOpOperandGetNextUse(u)) {
-    MlirOperation fill = mlirOpOperandGetOwner(u);
-    if (!op_named(fill, "linalg.fill") ||
-        !mlirBlockEqual(mlirOperationGetBlock(fill), mlirOperationGetBlock(mm)) ||
-        !mlirOperationIsBeforeInBlock(fill, mm))
-      continue;
-    use_finder_t uf = {c, false};
-    for (MlirOperation op = mlirOperationGetNextInBlock(fill);
-         !mlirOperationEqual(op, mm) && !uf.uses; op = mlirOperationGetNextInBlock(op))
-      mlirOperationWalk(op, find_use, &uf, MlirWalkPreOrder);
-    if (!uf.uses) mlirOperationDestroy(fill);
-    return;  // the use list changed (or C is read in between)
-  }
-}
-
-// True when C is zero-filled before `mm` with nothing touching it in
-// between: the kernel, which overwrites C, may then stand for both.
-static bool zero_filled(MlirOperation mm, MlirValue c) {
-  for (MlirOpOperand u = mlirValueGetFirstUse(c); !mlirOpOperandIsNull(u);
-       u = mlirOpOperandGetNextUse(u)) {
-    MlirOperation fill = mlirOpOperandGetOwner(u);
-    if (!op_named(fill, "linalg.fill") || mlirOperationGetNumOperands(fill) != 2 ||
-        !mlirValueEqual(mlirOperationGetOperand(fill, 1), c) ||
-        !mlirBlockEqual(mlirOperationGetBlock(fill), mlirOperationGetBlock(mm)) ||
-        !mlirOperationIsBeforeInBlock(fill, mm))
-      continue;
-    MlirValue v = mlirOperationGetOperand(fill, 0);
-    if (!mlirValueIsAOpResult(v) || !op_named(mlirOpResultGetOwner(v), "arith.constant"))
-      return false;
-    MlirAttribute a = mlirOperationGetAttributeByName(
-        mlirOpResultGetOwner(v), mlirStringRefCreateFromCString("value"));
-    if (mlirAttributeIsNull(a) || !mlirAttributeIsAFloat(a) ||
-        mlirFloatAttrGetValueDouble(a) != 0.0)
-      return false;
-    use_finder_t uf = {c, false};
-    for (MlirOperation op = mlirOperationGetNextInBlock(fill);
-         !mlirOperationEqual(op, mm) && !uf.uses; op = mlirOperationGetNextInBlock(op))
-      mlirOperationWalk(op, find_use, &uf, MlirWalkPreOrder);
-    return !uf.uses;
-  }
-  return false;
 }
 
 // Replaces `mm` (linalg.matmul on memrefs) by the kernel's gpu.launch.
@@ -422,31 +333,20 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, bool *done) {
     return NULL;
   int64_t m = mlirShapedTypeGetDimSize(at, 0), k = mlirShapedTypeGetDimSize(at, 1),
           n = mlirShapedTypeGetDimSize(bt, 1);
-  if (!identity_memref(at, m, k) || !identity_memref(bt, k, n) ||
-      !identity_memref(mlirValueGetType(cv), m, n) || !zero_filled(mm, cv))
+  MlirType f32 = mlirF32TypeGet(ctx);
+  // The kernel overwrites C: only where C is zero-filled just before.
+  MlirOperation fill = kiln_gpu_zero_fill(mm, cv);
+  if (!kiln_gpu_whole_matrix(at, m, k, f32) || !kiln_gpu_whole_matrix(bt, k, n, f32) ||
+      !kiln_gpu_whole_matrix(mlirValueGetType(cv), m, n, f32) ||
+      mlirOperationIsNull(fill))
     return NULL;
   char *text = kiln_kernels_sgemm_text(m, n, k);
   if (!text) return NULL;  // not whole tiles: the matmul stays
-  MlirModule km = mlirModuleCreateParse(ctx, mlirStringRefCreateFromCString(text));
-  free(text);
-  if (mlirModuleIsNull(km))
-    return kiln_make_status(KILN_STATUS_INTERNAL,
-                            "kernels: the f32 GEMM kernel for %lldx%lldx%lld does "
-                            "not parse (cuda)", (long long)m, (long long)n, (long long)k);
-  erase_fill(mm, cv);
-  MlirOperation func = mlirBlockGetFirstOperation(mlirModuleGetBody(km));
-  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   MlirValue args[3] = {a, bv, cv};
-  for (int i = 0; i < 3; ++i)
-    mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(entry, i), args[i]);
-  MlirOperation ret = mlirBlockGetTerminator(entry);
-  for (MlirOperation op = mlirBlockGetFirstOperation(entry); !mlirOperationEqual(op, ret);) {
-    MlirOperation next = mlirOperationGetNextInBlock(op);
-    mlirOperationMoveBefore(op, mm);
-    op = next;
-  }
-  mlirModuleDestroy(km);
-  mlirOperationDestroy(mm);
+  kiln_status_t st = kiln_gpu_splice(ctx, text, mm, args, 3, "f32 GEMM");
+  free(text);
+  if (st) return st;
+  mlirOperationDestroy(fill);
   *done = true;
   return NULL;
 }
