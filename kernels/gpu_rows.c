@@ -1714,6 +1714,25 @@ static kiln_status_t splice(group_t *g, const char *text, MlirOperation before,
   return NULL;
 }
 
+// The group's kernel text (after the chunked writes, when streamed),
+// spliced before `before`; *spliced stays false when the group is left
+// unchanged (not streamable, or the text does not parse).
+static kiln_status_t build_and_splice(group_t *g, int64_t id, MlirOperation before,
+                                      MlirValue *results, bool *spliced) {
+  *spliced = false;
+  if (g->chunked && !emit_writes(g)) return NULL;
+  char *text = kernel_text(g, id);
+  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "row kernel");
+  kiln_status_t s = splice(g, text, before, results);
+  free(text);
+  if (s && kiln_status_code(s) == KILN_STATUS_UNSUPPORTED) {
+    kiln_status_free(s);
+    return NULL;  // left unchanged
+  }
+  *spliced = !s;
+  return s;
+}
+
 // Erases, backwards from `last`, the group's members and the reshapes,
 // fills and empties left without uses.
 static void sweep(group_t *g, MlirOperation last, MlirOperation stop) {
@@ -1858,17 +1877,10 @@ static kiln_status_t try_forall(group_t *g, MlirOperation fa, int64_t id, bool *
     g->out_regi[g->nout] = (int)(r - g->regs);
     memcpy(g->out_reg[g->nout++], r->name, NAME);
   }
-  if (g->chunked && !emit_writes(g)) return NULL;
-  char *text = kernel_text(g, id);
-  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "row kernel");
   MlirValue results[MAX_OUTPUTS];
-  kiln_status_t s = splice(g, text, fa, results);
-  free(text);
-  if (s && kiln_status_code(s) == KILN_STATUS_UNSUPPORTED) {
-    kiln_status_free(s);
-    return NULL;  // left unchanged
-  }
-  if (s) return s;
+  bool spliced = false;
+  kiln_status_t s = build_and_splice(g, id, fa, results, &spliced);
+  if (s || !spliced) return s;
   for (int i = 0; i < g->nout; ++i) mlirValueReplaceAllUsesOfWith(g->out[i], results[i]);
   MlirOperation prev = prev_in_block(fa);
   mlirOperationDestroy(fa);
@@ -2038,18 +2050,11 @@ static kiln_status_t try_connected(group_t *g, MlirOperation seed, int64_t id, b
       memcpy(g->out_reg[g->nout++], rg->name, NAME);
     }
   if (g->nout == 0) return NULL;
-  if (g->chunked && !emit_writes(g)) return NULL;
-  char *text = kernel_text(g, id);
-  if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "row kernel");
   MlirOperation after = mlirOperationGetNextInBlock(last);
   MlirValue results[MAX_OUTPUTS];
-  kiln_status_t s = splice(g, text, after, results);
-  free(text);
-  if (s && kiln_status_code(s) == KILN_STATUS_UNSUPPORTED) {
-    kiln_status_free(s);
-    return NULL;  // left unchanged
-  }
-  if (s) return s;
+  bool spliced = false;
+  kiln_status_t s = build_and_splice(g, id, after, results, &spliced);
+  if (s || !spliced) return s;
   // Reshapes of outputs that sat between the members follow the kernel.
   MlirOperation anchor = prev_in_block(after);
   for (int i = 1; i < views.n; ++i)
