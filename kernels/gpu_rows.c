@@ -713,18 +713,24 @@ static bool red_parts(MlirOperation op, const ginfo_t *gi, MlirOperation *comb,
   return true;
 }
 
-// Emits a reduction member's inputs and body but its combiner; `out` names
-// the element value (varying). Body values are the caller's to scope.
-static bool emit_elem(group_t *g, MlirOperation op, const ginfo_t *gi, MlirOperation comb,
-                      MlirValue elem, char *out) {
-  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
-  MlirOperation yield = mlirBlockGetTerminator(body);
+// Binds the block arguments of `op`'s body to its inputs' registers.
+static bool bind_inputs(group_t *g, MlirOperation op, const ginfo_t *gi, MlirBlock body) {
   for (int i = 0; i < gi->nin; ++i) {
     char name[NAME];
     if (!operand_reg(g, mlirOperationGetOperand(op, i), gi->kind[i], name)) return false;
     if (!add_bv(g, mlirBlockGetArgument(body, i), gi->kind[i] != K_SCALAR, name))
       return false;
   }
+  return true;
+}
+
+// Emits a reduction member's inputs and body but its combiner; `out` names
+// the element value (varying). Body values are the caller's to scope.
+static bool emit_elem(group_t *g, MlirOperation op, const ginfo_t *gi, MlirOperation comb,
+                      MlirValue elem, char *out) {
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  if (!bind_inputs(g, op, gi, body)) return false;
   for (MlirOperation b = mlirBlockGetFirstOperation(body);
        !mlirOperationEqual(b, yield); b = mlirOperationGetNextInBlock(b)) {
     if (mlirOperationEqual(b, comb)) continue;
@@ -1335,12 +1341,7 @@ static bool emit_generic_in(group_t *g, MlirOperation op, const ginfo_t *gi) {
     kiln_sbuf_printf(&g->body, "        %s = %s %s, %s : f32\n", r->name, cname, init, cur);
     return true;
   }
-  for (int i = 0; i < gi->nin; ++i) {
-    char name[NAME];
-    if (!operand_reg(g, mlirOperationGetOperand(op, i), gi->kind[i], name)) return false;
-    if (!add_bv(g, mlirBlockGetArgument(body, i), gi->kind[i] != K_SCALAR, name))
-      return false;
-  }
+  if (!bind_inputs(g, op, gi, body)) return false;
   for (MlirOperation b = mlirBlockGetFirstOperation(body);
        !mlirOperationEqual(b, yield); b = mlirOperationGetNextInBlock(b))
     if (!emit_body_op(g, b)) return false;
