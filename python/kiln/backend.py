@@ -159,7 +159,7 @@ class CompiledSubgraph(torch.nn.Module):
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, opts: dict):
         super().__init__()
-        text, out_nodes = translate(gm, name)
+        text, out_nodes, perms = translate(gm, name)
         self.text = text
         # Graphs that arrive with SymInts (dynamic=True, mark_dynamic) are
         # symbolic from the start; static ones let kiln's policy decide.
@@ -172,18 +172,23 @@ class CompiledSubgraph(torch.nn.Module):
                                 _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
                                 "cuda" if self.cuda else "cpu")
         self.in_dtypes = [v.dtype for v in vals_in]
-        self.in_shapes = [v.shape for v in vals_in]
         vals = vals_out
         self.out_dtypes = [v.dtype for v in vals]
         self.static_out = all(all(isinstance(d, int) for d in v.shape) for v in vals)
-        self.out_shapes = [tuple(v.shape) for v in vals] if self.static_out else None
         # PyTorch code after a partition was traced with the output strides
         # of the original ops (a permute's output is a transposed view) and
         # some kernels rely on them (the SDPA backward does). kiln writes
-        # contiguous outputs; those that must be strided are restrided.
+        # contiguous outputs: a permuted dense layout is written permuted
+        # (translate appends the permute) and viewed back with the inverse;
+        # other strided outputs are copied into their strides.
+        self.out_views = [None if p is None else [p.index(d) for d in range(len(p))]
+                          for p in perms]
+        self.out_shapes = ([tuple(v.shape) if p is None else tuple(v.shape[d] for d in p)
+                            for v, p in zip(vals, perms)] if self.static_out else None)
         self.out_strides = [
-            tuple(v.stride()) if self.static_out and not v.is_contiguous() else None
-            for v in vals]
+            tuple(v.stride()) if self.static_out and p is None and not v.is_contiguous()
+            else None
+            for v, p in zip(vals, perms)]
         # Outputs of 256 KiB and more come from kiln's output pool (see
         # kiln_function_call_alloc): no page faults on every call.
         self.pooled_out = (not self.cuda and self.static_out
@@ -231,12 +236,12 @@ class CompiledSubgraph(torch.nn.Module):
 
     def _fast(self, b, args):
         """The steady-state call of a static, CPU graph: the argument structs
-        were filled by an earlier call with contiguous tensors of the same
-        (guarded) shapes, so only data pointers change. kiln's own guard
-        still checks every dtype, shape and device."""
-        ins = b.ins
+        were filled by an earlier call with tensors of the same shapes and
+        strides (`b.layouts`), so only data pointers change. kiln's own
+        guard still checks every dtype, shape and device."""
+        ins, layouts = b.ins, b.layouts
         for k, t in enumerate(args):
-            if not t.is_contiguous() or t.shape != self.in_shapes[k]:
+            if (t.shape, t.stride()) != layouts[k]:
                 return None
             ins[k].data = t.data_ptr()
         outs = [torch.empty(s, dtype=d) for s, d in zip(self.out_shapes, self.out_dtypes)]
@@ -253,11 +258,11 @@ class CompiledSubgraph(torch.nn.Module):
             r = self._fast(b, args)
             if r is not None:
                 return r
-        # A full fill; once a call with contiguous inputs succeeds, later
-        # calls take the fast path.
+        # A full fill; once a call with the inputs as they are succeeds,
+        # later calls with the same layouts take the fast path.
         b.ready = False
-        fast_next = (self.fast_ok and
-                     all(t.is_contiguous() for t in args if isinstance(t, torch.Tensor)))
+        fast_next = self.fast_ok
+        b.layouts = []
         keep = []  # contiguous copies must outlive the call that reads them
         for k, t in enumerate(args):
             if t.dtype not in _DL_CODES or t.device.type != self.device.type:
@@ -274,6 +279,8 @@ class CompiledSubgraph(torch.nn.Module):
                                 f"{t.stride()}; passing a contiguous copy")
                 t = t.contiguous()
                 keep.append(t)
+                fast_next = False
+            b.layouts.append((t.shape, t.stride()))
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         if self.pooled_out:
             # Large outputs: kiln allocates them from its pool of released
@@ -310,6 +317,9 @@ class CompiledSubgraph(torch.nn.Module):
         return self._finish(outs)
 
     def _finish(self, outs):
+        for k, inverse in enumerate(self.out_views):
+            if inverse is not None:
+                outs[k] = outs[k].permute(inverse)
         for k, stride in enumerate(self.out_strides):
             if stride is not None:
                 outs[k] = torch.empty_strided(outs[k].shape, stride, dtype=outs[k].dtype,

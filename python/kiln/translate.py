@@ -617,7 +617,33 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]
     if len(devices) > 1:
         raise Unsupported(f"tensors on {sorted(devices)} in one partition")
     rets = [e.operand(o) for o in out_nodes]
+    # Outputs PyTorch traced as permuted views (a transposed weight saved for
+    # the backward, heads split off a batch-first projection) are written by
+    # kiln in their memory order, and the caller views them back: no copy.
+    perms = [output_permutation(o.meta.get("val")) if isinstance(o, torch.fx.Node) else None
+             for o in out_nodes]
+    for k, perm in enumerate(perms):
+        if perm is not None:
+            rets[k] = e.op("aten.permute", [rets[k]], {"dims": str(perm)})
     safe = re.sub(r"[^A-Za-z0-9_]", "_", name)
     text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
             f"\n  return {', '.join(rets)}\n}}\n")
-    return text, out_nodes
+    return text, out_nodes, perms
+
+
+def output_permutation(val) -> list[int] | None:
+    """For a static, non-contiguous tensor whose strides are those of a dense
+    tensor with permuted dims (`empty(shape[perm]).permute(inverse)` gives
+    exactly `val.stride()`), the permutation `perm`; None otherwise."""
+    if not isinstance(val, torch.Tensor) or val.is_contiguous():
+        return None
+    shape, stride = list(val.shape), list(val.stride())
+    if not all(isinstance(d, int) for d in shape + stride):
+        return None
+    # Outermost dim first: decreasing strides, size-1 dims where PyTorch put them.
+    perm = sorted(range(len(shape)), key=lambda d: (-stride[d], d))
+    expect, step = [0] * len(shape), 1
+    for d in reversed(perm):
+        expect[d] = step
+        step *= shape[d]
+    return perm if expect == stride else None

@@ -172,3 +172,39 @@ def test_max_autotune_and_cuda_graphs_conflict():
                              options={"max_autotune": True, "cuda_graphs": True})
     with pytest.raises(Exception, match="max_autotune and cuda_graphs are two modes"):
         compiled(torch.randn(2))
+
+
+def _partitioned(fn, *inputs):
+    """fn traced to ATen (with tensor metadata) and compiled by kiln's
+    partitioner, as AOTAutograd would hand it over."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(fn)(*inputs)
+    opts = kiln.backend.parse_options(None, None)
+    return kiln.backend.compile_graph(gm, inputs, opts, "forward")
+
+
+def test_permuted_outputs_are_written_in_memory_order():
+    from kiln.translate import output_permutation
+    x = torch.randn(4, 5, 6)
+    assert output_permutation(x.permute(2, 0, 1)) == [1, 2, 0]
+    assert output_permutation(x.transpose(0, 2)) == [2, 1, 0]
+    assert output_permutation(x) is None                       # contiguous
+    assert output_permutation(x[:, :, ::2]) is None             # not dense
+    assert output_permutation(x[:1].expand(3, 5, 6)) is None    # broadcast
+
+    fused = _partitioned(lambda a: (a * 2).permute(2, 0, 1), x)
+    subs = [m for m in fused.children() if isinstance(m, kiln.backend.CompiledSubgraph)]
+    assert len(subs) == 1 and subs[0].out_views == [[2, 0, 1]]
+    assert subs[0].out_strides == [None]  # viewed back, not copied
+    got, want = fused(x), (x * 2).permute(2, 0, 1)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_steady_state_calls_follow_input_layouts():
+    a, b = torch.randn(6, 7), torch.randn(6, 7)
+    fused = _partitioned(lambda p, q: p * 3 + q, a, b)
+    at = a.t().contiguous().t()  # same shape, column-major
+    bs = torch.randn(6, 14)[:, ::2]
+    for p, q in [(a, b), (a, b), (at, b), (at, b), (a, bs), (a, bs), (a, b)]:
+        torch.testing.assert_close(fused(p, q), p * 3 + q, rtol=0, atol=0)
