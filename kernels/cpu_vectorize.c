@@ -14,8 +14,10 @@
 
 #include "kernels/kernels.h"
 
-// Appends "[a, b, c]" with the sizes of one level; sizes equal to the
-// enclosing tile (or range) are 0: that level does not tile them.
+// The sizes of one level; sizes equal to the enclosing tile (or range) are
+// 0: that level does not tile them. A symbolic loop always gets its register
+// tile: the enclosing tile may be partial at run time, and the register
+// loop is where that partial tile is peeled off.
 static int level_sizes(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c,
                        int level, int64_t *out) {
   int n = 0;
@@ -25,7 +27,8 @@ static int level_sizes(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c,
     if (level > 0 && c->forall[k] > 0) within = c->forall[k];
     if (level > 1 && c->cache[k] > 0) within = c->cache[k];
     int64_t s = lv[level][k];
-    out[k] = (s > 0 && s < within) ? s : 0;
+    bool dynamic = (d->dynamic_mask >> k) & 1u;
+    out[k] = (s > 0 && (s < within || (level == 2 && dynamic))) ? s : 0;
     n += out[k] != 0;
   }
   return n;
@@ -47,6 +50,7 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                  "module attributes {transform.with_named_sequence} {\n"
                  "  transform.named_sequence @__transform_main(%root: "
                  "!transform.any_op {transform.readonly}) {\n");
+  bool peeled = false;
   for (int32_t i = 0; i < count; ++i) {
     const kiln_tile_config_t *t = &configs[i];
     int64_t sz[KILN_TILE_MAX_LOOPS];
@@ -67,9 +71,20 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
       snprintf(target, sizeof(target), "par%d", i);
     }
     // Then cache blocks, then the register tile, each a nest of scf.for.
+    // Loops over symbolic sizes are remembered (level, loop) for peeling.
+    int peel[2 * KILN_TILE_MAX_LOOPS][2], npeel = 0;
     for (int level = 1; level <= 2; ++level) {
       int loops = level_sizes(&descs[i], t, level, sz);
       if (!loops) continue;
+      for (int k = 0, j = 0; k < t->loop_count; ++k) {
+        if (!sz[k]) continue;
+        // (A step-1 loop has no partial tile: a tile of one is static.)
+        if (((descs[i].dynamic_mask >> k) & 1u) && sz[k] > 1) {
+          peel[npeel][0] = level;
+          peel[npeel++][1] = j;
+        }
+        ++j;
+      }
       kiln_sbuf_printf(&b, "    %%tiled%d_%d", i, level);
       for (int k = 0; k < loops; ++k)
         kiln_sbuf_printf(&b, ", %%loop%d_%d_%d", i, level, k);
@@ -92,10 +107,31 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                          "!transform.any_op, !transform.any_op, "
                          "!transform.any_op)\n");
     }
+    // Symbolic loops: the full tiles in a main loop with static tile shapes
+    // (vectorized below), the partial last tile in a remainder loop that
+    // stays scalar. Innermost first, so remainders of outer loops hold
+    // peeled inner loops too.
+    for (int p = npeel - 1; p >= 0; --p) {
+      kiln_sbuf_printf(&b,
+                       "    %%for%d_%d = transform.cast %%loop%d_%d_%d : "
+                       "!transform.any_op to !transform.op<\"scf.for\">\n"
+                       "    %%main%d_%d, %%rest%d_%d = transform.loop.peel "
+                       "%%for%d_%d : (!transform.op<\"scf.for\">) -> "
+                       "(!transform.any_op, !transform.any_op)\n",
+                       i, p, i, peel[p][0], peel[p][1], i, p, i, p, i, p);
+    }
+    peeled |= npeel > 0;
   }
   kiln_sbuf_puts(&b,
                  "    %funcs = transform.structured.match ops{[\"func.func\"]} "
-                 "in %root : (!transform.any_op) -> !transform.any_op\n"
+                 "in %root : (!transform.any_op) -> !transform.any_op\n");
+  // Peeling rewrote the main loops' tile sizes to constants; canonicalize
+  // so the tiles' tensor types are static before vectorizing.
+  if (peeled)
+    kiln_sbuf_puts(&b, "    transform.apply_patterns to %funcs {\n"
+                       "      transform.apply_patterns.canonicalization\n"
+                       "    } : !transform.any_op\n");
+  kiln_sbuf_puts(&b,
                  "    %vec = transform.structured.vectorize_children_and_apply_"
                  "patterns %funcs : (!transform.any_op) -> !transform.any_op\n"
                  // Lower the n-D vector ops the vectorizer made to forms
@@ -151,15 +187,24 @@ static bool equals(MlirStringRef s, const char *p) {
   return s.length == strlen(p) && memcmp(s.data, p, s.length) == 0;
 }
 
-// Static shape of the op's first result (rank -1 if not a static tensor).
-static int result_shape(MlirOperation op, int64_t *dims) {
+// Size `j` of a ranked tensor type; a symbolic size is the stand-in, and
+// sets bit `bit` of `*dynamic`.
+static int64_t dim_size(MlirType t, intptr_t j, int bit, uint32_t *dynamic) {
+  if (mlirShapedTypeIsDynamicDim(t, j)) {
+    *dynamic |= 1u << bit;
+    return KILN_DYNAMIC_RANGE_STANDIN;
+  }
+  return mlirShapedTypeGetDimSize(t, j);
+}
+
+// Shape of the op's first result (rank -1 if not a ranked tensor).
+static int result_shape(MlirOperation op, int64_t *dims, uint32_t *dynamic) {
   if (mlirOperationGetNumResults(op) < 1) return -1;
   MlirType t = mlirValueGetType(mlirOperationGetResult(op, 0));
-  if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t))
-    return -1;
+  if (!mlirTypeIsARankedTensor(t)) return -1;
   int r = (int)mlirShapedTypeGetRank(t);
   for (int i = 0; i < r && i < KILN_TILE_MAX_LOOPS; ++i)
-    dims[i] = mlirShapedTypeGetDimSize(t, i);
+    dims[i] = dim_size(t, i, i, dynamic);
   return r;
 }
 
@@ -242,12 +287,14 @@ static kiln_hash128_t op_hash(MlirOperation op) {
   return hash;
 }
 
-// Describes one op; false when it is left alone (dynamic shapes, gathers,
-// convolutions and other named ops).
+// Describes one op; false when it is left alone (gathers, convolutions and
+// other named ops, empty tensors). Symbolic sizes are described by the
+// stand-in range and `dynamic_mask`.
 bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   int64_t dims[KILN_TILE_MAX_LOOPS];
-  int r = result_shape(op, dims);
+  uint32_t result_dynamic = 0;
+  int r = result_shape(op, dims, &result_dynamic);
   if (r < 0 || r > KILN_TILE_MAX_LOOPS) return false;
   for (int i = 0; i < r; ++i)
     if (dims[i] <= 0) return false;
@@ -257,10 +304,10 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   if (equals(name, "linalg.matmul") || equals(name, "linalg.batch_matmul")) {
     int b = equals(name, "linalg.batch_matmul") ? 1 : 0;
     MlirType lhs = mlirValueGetType(mlirOperationGetOperand(op, 0));
-    if (!mlirTypeIsARankedTensor(lhs) || !mlirShapedTypeHasStaticShape(lhs))
-      return false;
+    if (!mlirTypeIsARankedTensor(lhs)) return false;
     d->kind = KILN_KERNEL_CONTRACTION;
     d->loop_count = 3 + b;
+    d->dynamic_mask = result_dynamic;
     for (int i = 0; i < r; ++i) d->range[i] = dims[i];
     // K is the lhs dim its indexing map puts d2 (d3 batched) in: 1 + b by
     // default, 0 for a transposed lhs (indexing_maps on the named op).
@@ -276,7 +323,7 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
           kpos = (int)j;
       }
     }
-    d->range[2 + b] = mlirShapedTypeGetDimSize(lhs, kpos);
+    d->range[2 + b] = dim_size(lhs, kpos, 2 + b, &d->dynamic_mask);
     if (d->range[2 + b] <= 0) return false;  // empty K: the fill is all
     d->reduction_mask = 1u << (2 + b);
     d->m_dim = b;
@@ -287,6 +334,7 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
     if (r == 0) return false;
     d->kind = KILN_KERNEL_ELEMENTWISE;
     d->loop_count = r;
+    d->dynamic_mask = result_dynamic;
     for (int i = 0; i < r; ++i) d->range[i] = dims[i];
     MlirAttribute perm = mlirOperationGetAttributeByName(
         op, mlirStringRefCreateFromCString("permutation"));
@@ -315,9 +363,11 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
     has_mul |= equals(on, "arith.mulf") || equals(on, "arith.muli");
     has_add |= equals(on, "arith.addf") || equals(on, "arith.addi");
   }
-  // Static loop ranges: every map result that is a plain dim d_j names the
-  // size of loop j through the operand's shape.
+  // Loop ranges: every map result that is a plain dim d_j names the size of
+  // loop j through the operand's shape; a loop is symbolic when no operand
+  // gives it a static size.
   for (int i = 0; i < loops; ++i) d->range[i] = -1;
+  uint32_t sized = 0, dynamic = 0;
   MlirAttribute maps = mlirOperationGetAttributeByName(
       op, mlirStringRefCreateFromCString("indexing_maps"));
   if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps)) return false;
@@ -329,8 +379,7 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   intptr_t ninputs = nops - mlirOperationGetNumResults(op);
   for (intptr_t k = 0; k < nops; ++k) {
     MlirType ty = mlirValueGetType(mlirOperationGetOperand(op, k));
-    if (!mlirTypeIsARankedTensor(ty) || !mlirShapedTypeHasStaticShape(ty))
-      return false;
+    if (!mlirTypeIsARankedTensor(ty)) return false;
     MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, k));
     intptr_t nres = mlirAffineMapGetNumResults(m);
     for (intptr_t j = 0; j < nres; ++j) {
@@ -338,11 +387,17 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
       if (!mlirAffineExprIsADim(e)) continue;
       intptr_t pos = mlirAffineDimExprGetPosition(e);
       if (pos < loops) {
-        d->range[pos] = mlirShapedTypeGetDimSize(ty, j);
+        if (!mlirShapedTypeIsDynamicDim(ty, j)) {
+          d->range[pos] = mlirShapedTypeGetDimSize(ty, j);
+          sized |= 1u << pos;
+        } else if (!((sized >> pos) & 1u)) {
+          d->range[pos] = dim_size(ty, j, (int)pos, &dynamic);
+        }
         if (k < 16) uses[k] |= 1u << pos;
       }
     }
   }
+  d->dynamic_mask = dynamic & ~sized;
   // Unknown or empty loops (a zero-size tensor) are left to the loop
   // lowering: there is nothing to tile.
   for (int i = 0; i < loops; ++i)

@@ -48,6 +48,16 @@ int main(int argc, char **argv) {
       opts.autotune = KILN_AUTOTUNE_MEASURE;
       opts.autotune_budget_seconds = atof(a + 18);
     } else if (strncmp(a, "--threads=", 10) == 0) opts.num_threads = atoi(a + 10);
+    else if (strncmp(a, "--dynamic=", 10) == 0) {
+      const char *p = a + 10;
+      if (strcmp(p, "auto") == 0) opts.dynamic = KILN_DYNAMIC_AUTO;
+      else if (strcmp(p, "always") == 0) opts.dynamic = KILN_DYNAMIC_ALWAYS;
+      else if (strcmp(p, "never") == 0) opts.dynamic = KILN_DYNAMIC_NEVER;
+      else {
+        fprintf(stderr, "kiln-run: --dynamic expects auto, always or never, not '%s'\n", p);
+        return 2;
+      }
+    }
     else if (strncmp(a, "--input=", 8) == 0 && ninput_files < MAX_TENSORS)
       input_files[ninput_files++] = a + 8;
     else if (strcmp(a, "--dim") == 0 && i + 1 < argc && ndims < 16) {
@@ -62,7 +72,10 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--help") == 0) {
       printf("usage: kiln-run [--iters=N] [--seed=S] [--dim NAME=SIZE]... "
              "[--input=FILE]... [--strided] [--no-vectorize] [--threads=N]\n"
-             "                [--autotune] [--autotune-budget=SECONDS] FILE\n"
+             "                [--autotune] [--autotune-budget=SECONDS]\n"
+             "                [--dynamic=auto|always|never] FILE\n"
+             "  --dynamic: policy for symbolic sizes (always: one kernel for\n"
+             "  every binding, as torch.compile(dynamic=True) graphs get)\n"
              "  --autotune: measured tile-size search (max-autotune), results\n"
              "  kept in the tuning database\n");
       return 0;

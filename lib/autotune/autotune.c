@@ -24,6 +24,10 @@ static bool is_reduction(const kiln_kernel_desc_t *d, int i) {
   return (d->reduction_mask >> i) & 1u;
 }
 
+static bool is_dynamic(const kiln_kernel_desc_t *d, int i) {
+  return (d->dynamic_mask >> i) & 1u;
+}
+
 // Lanes of one vector register for the computation's element type.
 static int64_t lanes(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t) {
   int64_t eb = d->elem_bytes > 0 ? d->elem_bytes : 4;
@@ -125,7 +129,7 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
   int reductions = 0, k = -1;
   for (int i = 0; i < d->loop_count; ++i)
     if (is_reduction(d, i)) reductions++, k = i;
-  if (reductions != 1) return;
+  if (reductions != 1 || is_dynamic(d, k)) return;
   double slab = (double)d->range[k] * (double)nc * d->elem_bytes;
   if (slab <= (double)t->l2_bytes / 2) return;
   int64_t kc = pow2_divisor(d->range[k], 256);
@@ -159,7 +163,9 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
     // accumulator.
     for (int i = 0; i < r - 1; ++i) c->reg[i] = 1;
     c->reg[r - 1] = 0;
-    c->reduction_tile = pick(d->range[r - 1], vec, 5);
+    // (A row of symbolic length is reduced in scalar: its split would end
+    // in a partial vector.)
+    c->reduction_tile = is_dynamic(d, r - 1) ? 1 : pick(d->range[r - 1], vec, 5);
     c->reduction_dim = c->reduction_tile > 1 ? r - 1 : -1;
     if (c->reduction_dim < 0) c->reduction_tile = 0;
     break;
@@ -195,6 +201,10 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
         return false;
       }
     }
+    if (c->cache[i] > 0 && is_dynamic(d, i)) {
+      snprintf(why, why_len, "loop %d: symbolic size, no cache tile", i);
+      return false;
+    }
     if (c->cache[i] > 0 && !is_reduction(d, i)) {
       snprintf(why, why_len, "loop %d: cache tiles are for reduction loops "
                "(an output block would be copied through one vector)", i);
@@ -207,7 +217,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
   }
   if (c->reduction_dim >= 0) {
     int k = c->reduction_dim;
-    if (k >= d->loop_count || !is_reduction(d, k) || c->reg[k] != 0 ||
+    if (k >= d->loop_count || !is_reduction(d, k) || is_dynamic(d, k) || c->reg[k] != 0 ||
         c->reduction_tile < 2 || d->range[k] % c->reduction_tile) {
       snprintf(why, why_len, "reduction split %d:%lld does not fit", k,
                (long long)c->reduction_tile);
@@ -394,9 +404,14 @@ void kiln_autotune_desc_format(const kiln_kernel_desc_t *d, char *buf,
   static const char *kinds[] = {"elementwise", "transpose", "row-reduction",
                                 "contraction"};
   int w = snprintf(buf, len, "%s ", kinds[d->kind]);
-  for (int i = 0; i < d->loop_count && w >= 0 && (size_t)w < len; ++i)
-    w += snprintf(buf + w, len - (size_t)w, "%s%lld%s", i ? "x" : "",
-                  (long long)d->range[i], is_reduction(d, i) ? "r" : "");
+  for (int i = 0; i < d->loop_count && w >= 0 && (size_t)w < len; ++i) {
+    if (is_dynamic(d, i))
+      w += snprintf(buf + w, len - (size_t)w, "%s?%s", i ? "x" : "",
+                    is_reduction(d, i) ? "r" : "");
+    else
+      w += snprintf(buf + w, len - (size_t)w, "%s%lld%s", i ? "x" : "",
+                    (long long)d->range[i], is_reduction(d, i) ? "r" : "");
+  }
 }
 
 //===--- measured search ---------------------------------------------------===//

@@ -29,12 +29,19 @@ typedef enum kiln_kernel_kind_e {
   KILN_KERNEL_CONTRACTION = 3,    // matmul-like: one input misses n, one m
 } kiln_kernel_kind_t;
 
-// One structured op, as kernels/ sees it. All ranges are static.
+// The range the heuristic plans a loop of unknown size (a symbolic size)
+// with. A power of two, so every power-of-two tile divides it; at run time
+// the last tile of such a loop is partial (kernels/ peels it off).
+#define KILN_DYNAMIC_RANGE_STANDIN 1024
+
+// One structured op, as kernels/ sees it. Loops in `dynamic_mask` have a
+// size known only at run time; their `range` is KILN_DYNAMIC_RANGE_STANDIN.
 typedef struct kiln_kernel_desc {
   kiln_kernel_kind_t kind;
   int32_t loop_count;
   int64_t range[KILN_TILE_MAX_LOOPS];
   uint32_t reduction_mask;  // bit i: loop i is a reduction loop
+  uint32_t dynamic_mask;    // bit i: loop i's size is symbolic
   // Contractions: the two parallel loops that get the register tile (the
   // rows and columns of the output block); -1 otherwise.
   int32_t m_dim, n_dim;

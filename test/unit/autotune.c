@@ -177,6 +177,44 @@ static void test_validity_rejects(void) {
   CHECK(!kiln_autotune_config_valid(&r, &kAvx512x2, &bad, why, sizeof(why)));
 }
 
+// Symbolic loops are planned with the stand-in range; nothing may split
+// them into blocks that assume their size: no cache block of a symbolic K,
+// no vector split of a symbolic row.
+static void test_symbolic_loops(void) {
+  const int64_t any = KILN_DYNAMIC_RANGE_STANDIN;
+  kiln_kernel_desc_t d = matmul(any, 1024, 1024);
+  d.dynamic_mask = 1u << 0;  // symbolic M: tiles as for a large M
+  kiln_tile_config_t c;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 8 && c.reg[1] == 32);
+  check_valid(&d, &kAvx512x2, &c);
+  d = matmul(1024, 1024, any);
+  d.dynamic_mask = 1u << 2;  // symbolic K
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.cache[2] == 0);
+  check_valid(&d, &kAvx512x2, &c);
+  char why[256];
+  kiln_tile_config_t bad = c;
+  bad.cache[2] = 256;
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "symbolic") != NULL);
+  kiln_kernel_desc_t r = rows(KILN_KERNEL_ROW_REDUCTION, 4096, any);
+  r.dynamic_mask = 1u << 1;  // rows of symbolic length: reduced in scalar
+  kiln_autotune_heuristic(&r, &kAvx512x2, &c);
+  CHECK(c.reduction_dim == -1);
+  check_valid(&r, &kAvx512x2, &c);
+  bad = c;
+  bad.reduction_dim = 1, bad.reduction_tile = 16;
+  CHECK(!kiln_autotune_config_valid(&r, &kAvx512x2, &bad, why, sizeof(why)));
+  r = rows(KILN_KERNEL_ROW_REDUCTION, any, 4096);
+  r.dynamic_mask = 1u << 0;  // a symbolic number of rows keeps the split
+  kiln_autotune_heuristic(&r, &kAvx512x2, &c);
+  CHECK(c.reduction_dim == 1 && c.reduction_tile == 16);
+  char text[160];
+  kiln_autotune_desc_format(&r, text, sizeof(text));
+  CHECK(strcmp(text, "row-reduction ?x4096r") == 0);
+}
+
 // A synthetic cost: time grows with the distance of the register tile from
 // 4x16 and of the K block from 128; candidates with reg[0] == 2 "fail to
 // compile". The search must end at the optimum, skip the failures and
@@ -280,6 +318,7 @@ int main(void) {
   test_heuristic_valid_everywhere();
   test_heuristic_matmul();
   test_validity_rejects();
+  test_symbolic_loops();
   test_search();
   test_database();
   return kt_finish("autotune");

@@ -24,7 +24,12 @@ static const char *kGraph =
     "  %gt = aten.gt(%e, 0.1)\n"
     "  %z = aten.where(%gt, %e, 0.5)\n"
     "  %k = aten.sum(%x) {dims = [1]}\n"
-    "  return %s, %m, %v, %r, %p, %l, %z, %k\n}\n";
+    // Contraction over the symbolic dim (a weight gradient's K is the batch).
+    "  %xt = aten.permute(%x) {dims = [1, 0]}\n"
+    "  %gw = aten.mm(%xt, %h)\n"
+    // A softmax down the symbolic dim.
+    "  %sc = aten._softmax(%h) {dim = 0}\n"
+    "  return %s, %m, %v, %r, %p, %l, %z, %k, %gw, %sc\n}\n";
 
 #define MAXT 16
 
