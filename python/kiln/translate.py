@@ -620,7 +620,10 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]
     # Outputs PyTorch traced as permuted views (a transposed weight saved for
     # the backward, heads split off a batch-first projection) are written by
     # kiln in their memory order, and the caller views them back: no copy.
-    perms = [output_permutation(o.meta.get("val")) if isinstance(o, torch.fx.Node) else None
+    # Not on the CUDA target: there the permute often cancels into a view
+    # of a slice, and its launcher takes whole buffers only.
+    perms = [output_permutation(o.meta.get("val"))
+             if isinstance(o, torch.fx.Node) and "cuda" not in devices else None
              for o in out_nodes]
     for k, perm in enumerate(perms):
         if perm is not None:
