@@ -43,6 +43,7 @@
   X(cuMemFree_v2, CUresult, (CUdeviceptr))                                    \
   X(cuMemAllocManaged, CUresult, (CUdeviceptr *, size_t, unsigned int))       \
   X(cuMemcpyAsync, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))    \
+  X(cuMemcpyHtoD_v2, CUresult, (CUdeviceptr, const void *, size_t))           \
   X(cuMemsetD32Async, CUresult, (CUdeviceptr, unsigned int, size_t, CUstream)) \
   X(cuMemsetD16Async, CUresult,                                               \
     (CUdeviceptr, unsigned short, size_t, CUstream))
@@ -329,6 +330,13 @@ kiln_status_t kiln_cuda_alloc_static(size_t bytes, void **out_ptr) {
 
 void kiln_cuda_free_static(void *ptr) {
   if (ptr && cu.cuMemFree_v2) cu.cuMemFree_v2((CUdeviceptr)(uintptr_t)ptr);
+}
+
+kiln_status_t kiln_cuda_upload(void *dst, const void *src, size_t bytes) {
+  CU_READY();
+  CU_CHECK(cu.cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)dst, src, bytes),
+           "cuMemcpyHtoD");
+  return NULL;
 }
 
 //===--- CUDA graphs --------------------------------------------------------===//
@@ -627,6 +635,7 @@ kiln_status_t kiln_cuda_memcpy(void *d, const void *s, size_t n, void *st) {
 kiln_status_t kiln_cuda_stream_synchronize(void *s) { KILN_NO_CUDA; }
 kiln_status_t kiln_cuda_alloc_static(size_t n, void **p) { KILN_NO_CUDA; }
 void kiln_cuda_free_static(void *p) {}
+kiln_status_t kiln_cuda_upload(void *d, const void *s, size_t n) { KILN_NO_CUDA; }
 kiln_status_t kiln_cuda_capture_begin(void **s) {
   *s = NULL;
   KILN_NO_CUDA;

@@ -55,6 +55,8 @@ kiln_status_t kiln_cuda_stream_synchronize(void *stream);
 // cuMemAlloc / cuMemFree.
 kiln_status_t kiln_cuda_alloc_static(size_t bytes, void **out_ptr);
 void kiln_cuda_free_static(void *ptr);
+// Synchronous host-to-device copy (constants, once per loaded program).
+kiln_status_t kiln_cuda_upload(void *dst, const void *src, size_t bytes);
 
 // CUDA graphs. Recording: kiln_cuda_capture_begin gives a private stream
 // whose launches and copies (queued by this thread) are recorded, not run;

@@ -157,6 +157,170 @@ static bool feeds_mma(MlirOperation op) {
   return false;
 }
 
+// Reductions with few outputs (a bias gradient sums 4096 rows into 64
+// columns) would give each of a handful of threads a long serial loop: the
+// GPU sits nearly idle while each thread waits on one load after another.
+// transform.structured.split_reduction splits such a reduction into a
+// parallel op over chunks of KILN_GPU_SPLIT_CHUNK or more and a combining
+// op, repeated (up to KILN_GPU_SPLIT_ROUNDS) while the combining op is
+// itself long and narrow.
+#define KILN_GPU_SPLIT_THREADS 65536  // parallel iterations to aim for
+#define KILN_GPU_SPLIT_NARROW 16384   // below this many outputs, split
+#define KILN_GPU_SPLIT_CHUNK 16
+// Contractions: below this many outputs (their threads would own register
+// tiles of 4x4 outputs), K is split into chunks for 4x as many threads.
+#define KILN_GPU_SPLIT_NARROW_MM 65536
+#define KILN_GPU_SPLIT_ROUNDS 4
+
+typedef struct {
+  MlirContext ctx;
+  kiln_sbuf_t script;
+  int count;
+} splitter_t;
+
+// True when `op`'s body yields a combiner split_reduction knows (add, max,
+// min) of the output block argument and one other value.
+static bool splittable_combiner(MlirOperation op) {
+  static const char *const kinds[] = {"arith.addf", "arith.maximumf", "arith.minimumf",
+                                      "arith.maxnumf", "arith.minnumf", "arith.addi"};
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  intptr_t nargs = mlirBlockGetNumArguments(body);
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  if (nargs < 2 || mlirOperationGetNumOperands(yield) != 1) return false;
+  MlirValue v = mlirOperationGetOperand(yield, 0);
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation c = mlirOpResultGetOwner(v);
+  bool known = false;
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); ++i)
+    known |= equals(mlirIdentifierStr(mlirOperationGetName(c)), kinds[i]);
+  if (!known || mlirOperationGetNumOperands(c) != 2) return false;
+  MlirValue acc = mlirBlockGetArgument(body, nargs - 1);
+  return mlirValueEqual(mlirOperationGetOperand(c, 0), acc) ||
+         mlirValueEqual(mlirOperationGetOperand(c, 1), acc);
+}
+
+static MlirWalkResult split_op(MlirOperation op, void *user) {
+  splitter_t *t = user;
+  MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
+  if (!(equals(name, "linalg.generic") || equals(name, "linalg.matmul") ||
+        equals(name, "linalg.batch_matmul")) ||
+      mlirOperationGetNumResults(op) != 1 || marked_mma(op) || feeds_mma(op) ||
+      kiln_kernels_inside_forall(op) || !splittable_combiner(op))
+    return MlirWalkResultAdvance;
+  kiln_kernel_desc_t d;
+  // Column-like reductions and contractions (a weight gradient's K is every
+  // token); row reductions (innermost loop) keep their thread per row.
+  if (!kiln_kernels_describe(op, &d) || d.dynamic_mask ||
+      (d.kind != KILN_KERNEL_CONTRACTION &&
+       (d.kind == KILN_KERNEL_ROW_REDUCTION ||
+        ((d.reduction_mask >> (d.loop_count - 1)) & 1u))))
+    return MlirWalkResultAdvance;
+  int k = -1, reductions = 0;
+  double outputs = 1;
+  for (int l = 0; l < d.loop_count; ++l) {
+    if ((d.reduction_mask >> l) & 1u) k = l, reductions++;
+    else outputs *= (double)d.range[l];
+  }
+  if (reductions >= 2 && outputs < KILN_GPU_SPLIT_NARROW &&
+      d.kind != KILN_KERNEL_CONTRACTION) {
+    // Several reduction loops (a bias gradient over [B, T, C] sums B and
+    // T): all but the outermost become parallel dims of partial results
+    // (tile_reduction_using_for, one whole tile), summed by a merge op
+    // that the next round splits.
+    int first = -1;
+    for (int l = 0; l < d.loop_count && first < 0; ++l)
+      if ((d.reduction_mask >> l) & 1u) first = l;
+    int i = t->count++;
+    mlirOperationSetDiscardableAttributeByName(
+        op, mlirStringRefCreateFromCString("kiln.gpu_split"),
+        mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
+    kiln_sbuf_printf(&t->script,
+                     "    %%s%d = transform.structured.match attributes "
+                     "{kiln.gpu_split = %d : i64} in %%root : (!transform.any_op) "
+                     "-> !transform.any_op\n"
+                     "    %%sa%d, %%sb%d, %%sc%d, %%sd%d = transform.structured."
+                     "tile_reduction_using_for %%s%d by tile_sizes = [",
+                     i, i, i, i, i, i, i);
+    for (int l = 0; l < d.loop_count; ++l)
+      kiln_sbuf_printf(&t->script, "%s%lld", l ? ", " : "",
+                       (long long)(((d.reduction_mask >> l) & 1u) && l != first
+                                       ? d.range[l] : 0));
+    kiln_sbuf_printf(&t->script,
+                     "] : (!transform.any_op) -> (!transform.any_op, "
+                     "!transform.any_op, !transform.any_op, !transform.any_op)\n"
+                     "    %%sg%d = transform.structured.generalize %%sc%d : "
+                     "(!transform.any_op) -> !transform.any_op\n", i, i);
+    return MlirWalkResultAdvance;
+  }
+  bool mm = d.kind == KILN_KERNEL_CONTRACTION;
+  if (reductions != 1 ||
+      outputs >= (mm ? KILN_GPU_SPLIT_NARROW_MM : KILN_GPU_SPLIT_NARROW) ||
+      d.range[k] < (mm ? 16 : 4) * KILN_GPU_SPLIT_CHUNK)
+    return MlirWalkResultAdvance;
+  int64_t want = (int64_t)((mm ? 4.0 * KILN_GPU_SPLIT_THREADS : KILN_GPU_SPLIT_THREADS) /
+                           outputs);
+  int64_t cap = d.range[k] / KILN_GPU_SPLIT_CHUNK;
+  int64_t factor = pow2_divisor(d.range[k], want < cap ? want : cap);
+  if (factor < 4) return MlirWalkResultAdvance;
+  int i = t->count++;
+  mlirOperationSetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_split"),
+      mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
+  kiln_sbuf_printf(&t->script,
+                   "    %%s%d = transform.structured.match attributes "
+                   "{kiln.gpu_split = %d : i64} in %%root : (!transform.any_op) "
+                   "-> !transform.any_op\n"
+                   "    %%sa%d, %%sb%d, %%sc%d, %%sd%d = transform.structured."
+                   "split_reduction %%s%d {split_factor = %lld, "
+                   "insert_split_dimension = 0} : (!transform.any_op) -> "
+                   "(!transform.any_op, !transform.any_op, !transform.any_op, "
+                   "!transform.any_op)\n"
+                   // The split op's threads walk their K chunk in scalar
+                   // steps (tile_op's vectorized K steps fail on it).
+                   "    transform.annotate %%sc%d \"kiln.gpu_split_part\" : "
+                   "!transform.any_op\n",
+                   i, i, i, i, i, i, i, (long long)factor, i);
+  return MlirWalkResultAdvance;
+}
+
+static MlirWalkResult unmark_split(MlirOperation op, void *user) {
+  (void)user;
+  mlirOperationRemoveDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_split"));
+  return MlirWalkResultAdvance;
+}
+
+static kiln_status_t apply(MlirContext ctx, MlirModule module, const char *body,
+                           const char *what);
+
+static kiln_status_t split_reductions(MlirContext ctx, MlirModule module) {
+  for (int round = 0; round < KILN_GPU_SPLIT_ROUNDS; ++round) {
+    splitter_t t;
+    memset(&t, 0, sizeof(t));
+    t.ctx = ctx;
+    kiln_sbuf_init(&t.script);
+    mlirOperationWalk(mlirModuleGetOperation(module), split_op, &t, MlirWalkPreOrder);
+    // (Whole-tile reduction loops run once: canonicalization removes them.)
+    kiln_sbuf_puts(&t.script,
+                   "    %funcs = transform.structured.match ops{[\"func.func\"]} "
+                   "in %root : (!transform.any_op) -> !transform.any_op\n"
+                   "    transform.apply_patterns to %funcs {\n"
+                   "      transform.apply_patterns.canonicalization\n"
+                   "    } : !transform.any_op\n");
+    char *body = kiln_sbuf_take(&t.script);
+    kiln_status_t s = NULL;
+    if (t.count > 0)
+      s = body ? apply(ctx, module, body, "GPU reduction split")
+               : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
+    free(body);
+    // The split ops inherit the attribute; the next round decides afresh.
+    mlirOperationWalk(mlirModuleGetOperation(module), unmark_split, NULL,
+                      MlirWalkPreOrder);
+    if (s || t.count == 0) return s;
+  }
+  return NULL;
+}
+
 static MlirWalkResult tile_op(MlirOperation op, void *user) {
   tiler_t *t = user;
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
@@ -192,9 +356,11 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   }
   // Row reductions (softmax, layer norm) likewise read their row 4 at a
   // time into a vector accumulator.
+  bool split_part = !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_split_part")));
   bool kstep = ((d.kind == KILN_KERNEL_CONTRACTION && np >= 2) ||
                 d.kind == KILN_KERNEL_ROW_REDUCTION) &&
-               reductions == 1 && big == np && d.range[k] % 4 == 0;
+               reductions == 1 && big == np && d.range[k] % 4 == 0 && !split_part;
   int64_t rt = kstep && d.kind == KILN_KERNEL_CONTRACTION &&
                        d.range[par[0]] % (4 * 32) == 0 &&
                        d.range[par[1]] % (4 * 8) == 0 ? 4 : 1;
@@ -341,6 +507,12 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
     mlirOperationWalk(mlirModuleGetOperation(module), mark_sgemm, t, MlirWalkPreOrder);
   *out_sgemm = t->k_count;
   t->k_count = 0;
+  kiln_status_t ss = split_reductions(ctx, module);
+  if (ss) {
+    kiln_sbuf_free(&t->script);
+    free(t);
+    return ss;
+  }
   mlirOperationWalk(mlirModuleGetOperation(module), tile_op, t, MlirWalkPreOrder);
   // The vectorized K steps lowered to multiply-adds, and each contraction's
   // K loop keeps its accumulator in registers.

@@ -710,9 +710,68 @@ kiln_status_t kiln_emit_filled(kiln_emitter_t *e, const kiln_type_t *t,
   return NULL;
 }
 
+// Runs of adjacent reduced dims of a static `x` collapsed into one dim each
+// (tensor.collapse_shape); false when there is no run of two or more.
+static bool collapse_reduced_runs(kiln_emitter_t *e, const kiln_tv_t *x,
+                                  const bool *reduced, kiln_tv_t *out,
+                                  bool *out_reduced) {
+  const kiln_type_t *xt = &x->type;
+  if (!kiln_type_is_static(xt)) return false;
+  int group[KILN_MAX_RANK], ngroups = 0;
+  bool merged = false;
+  kiln_type_t ct;
+  memset(&ct, 0, sizeof(ct));
+  ct.dtype = xt->dtype;
+  for (int i = 0; i < xt->rank; ++i) {
+    bool joins = i > 0 && reduced[i] && reduced[i - 1];
+    if (joins) {
+      ct.dims[ngroups - 1] *= xt->dims[i];
+      merged = true;
+    } else {
+      out_reduced[ngroups] = reduced[i];
+      ct.dims[ngroups++] = xt->dims[i];
+    }
+    group[i] = ngroups - 1;
+  }
+  if (!merged) return false;
+  ct.rank = ngroups;
+  char sty[256], cty[256];
+  kiln_mlir_tensor_type(xt, sty, sizeof(sty));
+  kiln_mlir_tensor_type(&ct, cty, sizeof(cty));
+  kiln_emit_fresh(e, out->ssa);
+  out->type = ct;
+  kiln_sbuf_t *b = &e->out;
+  kiln_sbuf_printf(b, "    %s = tensor.collapse_shape %s [", out->ssa, x->ssa);
+  for (int i = 0; i < xt->rank; ++i) {
+    bool opens = i == 0 || group[i] != group[i - 1];
+    bool closes = i == xt->rank - 1 || group[i + 1] != group[i];
+    kiln_sbuf_printf(b, "%s%s%d%s", opens && i ? ", " : "", opens ? "[" : ", ", i,
+                     closes ? "]" : "");
+  }
+  kiln_sbuf_printf(b, "] : %s into %s\n", sty, cty);
+  return true;
+}
+
 kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
                                const kiln_tv_t *x, const bool *reduced,
                                bool keepdim, kiln_dtype_t acc, kiln_tv_t *out) {
+  kiln_tv_t collapsed;
+  bool creduced[KILN_MAX_RANK];
+  if (e->options.collapse_reductions &&
+      collapse_reduced_runs(e, x, reduced, &collapsed, creduced)) {
+    kiln_tv_t r;
+    KILN_RETURN_IF_ERROR_PLAIN(
+        kiln_emit_reduce(e, op, &collapsed, creduced, false, acc, &r));
+    if (!keepdim) {
+      *out = r;
+      return NULL;
+    }
+    kiln_type_t kt = x->type;
+    kt.dtype = acc;
+    for (int i = 0; i < kt.rank; ++i)
+      if (reduced[i]) kt.dims[i] = 1;
+    return kiln_emit_reshape(e, &r, &kt, out);
+  }
   const kiln_type_t *xt = &x->type;
   kiln_type_t rt;  // without the reduced dims
   memset(&rt, 0, sizeof(rt));

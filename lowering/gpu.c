@@ -40,6 +40,9 @@ void kiln_gpu_program_free(kiln_gpu_program_t *p) {
   free(p->ptx);
   free(p->temp_bytes);
   free(p->launches);
+  for (int i = 0; p->const_data && i < p->const_count; ++i) free(p->const_data[i]);
+  free(p->const_data);
+  free(p->const_bytes);
   memset(p, 0, sizeof(*p));
 }
 
@@ -58,6 +61,11 @@ static int64_t memref_bytes(MlirType t) {
   return n * ((bits + 7) / 8);
 }
 
+// While the host function is read, a constant's buffer index is
+// KILN_CONST_TAG + its number; the final index (after the temporaries) is
+// known at the end.
+#define KILN_CONST_TAG (1 << 20)
+
 typedef struct {
   kiln_gpu_program_t *p;
   MlirValue *temps;  // the memref.alloc result of each temporary
@@ -66,10 +74,41 @@ typedef struct {
   int nargs;
   char (*module_names)[128];  // the gpu.binary of each PTX module
   int module_count;
+  MlirOperation module_op;  // where memref.global ops live
+  MlirValue *consts;        // the memref.get_global result of each constant
+  int const_cap;
 } reader_t;
 
+// Bytes of one element of a memref type, or -1.
+static int64_t element_bytes(MlirType t) {
+  MlirType el = mlirShapedTypeGetElementType(t);
+  if (mlirTypeIsAFloat(el)) return ((int64_t)mlirFloatTypeGetWidth(el) + 7) / 8;
+  if (mlirTypeIsAInteger(el)) return ((int64_t)mlirIntegerTypeGetWidth(el) + 7) / 8;
+  return -1;
+}
+
+// A memref.subview whose result has a static offset and static strides:
+// kernels take it as the bare pointer of the buffer it views (the lowering
+// to LLVM applies the offset from the type). The offset must keep 16-byte
+// alignment, which the GPU schedules' vector accesses assume.
+static bool static_subview(MlirOperation op) {
+  if (!name_is(op, "memref.subview")) return false;
+  MlirType t = mlirValueGetType(mlirOperationGetResult(op, 0));
+  if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t)) return false;
+  int64_t rank = mlirShapedTypeGetRank(t), offset = 0;
+  int64_t strides[16];
+  if (rank > 16 ||
+      mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &offset)))
+    return false;
+  for (int64_t i = 0; i < rank; ++i)
+    if (mlirShapedTypeIsDynamicStrideOrOffset(strides[i])) return false;
+  int64_t eb = element_bytes(t);
+  return !mlirShapedTypeIsDynamicStrideOrOffset(offset) && eb > 0 &&
+         offset >= 0 && (offset * eb) % 16 == 0;
+}
+
 // The buffer a host value names: a function argument, a temporary, or a
-// zero-offset view of one (reshapes); -1 otherwise.
+// view of one (reshapes, static subviews); -1 otherwise.
 static int buffer_of(reader_t *r, MlirValue v) {
   for (int depth = 0; depth < 8; ++depth) {
     if (mlirValueIsABlockArgument(v)) {
@@ -78,14 +117,21 @@ static int buffer_of(reader_t *r, MlirValue v) {
     }
     for (int i = 0; i < r->p->temp_count; ++i)
       if (mlirValueEqual(r->temps[i], v)) return r->nargs + i;
+    for (int i = 0; i < r->p->const_count; ++i)
+      if (mlirValueEqual(r->consts[i], v)) return KILN_CONST_TAG + i;
     MlirOperation def = mlirOpResultGetOwner(v);
     if (!(name_is(def, "memref.expand_shape") ||
           name_is(def, "memref.collapse_shape") ||
-          name_is(def, "memref.reshape") || name_is(def, "memref.cast")))
+          name_is(def, "memref.reshape") || name_is(def, "memref.cast") ||
+          static_subview(def)))
       return -1;
     v = mlirOperationGetOperand(def, 0);
   }
   return -1;
+}
+
+static void sbuf_print(MlirStringRef str, void *user) {
+  kiln_sbuf_append((kiln_sbuf_t *)user, str.data, str.length);
 }
 
 static bool constant_index(MlirValue v, int64_t *out) {
@@ -146,10 +192,17 @@ static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
   for (int k = 0; k < l.arg_count; ++k) {
     MlirValue v = mlirOperationGetOperand(op, 6 + k);
     int b = buffer_of(r, v);
-    if (b < 0)
-      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
-                              "cuda: kernel argument %d is not a whole "
-                              "buffer (a view with an offset, or a scalar)", k);
+    if (b < 0) {
+      kiln_sbuf_t what;
+      kiln_sbuf_init(&what);
+      mlirTypePrint(mlirValueGetType(v), sbuf_print, &what);
+      kiln_status_t s = kiln_make_status(
+          KILN_STATUS_UNSUPPORTED,
+          "cuda: kernel argument %d (%s) is not a buffer or a static, "
+          "16-byte aligned view of one", k, what.data ? what.data : "?");
+      kiln_sbuf_free(&what);
+      return s;
+    }
     l.args[k] = b;
   }
   MlirAttribute kernel = mlirOperationGetAttributeByName(
@@ -174,8 +227,28 @@ static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
   return push_step(p, &l);
 }
 
-// memref.copy between whole buffers (bufferization's copy of a result into
-// an output): a stream-ordered device-to-device copy.
+// Byte offset of a contiguous memref type inside the buffer it views (0 for
+// an identity layout); -1 when its elements are not one contiguous run.
+static int64_t contiguous_offset(MlirType t) {
+  if (mlirAttributeIsAAffineMap(mlirMemRefTypeGetLayout(t))) return 0;
+  int64_t rank = mlirShapedTypeGetRank(t), offset = 0, strides[16];
+  if (rank > 16 || !mlirShapedTypeHasStaticShape(t) ||
+      mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &offset)) ||
+      mlirShapedTypeIsDynamicStrideOrOffset(offset) || offset < 0)
+    return -1;
+  int64_t expect = 1;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    int64_t size = mlirShapedTypeGetDimSize(t, i);
+    if (size != 1 && strides[i] != expect) return -1;
+    expect *= size;
+  }
+  int64_t eb = element_bytes(t);
+  return eb > 0 ? offset * eb : -1;
+}
+
+// memref.copy between contiguous runs of buffers (bufferization's copy of
+// a result into an output, which may be a view inside a temporary): a
+// stream-ordered device-to-device copy.
 static kiln_status_t read_copy(reader_t *r, MlirOperation op) {
   kiln_gpu_launch_t l;
   memset(&l, 0, sizeof(l));
@@ -184,19 +257,105 @@ static kiln_status_t read_copy(reader_t *r, MlirOperation op) {
   MlirValue dst = mlirOperationGetOperand(op, 1);
   int64_t sb = memref_bytes(mlirValueGetType(src));
   int64_t db = memref_bytes(mlirValueGetType(dst));
-  MlirAttribute sl = mlirMemRefTypeGetLayout(mlirValueGetType(src));
-  MlirAttribute dl = mlirMemRefTypeGetLayout(mlirValueGetType(dst));
+  l.offsets[0] = contiguous_offset(mlirValueGetType(src));
+  l.offsets[1] = contiguous_offset(mlirValueGetType(dst));
   l.args[0] = buffer_of(r, src);
   l.args[1] = buffer_of(r, dst);
   l.arg_count = 2;
   l.bytes = sb;
   snprintf(l.name, sizeof(l.name), "memref.copy");
   if (sb < 0 || sb != db || l.args[0] < 0 || l.args[1] < 0 ||
-      !mlirAttributeIsAAffineMap(sl) || !mlirAttributeIsAAffineMap(dl))
-    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
-                            "cuda: a host memref.copy between views (not "
-                            "whole contiguous buffers)");
+      l.offsets[0] < 0 || l.offsets[1] < 0) {
+    kiln_sbuf_t what;
+    kiln_sbuf_init(&what);
+    mlirTypePrint(mlirValueGetType(src), sbuf_print, &what);
+    kiln_sbuf_puts(&what, " to ");
+    mlirTypePrint(mlirValueGetType(dst), sbuf_print, &what);
+    kiln_status_t s = kiln_make_status(
+        KILN_STATUS_UNSUPPORTED,
+        "cuda: a host memref.copy between views (%s), not contiguous runs "
+        "of buffers", what.data ? what.data : "?");
+    kiln_sbuf_free(&what);
+    return s;
+  }
   return push_step(r->p, &l);
+}
+
+// memref.get_global of a constant (a graph constant bufferized): its data
+// becomes one of the program's constants, uploaded to the device once.
+static kiln_status_t read_global(reader_t *r, MlirOperation op) {
+  // The shape operand of memref.reshape (a graph-level view) is read on
+  // the host side of MLIR only: nothing to upload.
+  bool device_use = false;
+  for (MlirOpOperand u = mlirValueGetFirstUse(mlirOperationGetResult(op, 0));
+       !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u))
+    device_use |= !(name_is(mlirOpOperandGetOwner(u), "memref.reshape") &&
+                    mlirOpOperandGetOperandNumber(u) == 1);
+  if (!device_use) return NULL;
+  MlirAttribute name = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("name"));
+  if (mlirAttributeIsNull(name) || !mlirAttributeIsAFlatSymbolRef(name))
+    return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: get_global without a name");
+  MlirStringRef want = mlirFlatSymbolRefAttrGetValue(name);
+  MlirAttribute init = {NULL};
+  MlirBlock top = mlirRegionGetFirstBlock(mlirOperationGetRegion(r->module_op, 0));
+  for (MlirOperation g = mlirBlockGetFirstOperation(top); !mlirOperationIsNull(g);
+       g = mlirOperationGetNextInBlock(g)) {
+    if (!name_is(g, "memref.global")) continue;
+    MlirAttribute sym = mlirOperationGetAttributeByName(
+        g, mlirStringRefCreateFromCString("sym_name"));
+    MlirStringRef have = mlirStringAttrGetValue(sym);
+    if (have.length == want.length && memcmp(have.data, want.data, want.length) == 0)
+      init = mlirOperationGetAttributeByName(
+          g, mlirStringRefCreateFromCString("initial_value"));
+  }
+  MlirType t = mlirValueGetType(mlirOperationGetResult(op, 0));
+  int64_t bytes = memref_bytes(t), eb = element_bytes(t);
+  if (mlirAttributeIsNull(init) || !mlirAttributeIsADenseElements(init) ||
+      bytes < 0 || eb <= 0 ||
+      (mlirTypeIsAInteger(mlirShapedTypeGetElementType(t)) &&
+       mlirIntegerTypeGetWidth(mlirShapedTypeGetElementType(t)) % 8))
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: a host constant kiln cannot upload (not a "
+                            "dense constant of whole-byte elements)");
+  kiln_gpu_program_t *p = r->p;
+  if (p->const_count == r->const_cap) {
+    int cap = r->const_cap ? r->const_cap * 2 : 4;
+    MlirValue *nv = realloc(r->consts, sizeof(*nv) * (size_t)cap);
+    int64_t *nb = realloc(p->const_bytes, sizeof(*nb) * (size_t)cap);
+    void **nd = realloc(p->const_data, sizeof(*nd) * (size_t)cap);
+    if (nv) r->consts = nv;
+    if (nb) p->const_bytes = nb;
+    if (nd) p->const_data = nd;
+    if (!nv || !nb || !nd) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "constants");
+    r->const_cap = cap;
+  }
+  char *data = malloc((size_t)bytes + 1);
+  if (!data) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "constants");
+  const char *raw = mlirDenseElementsAttrGetRawData(init);
+  if (mlirDenseElementsAttrIsSplat(init)) {
+    for (int64_t at = 0; at < bytes; at += eb) memcpy(data + at, raw, (size_t)eb);
+  } else if (mlirElementsAttrGetNumElements(init) * eb == bytes) {
+    memcpy(data, raw, (size_t)bytes);
+  } else {
+    free(data);
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: a host constant whose data is not %lld bytes",
+                            (long long)bytes);
+  }
+  r->consts[p->const_count] = mlirOperationGetResult(op, 0);
+  p->const_bytes[p->const_count] = bytes;
+  p->const_data[p->const_count++] = data;
+  return NULL;
+}
+
+// Constants were numbered KILN_CONST_TAG + i while temporaries were still
+// being found; they follow the temporaries.
+static void place_constants(kiln_gpu_program_t *p) {
+  for (int l = 0; l < p->launch_count; ++l)
+    for (int a = 0; a < p->launches[l].arg_count; ++a)
+      if (p->launches[l].args[a] >= KILN_CONST_TAG)
+        p->launches[l].args[a] += p->arg_count + p->temp_count - KILN_CONST_TAG;
 }
 
 static kiln_status_t read_host(reader_t *r, MlirOperation func) {
@@ -212,11 +371,14 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
     if (name_is(op, "arith.constant") || name_is(op, "memref.dealloc") ||
         name_is(op, "func.return") || name_is(op, "memref.expand_shape") ||
         name_is(op, "memref.collapse_shape") || name_is(op, "memref.cast") ||
-        name_is(op, "memref.reshape"))
+        name_is(op, "memref.reshape") || static_subview(op))
       continue;
-    // The constant shape operand of a memref.reshape (a graph-level view).
-    // A kernel given a global as an argument is refused by read_launch.
-    if (name_is(op, "memref.get_global")) continue;
+    // Graph constants, and the constant shape operands of memref.reshape
+    // (graph-level views; a reshape's operand is not a kernel argument).
+    if (name_is(op, "memref.get_global")) {
+      KILN_RETURN_IF_ERROR_PLAIN(read_global(r, op));
+      continue;
+    }
     if (name_is(op, "gpu.launch_func")) {
       KILN_RETURN_IF_ERROR_PLAIN(read_launch(r, op));
       continue;
@@ -314,9 +476,12 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   int mma = 0;    // matmuls on tensor cores
   int sgemm = 0;  // f32 matmuls by kernels/gpu_sgemm.c
   if (schedules) {
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_rows_gpu(kiln_mlir_context(m), module));
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_tile_gpu(
-        kiln_mlir_context(m), module, tensor_cores, &mma, &sgemm));
+    kiln_mlir_clear_diagnostics(m);
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
+        m, kiln_kernels_rows_gpu(kiln_mlir_context(m), module)));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
+        m, kiln_kernels_tile_gpu(kiln_mlir_context(m), module, tensor_cores,
+                                 &mma, &sgemm)));
   }
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
@@ -446,9 +611,12 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
     s = kiln_make_status(KILN_STATUS_INTERNAL,
                          "cuda: %d tensor-core matmuls, %d kernels with "
                          "mma.sync", mma, mma_modules);
-  reader_t r = {out, NULL, 0, {NULL}, 0, names, f.binary_count};
+  reader_t r = {out, NULL, 0, {NULL}, 0, names, f.binary_count,
+                mlirModuleGetOperation(module), NULL, 0};
   if (!s) s = read_host(&r, f.func);
+  if (!s) place_constants(out);
   free(r.temps);
+  free(r.consts);
   free(names);
   // Vector accesses (ld/st.global.v2/v4 from the GPU schedules' 4-wide
   // threads) assume 16-byte aligned buffers; calls check it.
@@ -502,7 +670,7 @@ static void put(wbuf_t *w, const void *d, size_t n) {
   w->n += n;
 }
 
-#define KILN_GPU_MAGIC "kiln-gpu-program-v2"
+#define KILN_GPU_MAGIC "kiln-gpu-program-v3"
 
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
                                          void **out_data, size_t *out_size) {
@@ -520,6 +688,11 @@ kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
   put(&w, p->temp_bytes, sizeof(int64_t) * (size_t)p->temp_count);
   put(&w, &p->launch_count, sizeof(p->launch_count));
   put(&w, p->launches, sizeof(kiln_gpu_launch_t) * (size_t)p->launch_count);
+  put(&w, &p->const_count, sizeof(p->const_count));
+  for (int i = 0; i < p->const_count; ++i) {
+    put(&w, &p->const_bytes[i], sizeof(int64_t));
+    put(&w, p->const_data[i], (size_t)p->const_bytes[i]);
+  }
   if (w.oom) {
     free(w.p);
     return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU program");
@@ -573,7 +746,21 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
   if (ok)
     ok = (out->launches = calloc((size_t)out->launch_count + 1, sizeof(kiln_gpu_launch_t))) != NULL;
   ok = ok && get(&r, out->launches, sizeof(kiln_gpu_launch_t) * (size_t)out->launch_count) &&
-       r.at == size;
+       get(&r, &out->const_count, sizeof(out->const_count)) &&
+       out->const_count >= 0 && (size_t)out->const_count <= size;
+  if (ok) {
+    out->const_bytes = calloc((size_t)out->const_count + 1, sizeof(int64_t));
+    out->const_data = calloc((size_t)out->const_count + 1, sizeof(void *));
+    ok = out->const_bytes && out->const_data;
+  }
+  for (int i = 0; ok && i < out->const_count; ++i) {
+    int64_t n = 0;
+    ok = get(&r, &n, sizeof(n)) && n >= 0 && (size_t)n <= size &&
+         (out->const_data[i] = malloc((size_t)n + 1)) != NULL &&
+         get(&r, out->const_data[i], (size_t)n);
+    if (ok) out->const_bytes[i] = n;
+  }
+  ok = ok && r.at == size;
   ok = ok && out->arg_count >= 0 && (size_t)out->arg_count <= size;
   for (int t = 0; ok && t < out->temp_count; ++t) ok = out->temp_bytes[t] >= 0;
   for (int l = 0; ok && l < out->launch_count; ++l) {
@@ -582,14 +769,21 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
          memchr(ln->name, 0, sizeof(ln->name)) != NULL &&
          (ln->kind == KILN_GPU_LAUNCH
               ? ln->module >= 0 && ln->module < out->module_count
-              : ln->kind == KILN_GPU_COPY && ln->arg_count == 2 && ln->bytes >= 0);
+              : ln->kind == KILN_GPU_COPY && ln->arg_count == 2 && ln->bytes >= 0 &&
+                    ln->offsets[0] >= 0 && ln->offsets[1] >= 0);
     for (int a = 0; ok && a < ln->arg_count; ++a)
-      ok = ln->args[a] >= 0 && ln->args[a] < out->arg_count + out->temp_count;
+      ok = ln->args[a] >= 0 &&
+           ln->args[a] < out->arg_count + out->temp_count + out->const_count;
     // A copy stays within a temporary it touches (inputs and outputs are
     // sized by the graph and checked by the caller against arg_count).
     for (int a = 0; ok && ln->kind == KILN_GPU_COPY && a < 2; ++a)
-      if (ln->args[a] >= out->arg_count)
-        ok = ln->bytes <= out->temp_bytes[ln->args[a] - out->arg_count];
+      if (ln->args[a] >= out->arg_count) {
+        int b = ln->args[a] - out->arg_count;
+        int64_t cap = b < out->temp_count ? out->temp_bytes[b]
+                                          : out->const_bytes[b - out->temp_count];
+        ok = ln->offsets[a] <= cap && ln->bytes <= cap - ln->offsets[a] &&
+             (a == 0 || b < out->temp_count);  // constants are read-only
+      }
   }
   if (!ok) {
     kiln_gpu_program_free(out);

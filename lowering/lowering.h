@@ -15,6 +15,10 @@ typedef struct kiln_lower_options {
   // AVX512-BF16 (vdpbf16ps): bf16 matmuls use the packed dot-product
   // microkernel of lowering/ops/matmul.c instead of f32 FMAs.
   bool x86_bf16_dot;
+  // CUDA: a reduction over adjacent dims reduces one collapsed dim (a bias
+  // gradient sums [B*T, C], not [B, T, C]), so the GPU schedule can split
+  // its single reduction loop across threads.
+  bool collapse_reductions;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking
@@ -44,6 +48,10 @@ typedef struct kiln_pipeline_options {
   const struct kiln_kernel_tiling *tiling;
 } kiln_pipeline_options_t;
 
+// The diagnostics MLIR emitted since the last clear, appended to `s` (and
+// cleared); for steps that apply transform scripts (kernels/).
+void kiln_mlir_clear_diagnostics(kiln_mlir_t *m);
+kiln_status_t kiln_mlir_with_diagnostics(kiln_mlir_t *m, kiln_status_t s);
 // Parses MLIR text into a module (errors carry MLIR's diagnostics).
 kiln_status_t kiln_mlir_parse(kiln_mlir_t *m, const char *text,
                               MlirModule *out_module);
@@ -70,7 +78,8 @@ kiln_status_t kiln_pipeline_run_text(kiln_mlir_t *m, MlirModule module,
 // One step of a compiled graph on the device: a kernel launch with its grid
 // and block sizes and each kernel argument as a buffer index (the
 // function's inputs then outputs, then the temporaries), or a
-// device-to-device copy of args[0] into args[1] (`bytes`).
+// device-to-device copy of `bytes` from args[0] + offsets[0] to args[1] +
+// offsets[1] (offsets in bytes: a contiguous view inside a buffer).
 typedef enum kiln_gpu_step_kind_e {
   KILN_GPU_LAUNCH = 0,
   KILN_GPU_COPY = 1,
@@ -78,7 +87,8 @@ typedef enum kiln_gpu_step_kind_e {
 
 typedef struct kiln_gpu_launch {
   kiln_gpu_step_kind_t kind;
-  int64_t bytes;   // KILN_GPU_COPY
+  int64_t bytes;       // KILN_GPU_COPY
+  int64_t offsets[2];  // KILN_GPU_COPY: source, destination
   int32_t module;  // KILN_GPU_LAUNCH: index into the program's PTX modules
   char name[128];
   uint32_t grid[3], block[3];
@@ -88,7 +98,10 @@ typedef struct kiln_gpu_launch {
 
 // A graph compiled for CUDA: PTX for all its kernels and the launches, in
 // order, that the host function makes (kiln's launcher replays them on the
-// caller's stream; memrefs are passed as bare device pointers).
+// caller's stream; memrefs are passed as bare device pointers). Buffer
+// indices: the graph's inputs and outputs (arg_count), then temporaries
+// (allocated per call), then constants (uploaded once when the program is
+// loaded).
 typedef struct kiln_gpu_program {
   int32_t module_count;
   char **ptx;  // per module (one per outlined kernel), NUL-terminated
@@ -99,6 +112,9 @@ typedef struct kiln_gpu_program {
   int64_t *temp_bytes;
   int32_t launch_count;
   kiln_gpu_launch_t *launches;
+  int32_t const_count;
+  int64_t *const_bytes;
+  void **const_data;  // host copies, const_bytes[i] each
 } kiln_gpu_program_t;
 
 // Lowers a module at the linalg stage for an NVIDIA GPU of `chip`

@@ -81,6 +81,15 @@ static kiln_status_t diag_error(kiln_mlir_t *m, const char *what) {
   return s;
 }
 
+void kiln_mlir_clear_diagnostics(kiln_mlir_t *m) { kiln_sbuf_free(&m->diags); }
+
+kiln_status_t kiln_mlir_with_diagnostics(kiln_mlir_t *m, kiln_status_t s) {
+  if (s && m->diags.length)
+    s = kiln_status_annotate(s, "%s", m->diags.data);
+  kiln_sbuf_free(&m->diags);
+  return s;
+}
+
 kiln_status_t kiln_mlir_parse(kiln_mlir_t *m, const char *text,
                               MlirModule *out_module) {
   kiln_sbuf_free(&m->diags);

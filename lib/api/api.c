@@ -399,6 +399,7 @@ typedef struct kiln_variant {
   kiln_gpu_program_t gpu;
   kiln_cuda_module_t **cuda_modules;  // one per PTX module
   void **cuda_fns;
+  void **cuda_consts;  // the program's constants on the device
   int cuda_device;
   // cuda_graphs: recorded CUDA graphs by call addresses (graph_lock).
   pthread_mutex_t graph_lock;
@@ -484,6 +485,9 @@ static void variant_free(kiln_variant_t *v) {
   for (int i = 0; v->cuda_modules && i < v->gpu.module_count; ++i)
     kiln_cuda_module_unload(v->cuda_modules[i]);
   free(v->cuda_modules);
+  for (int i = 0; v->cuda_consts && i < v->gpu.const_count; ++i)
+    kiln_cuda_free_static(v->cuda_consts[i]);
+  free(v->cuda_consts);
   kiln_gpu_program_free(&v->gpu);
   kiln_ffi_sig_destroy(v->sig);
   kiln_jit_destroy(v->jit);
@@ -925,7 +929,7 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   }
   double t2 = now_seconds();
   if (!loaded) {
-    kiln_lower_options_t lopts = {false};
+    kiln_lower_options_t lopts = {false, true};
     char *linalg = NULL;
     double t0 = now_seconds();
     s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
@@ -986,6 +990,16 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
       if (v->gpu.launches[l].kind == KILN_GPU_LAUNCH)
         s = kiln_cuda_module_function(v->cuda_modules[v->gpu.launches[l].module],
                                       v->gpu.launches[l].name, &v->cuda_fns[l]);
+  }
+  // Constants go to the device once; every call's launches read them.
+  if (!s && v->gpu.const_count) {
+    v->cuda_consts = calloc((size_t)v->gpu.const_count, sizeof(void *));
+    if (!v->cuda_consts) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "constants");
+    for (int i = 0; !s && i < v->gpu.const_count; ++i) {
+      s = kiln_cuda_alloc_static((size_t)v->gpu.const_bytes[i], &v->cuda_consts[i]);
+      if (!s) s = kiln_cuda_upload(v->cuda_consts[i], v->gpu.const_data[i],
+                                   (size_t)v->gpu.const_bytes[i]);
+    }
   }
   st->llvm_seconds += now_seconds() - t2;  // the driver's PTX JIT
   return s;
@@ -1368,7 +1382,8 @@ static kiln_status_t queue_program(kiln_function_t *f, kiln_variant_t *v,
     const kiln_gpu_launch_t *ln = &p->launches[l];
     kiln_status_t s;
     if (ln->kind == KILN_GPU_COPY) {
-      s = kiln_cuda_memcpy(bufs[ln->args[1]], bufs[ln->args[0]],
+      s = kiln_cuda_memcpy((char *)bufs[ln->args[1]] + ln->offsets[1],
+                           (char *)bufs[ln->args[0]] + ln->offsets[0],
                            (size_t)ln->bytes, stream);
     } else {
       void *params[KILN_GPU_MAX_ARGS];
@@ -1387,7 +1402,8 @@ static kiln_status_t record_graph(kiln_function_t *f, kiln_variant_t *v,
                                   kiln_graph_slot_t *slot, void *const *args) {
   const kiln_gpu_program_t *p = &v->gpu;
   if (!slot->bufs) {
-    slot->bufs = calloc((size_t)(p->arg_count + p->temp_count) + 1, sizeof(void *));
+    slot->bufs = calloc((size_t)(p->arg_count + p->temp_count + p->const_count) + 1,
+                        sizeof(void *));
     if (!slot->bufs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "CUDA graph");
     for (int t = 0; t < p->temp_count; ++t) {
       kiln_status_t s = kiln_cuda_alloc_static((size_t)p->temp_bytes[t],
@@ -1401,6 +1417,8 @@ static kiln_status_t record_graph(kiln_function_t *f, kiln_variant_t *v,
     }
   }
   memcpy(slot->bufs, args, sizeof(void *) * (size_t)p->arg_count);
+  for (int i = 0; i < p->const_count; ++i)
+    slot->bufs[p->arg_count + p->temp_count + i] = v->cuda_consts[i];
   void *capture = NULL;
   kiln_status_t s = kiln_cuda_capture_begin(&capture);
   bool updated = false;
@@ -1463,7 +1481,7 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
                                       void *stream) {
   const kiln_graph_t *g = f->graph;
   const kiln_gpu_program_t *p = &v->gpu;
-  int nbuf = p->arg_count + p->temp_count;
+  int nbuf = p->arg_count + p->temp_count + p->const_count;
   void *stack_ptrs[128];
   void **ptrs = nbuf <= 128 ? stack_ptrs : calloc((size_t)nbuf, sizeof(void *));
   if (!ptrs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "launch");
@@ -1512,6 +1530,8 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
   }
   if (direct) {
     int allocated = 0;  // temporaries that exist (freed below)
+    for (int i = 0; i < p->const_count; ++i)
+      ptrs[n + p->temp_count + i] = v->cuda_consts[i];
     for (int t = 0; !s && t < p->temp_count; ++t) {
       ptrs[n + t] = NULL;
       s = kiln_cuda_alloc((size_t)p->temp_bytes[t], stream, &ptrs[n + t]);
@@ -1978,7 +1998,8 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   if (cuda && !as) snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
   kiln_status_free(as);
   char *mlir_text = NULL;
-  kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16")};
+  kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
+                                cuda};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

@@ -68,7 +68,39 @@ static const char *kGraphs[] = {
     "graph @lnl(%x: f32[255,4096], %w: f32[4096], %b: f32[4096]) {\n"
     "  %n, %mean, %rstd = aten.native_layer_norm(%x, %w, %b) "
     "{normalized_shape = [4096], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
+    // Views inside a temporary (q, k, v split off one projection): a copy
+    // from a contiguous run at an offset, a kernel reading a static view.
+    "graph @views(%x: f32[3,64,8,64]) {\n"
+    "  %c = aten.mul(%x, 2.0)\n"
+    "  %s = aten.slice(%c) {dim = 0, start = 1, end = 2, step = 1}\n"
+    "  %q = aten.squeeze(%s) {dims = [0]}\n"
+    "  %v = aten.view(%q) {shape = [64, 32, 16]}\n"
+    "  %p = aten.permute(%v) {dims = [1, 0, 2]}\n"
+    "  %o = aten.view(%p) {shape = [8, 4, 64, 16]}\n"
+    "  %b = aten.slice(%c) {dim = 0, start = 2, end = 3, step = 1}\n"
+    "  %t = aten.tanh(%b)\n"
+    "  return %o, %t\n}\n",
+    // Reductions into few outputs, split across threads (bias, layer-norm
+    // weight and linear weight gradients).
+    "graph @grads(%g: f32[16,256,64], %x: f32[16,256,64]) {\n"
+    "  %p = aten.mul(%g, %x)\n"
+    "  %s = aten.sum(%p) {dims = [0, 1]}\n"
+    "  %v = aten.view(%g) {shape = [4096, 64]}\n"
+    "  %d = aten.sum(%v) {dims = [0]}\n"
+    "  %xv = aten.view(%x) {shape = [4096, 64]}\n"
+    "  %vt = aten.permute(%v) {dims = [1, 0]}\n"
+    "  %w = aten.mm(%vt, %xv)\n"
+    "  %m = aten.amax(%v) {dims = [0]}\n"
+    "  return %s, %d, %w, %m\n}\n",
+    // A graph constant read by a kernel and returned: uploaded once.
+    "graph @consts(%w: f32[16,32], %x: f32[4,16,32]) {\n"
+    "  %i = kiln.constant() {value = [15, 3, 0, 7, 9, 1, 14, 2, 8, 4, 11, 5, "
+    "13, 6, 12, 10]} : i64[16]\n"
+    "  %e = aten.embedding(%w, %i)\n"
+    "  %s = aten.add(%x, %e)\n"
+    "  return %i, %s\n}\n",
 };
+#define KILN_GRAPH_COUNT (sizeof(kGraphs) / sizeof(kGraphs[0]))
 
 typedef struct {
   void *(*stream_create)(void);
@@ -352,6 +384,7 @@ int main(int argc, char **argv) {
   misaligned_is_refused(ctx, &m, stream);
   graphs_replay(ctx, kGraphs[3], &m, stream, &seed);  // temporaries
   graphs_replay(ctx, kGraphs[2], &m, stream, &seed);  // a device copy step
+  graphs_replay(ctx, kGraphs[KILN_GRAPH_COUNT - 1], &m, stream, &seed);  // constants
   kiln_stats_t first;
   kiln_context_stats(ctx, &first);
   kiln_context_destroy(ctx);
