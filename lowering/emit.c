@@ -860,6 +860,64 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
   return kiln_emit_reshape(e, &red, &kt, out);
 }
 
+// Maps the dims of `small` onto `big` when `big` is `small` with unit dims
+// inserted: group[j] is the dim of `small` that dim j of `big` joins (a
+// unit dim joins the next matched dim, trailing ones the last). False when
+// the shapes differ otherwise, or `small` has rank 0.
+static bool unit_groups(const kiln_type_t *small, const kiln_type_t *big,
+                        int *group) {
+  if (small->rank == 0 || small->rank >= big->rank) return false;
+  int i = 0;
+  for (int j = 0; j < big->rank; ++j) {
+    if (i < small->rank && big->dims[j] == small->dims[i]) {
+      group[j] = i++;
+    } else if (big->dims[j] == 1) {
+      group[j] = i < small->rank ? i : small->rank - 1;
+    } else {
+      return false;
+    }
+  }
+  return i == small->rank;
+}
+
+// An unsqueeze or squeeze (the shapes differ by unit dims only) as one
+// tensor.expand_shape or collapse_shape. The general path below goes
+// through rank 1, and MLIR 22.1's expand-strided-metadata crashes on an
+// expand_shape whose one group holds two symbolic dims.
+static bool emit_unit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
+                              const kiln_type_t *target, kiln_tv_t *out) {
+  int group[KILN_MAX_RANK];
+  bool expand = unit_groups(&x->type, target, group);
+  if (!expand && !unit_groups(target, &x->type, group)) return false;
+  const kiln_type_t *big = expand ? target : &x->type;
+  char sty[256], tty[256];
+  kiln_mlir_tensor_type(&x->type, sty, sizeof(sty));
+  kiln_mlir_tensor_type(target, tty, sizeof(tty));
+  kiln_emit_fresh(e, out->ssa);
+  out->type = *target;
+  kiln_sbuf_t *b = &e->out;
+  kiln_sbuf_printf(b, "    %s = tensor.%s %s [", out->ssa,
+                   expand ? "expand_shape" : "collapse_shape", x->ssa);
+  for (int j = 0; j < big->rank; ++j) {
+    bool opens = j == 0 || group[j] != group[j - 1];
+    bool closes = j == big->rank - 1 || group[j + 1] != group[j];
+    kiln_sbuf_printf(b, "%s%s%d%s", opens && j ? ", " : "", opens ? "[" : ", ", j,
+                     closes ? "]" : "");
+  }
+  kiln_sbuf_puts(b, "]");
+  if (expand) {
+    kiln_sbuf_puts(b, " output_shape [");
+    for (int j = 0; j < target->rank; ++j) {
+      char sz[24];
+      kiln_emit_size_operand(e, target, j, sz);
+      kiln_sbuf_printf(b, "%s%s", j ? ", " : "", sz);
+    }
+    kiln_sbuf_puts(b, "]");
+  }
+  kiln_sbuf_printf(b, " : %s into %s\n", sty, tty);
+  return true;
+}
+
 kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
                                 const kiln_type_t *to, kiln_tv_t *out) {
   kiln_type_t target = *to;
@@ -868,6 +926,7 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
     *out = *x;
     return NULL;
   }
+  if (emit_unit_reshape(e, x, &target, out)) return NULL;
   kiln_sbuf_t *b = &e->out;
   // The flat size: static when every dim is, else "?".
   kiln_type_t flat;

@@ -76,3 +76,18 @@ def test_strided_input():
     x = torch.randn(32, 16).t()  # non-contiguous view
     compiled = torch.compile(model, backend="kiln")
     check_close(compiled(x), model(x))
+
+
+def test_transformer_layer_with_dynamic_shapes():
+    """Batch and sequence symbolic (torch.compile(dynamic=True), or a frame
+    Dynamo made dynamic after a recompile): q, k and v are unsqueezed and
+    squeezed views with two symbolic sizes, which once crashed MLIR's
+    expand-strided-metadata inside the process."""
+    torch.manual_seed(0)
+    # (train mode: the layer takes its composite path, not the fused eval kernel)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    compiled = torch.compile(layer, backend="kiln", dynamic=True)
+    with torch.no_grad():
+        for b, t in ((2, 8), (3, 5), (4, 16)):
+            x = torch.randn(b, t, 32)
+            torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
