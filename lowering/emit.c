@@ -927,6 +927,15 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
     return NULL;
   }
   if (emit_unit_reshape(e, x, &target, out)) return NULL;
+  // The general path expands from rank 1 in one group: with two symbolic
+  // sizes in it, MLIR 22.1 crashes lowering it (expand-strided-metadata).
+  int symbolic = 0;
+  for (int i = 0; i < target.rank; ++i) symbolic += KILN_IS_SYM(target.dims[i]);
+  if (symbolic > 1)
+    return kiln_emit_error(e, KILN_STATUS_UNSUPPORTED,
+                           "a reshape to %d dims with %d symbolic sizes (only "
+                           "unit dims may be added or removed)", target.rank,
+                           symbolic);
   kiln_sbuf_t *b = &e->out;
   // The flat size: static when every dim is, else "?".
   kiln_type_t flat;
