@@ -194,9 +194,8 @@ class CompiledSubgraph(torch.nn.Module):
         self.pooled_out = (not self.cuda and self.static_out
                            and os.environ.get("KILN_OUTPUT_POOL_MB") != "0"
                            and max(v.numel() * v.element_size() for v in vals) >= 256 << 10)
-        # The steady-state fast path (see _fast): static graphs whose outputs
-        # torch allocates.
-        self.fast_ok = self.static_out and not self.pooled_out and not symbolic
+        # The steady-state fast path (see _fast): static graphs.
+        self.fast_ok = self.static_out and not symbolic
         out = [n for n in gm.graph.nodes if n.op == "output"][0]
         self.tuple_out = isinstance(out.args[0], (tuple, list))
         self.n_in, self.n_out = len(self.in_dtypes), len(vals)
@@ -246,6 +245,8 @@ class CompiledSubgraph(torch.nn.Module):
             if cuda and p % 16:
                 return None  # the slow path copies it to an aligned buffer
             ins[k].data = p
+        if self.pooled_out:
+            return self._call_pooled(ins)
         dev = self.device
         outs = [torch.empty(s, dtype=d, device=dev)
                 for s, d in zip(self.out_shapes, self.out_dtypes)]
@@ -292,15 +293,10 @@ class CompiledSubgraph(torch.nn.Module):
             b.layouts.append((t.shape, t.stride()))
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         if self.pooled_out:
-            # Large outputs: kiln allocates them from its pool of released
-            # output buffers (pages already mapped), torch owns them through
-            # DLPack.
-            managed = (ctypes.c_void_p * self.n_out)()
-            _capi.check(_capi.kiln_function_call_alloc(self.fn.handle, b.ins, self.n_in,
-                                                       managed, self.n_out))
-            outs = [torch.utils.dlpack.from_dlpack(_capi.dlpack_capsule(m))
-                    for m in managed]
-            return self._finish(outs)
+            r = self._call_pooled(b.ins)
+            b.ready = fast_next
+            del keep
+            return r
         if self.static_out:
             outs = [torch.empty(s, dtype=d, device=self.device)
                     for s, d in zip(self.out_shapes, self.out_dtypes)]
@@ -323,6 +319,16 @@ class CompiledSubgraph(torch.nn.Module):
                                                  b.outs, self.n_out))
         b.ready = fast_next
         del keep
+        return self._finish(outs)
+
+    def _call_pooled(self, ins):
+        """Large outputs: kiln allocates them from its pool of released
+        output buffers (pages already mapped), torch owns them through
+        DLPack."""
+        managed = (ctypes.c_void_p * self.n_out)()
+        _capi.check(_capi.kiln_function_call_alloc(self.fn.handle, ins, self.n_in,
+                                                   managed, self.n_out))
+        outs = [torch.utils.dlpack.from_dlpack(_capi.dlpack_capsule(m)) for m in managed]
         return self._finish(outs)
 
     def _finish(self, outs):

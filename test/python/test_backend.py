@@ -201,10 +201,15 @@ def test_permuted_outputs_are_written_in_memory_order():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_steady_state_calls_follow_input_layouts():
-    a, b = torch.randn(6, 7), torch.randn(6, 7)
-    fused = _partitioned(lambda p, q: p * 3 + q, a, b)
+@pytest.mark.parametrize("rows", [6, 16384])  # 16384 x 7 floats: pooled outputs
+def test_steady_state_calls_follow_input_layouts(rows):
+    a, b = torch.randn(rows, 7), torch.randn(rows, 7)
+    fused = _partitioned(lambda p, q: (p * 3 + q, p - q, q * q), a, b)
+    sub = [m for m in fused.children() if isinstance(m, kiln.backend.CompiledSubgraph)][0]
+    assert sub.pooled_out == (rows > 6) and sub.fast_ok
     at = a.t().contiguous().t()  # same shape, column-major
-    bs = torch.randn(6, 14)[:, ::2]
+    bs = torch.randn(rows, 14)[:, ::2]
     for p, q in [(a, b), (a, b), (at, b), (at, b), (a, bs), (a, bs), (a, b)]:
-        torch.testing.assert_close(fused(p, q), p * 3 + q, rtol=0, atol=0)
+        got = fused(p, q)
+        for g, w in zip(got, (p * 3 + q, p - q, q * q)):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
