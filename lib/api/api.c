@@ -1529,19 +1529,26 @@ static kiln_status_t run_cuda_variant(kiln_function_t *f, kiln_variant_t *v,
     }
   }
   if (direct) {
-    int allocated = 0;  // temporaries that exist (freed below)
     for (int i = 0; i < p->const_count; ++i)
       ptrs[n + p->temp_count + i] = v->cuda_consts[i];
+    // All temporaries live for the whole call: one allocation holds them
+    // (256-byte aligned slices), not one pool call each way per temporary
+    // (a backward graph has dozens).
+    size_t arena = 0;
+    for (int t = 0; t < p->temp_count; ++t)
+      arena += ((size_t)p->temp_bytes[t] + 255) & ~(size_t)255;
+    void *base = NULL;
+    if (p->temp_count) s = kiln_cuda_alloc(arena, stream, &base);
+    size_t at = 0;
     for (int t = 0; !s && t < p->temp_count; ++t) {
-      ptrs[n + t] = NULL;
-      s = kiln_cuda_alloc((size_t)p->temp_bytes[t], stream, &ptrs[n + t]);
-      if (!s) allocated = t + 1;
+      ptrs[n + t] = (char *)base + at;
+      at += ((size_t)p->temp_bytes[t] + 255) & ~(size_t)255;
     }
     if (!s) s = queue_program(f, v, ptrs, stream);
-    // Temporaries are freed after the launches that use them were queued:
-    // stream-ordered (cuMemFreeAsync) where the driver has it, else
-    // cuMemFree, which waits for the device.
-    for (int t = 0; t < allocated; ++t) kiln_cuda_free(ptrs[n + t], stream);
+    // Freed after the launches that use it were queued: stream-ordered
+    // (cuMemFreeAsync) where the driver has it, else cuMemFree, which waits
+    // for the device.
+    if (base) kiln_cuda_free(base, stream);
   }
   if (ptrs != stack_ptrs) free(ptrs);
   return s;
