@@ -44,6 +44,7 @@
   X(cuMemAllocManaged, CUresult, (CUdeviceptr *, size_t, unsigned int))       \
   X(cuMemcpyAsync, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))    \
   X(cuMemcpyHtoD_v2, CUresult, (CUdeviceptr, const void *, size_t))           \
+  X(cuCtxSynchronize, CUresult, (void))                                       \
   X(cuMemsetD32Async, CUresult, (CUdeviceptr, unsigned int, size_t, CUstream)) \
   X(cuMemsetD16Async, CUresult,                                               \
     (CUdeviceptr, unsigned short, size_t, CUstream))
@@ -336,6 +337,10 @@ kiln_status_t kiln_cuda_upload(void *dst, const void *src, size_t bytes) {
   CU_READY();
   CU_CHECK(cu.cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)dst, src, bytes),
            "cuMemcpyHtoD");
+  // From pageable memory the copy may still be in flight when it returns,
+  // and kernels on non-blocking streams (or in CUDA graphs) are not ordered
+  // after it: wait once here (programs load once).
+  CU_CHECK(cu.cuCtxSynchronize(), "cuCtxSynchronize");
   return NULL;
 }
 

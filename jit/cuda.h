@@ -55,7 +55,8 @@ kiln_status_t kiln_cuda_stream_synchronize(void *stream);
 // cuMemAlloc / cuMemFree.
 kiln_status_t kiln_cuda_alloc_static(size_t bytes, void **out_ptr);
 void kiln_cuda_free_static(void *ptr);
-// Synchronous host-to-device copy (constants, once per loaded program).
+// Host-to-device copy, complete on the device when it returns (constants,
+// once per loaded program).
 kiln_status_t kiln_cuda_upload(void *dst, const void *src, size_t bytes);
 
 // CUDA graphs. Recording: kiln_cuda_capture_begin gives a private stream

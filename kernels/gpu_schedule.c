@@ -199,13 +199,31 @@ static bool splittable_combiner(MlirOperation op) {
          mlirValueEqual(mlirOperationGetOperand(c, 1), acc);
 }
 
+// True when every indexing map of `op` is a projected permutation (plain
+// dims): split_reduction reads a broadcast's constant 0 in a map as a dim
+// (wrong indices, or invalid IR that sends the whole graph to the plain
+// mapping). Named matmuls without the attribute have the default maps.
+static bool plain_maps(MlirOperation op) {
+  MlirAttribute maps = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("indexing_maps"));
+  if (mlirAttributeIsNull(maps)) return true;
+  if (!mlirAttributeIsAArray(maps)) return false;
+  for (intptr_t i = 0; i < mlirArrayAttrGetNumElements(maps); ++i) {
+    MlirAttribute m = mlirArrayAttrGetElement(maps, i);
+    if (!mlirAttributeIsAAffineMap(m) ||
+        !mlirAffineMapIsProjectedPermutation(mlirAffineMapAttrGetValue(m)))
+      return false;
+  }
+  return true;
+}
+
 static MlirWalkResult split_op(MlirOperation op, void *user) {
   splitter_t *t = user;
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   if (!(equals(name, "linalg.generic") || equals(name, "linalg.matmul") ||
         equals(name, "linalg.batch_matmul")) ||
       mlirOperationGetNumResults(op) != 1 || marked_mma(op) || feeds_mma(op) ||
-      kiln_kernels_inside_forall(op) || !splittable_combiner(op))
+      kiln_kernels_inside_forall(op) || !splittable_combiner(op) || !plain_maps(op))
     return MlirWalkResultAdvance;
   kiln_kernel_desc_t d;
   // Column-like reductions and contractions (a weight gradient's K is every
@@ -225,8 +243,9 @@ static MlirWalkResult split_op(MlirOperation op, void *user) {
       d.kind != KILN_KERNEL_CONTRACTION) {
     // Several reduction loops (a bias gradient over [B, T, C] sums B and
     // T): all but the outermost become parallel dims of partial results
-    // (tile_reduction_using_for, one whole tile), summed by a merge op
-    // that the next round splits.
+    // (tile_reduction_using_for, one whole tile), summed by a merge op.
+    // The partial dims come last, so the merge is a row reduction: a thread
+    // per output walks them (not split further).
     int first = -1;
     for (int l = 0; l < d.loop_count && first < 0; ++l)
       if ((d.reduction_mask >> l) & 1u) first = l;

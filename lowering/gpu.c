@@ -89,8 +89,10 @@ static int64_t element_bytes(MlirType t) {
 
 // A memref.subview whose result has a static offset and static strides:
 // kernels take it as the bare pointer of the buffer it views (the lowering
-// to LLVM applies the offset from the type). The offset must keep 16-byte
-// alignment, which the GPU schedules' vector accesses assume.
+// to LLVM applies the offset from the type). The offset and every outer
+// stride must keep 16-byte alignment, which the GPU schedules' vector
+// accesses assume (they choose the vector width from the view's own inner
+// size: a view of 128 of 130 columns would start odd rows misaligned).
 static bool static_subview(MlirOperation op) {
   if (!name_is(op, "memref.subview")) return false;
   MlirType t = mlirValueGetType(mlirOperationGetResult(op, 0));
@@ -100,11 +102,15 @@ static bool static_subview(MlirOperation op) {
   if (rank > 16 ||
       mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &offset)))
     return false;
-  for (int64_t i = 0; i < rank; ++i)
-    if (mlirShapedTypeIsDynamicStrideOrOffset(strides[i])) return false;
   int64_t eb = element_bytes(t);
-  return !mlirShapedTypeIsDynamicStrideOrOffset(offset) && eb > 0 &&
-         offset >= 0 && (offset * eb) % 16 == 0;
+  if (eb <= 0) return false;
+  for (int64_t i = 0; i < rank; ++i)
+    if (mlirShapedTypeIsDynamicStrideOrOffset(strides[i]) ||
+        (i < rank - 1 && mlirShapedTypeGetDimSize(t, i) > 1 &&
+         (strides[i] * eb) % 16 != 0))
+      return false;
+  return !mlirShapedTypeIsDynamicStrideOrOffset(offset) && offset >= 0 &&
+         (offset * eb) % 16 == 0;
 }
 
 // The buffer a host value names: a function argument, a temporary, or a

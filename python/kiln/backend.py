@@ -234,12 +234,11 @@ class CompiledSubgraph(torch.nn.Module):
 
     def _fast(self, b, args):
         """The steady-state call of a static graph: the argument structs were
-        filled by an earlier call with tensors of the same shapes, strides
-        and device type (`b.layouts`), so only data pointers change. kiln's
-        own guard still checks every dtype, shape and device."""
+        filled by an earlier call with tensors of the same shapes, strides,
+        dtypes and devices (`b.layouts`), so only data pointers change."""
         ins, layouts, cuda = b.ins, b.layouts, self.cuda
         for k, t in enumerate(args):
-            if (t.shape, t.stride()) != layouts[k] or t.is_cuda != cuda:
+            if (t.shape, t.stride(), t.dtype, t.get_device()) != layouts[k]:
                 return None
             p = t.data_ptr()
             if cuda and p % 16:
@@ -290,7 +289,7 @@ class CompiledSubgraph(torch.nn.Module):
                 t = t.contiguous()
                 keep.append(t)
                 fast_next = False
-            b.layouts.append((t.shape, t.stride()))
+            b.layouts.append((t.shape, t.stride(), t.dtype, t.get_device()))
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         if self.pooled_out:
             r = self._call_pooled(b.ins)

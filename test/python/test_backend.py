@@ -213,3 +213,7 @@ def test_steady_state_calls_follow_input_layouts(rows):
         got = fused(p, q)
         for g, w in zip(got, (p * 3 + q, p - q, q * q)):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
+    # Same shapes and strides, another dtype: kiln's guard sees it (the
+    # steady-state path must not reuse the structs' f32 dtype).
+    with pytest.raises(kiln._capi.KilnError, match="float64|f64"):
+        fused(a.double(), b.double())

@@ -92,6 +92,12 @@ static const char *kGraphs[] = {
     "  %w = aten.mm(%vt, %xv)\n"
     "  %m = aten.amax(%v) {dims = [0]}\n"
     "  return %s, %d, %w, %m\n}\n",
+    // A reduction with a broadcast input stays unsplit (split_reduction
+    // would index the broadcast like the full input).
+    "graph @gradsb(%x: f32[8,4096,64], %m: f32[1,4096,64]) {\n"
+    "  %p = aten.mul(%x, %m)\n"
+    "  %s = aten.sum(%p) {dims = [1]}\n"
+    "  return %s\n}\n",
     // A graph constant read by a kernel and returned: uploaded once.
     "graph @consts(%w: f32[16,32], %x: f32[4,16,32]) {\n"
     "  %i = kiln.constant() {value = [15, 3, 0, 7, 9, 1, 14, 2, 8, 4, 11, 5, "
