@@ -217,6 +217,19 @@ static bool plain_maps(MlirOperation op) {
   return true;
 }
 
+// Tags `op` for this round's script and matches it as %s<i>; returns i.
+static int mark_split(splitter_t *t, MlirOperation op) {
+  int i = t->count++;
+  mlirOperationSetDiscardableAttributeByName(
+      op, mlirStringRefCreateFromCString("kiln.gpu_split"),
+      mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
+  kiln_sbuf_printf(&t->script,
+                   "    %%s%d = transform.structured.match attributes "
+                   "{kiln.gpu_split = %d : i64} in %%root : (!transform.any_op) "
+                   "-> !transform.any_op\n", i, i);
+  return i;
+}
+
 static MlirWalkResult split_op(MlirOperation op, void *user) {
   splitter_t *t = user;
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
@@ -249,17 +262,11 @@ static MlirWalkResult split_op(MlirOperation op, void *user) {
     int first = -1;
     for (int l = 0; l < d.loop_count && first < 0; ++l)
       if ((d.reduction_mask >> l) & 1u) first = l;
-    int i = t->count++;
-    mlirOperationSetDiscardableAttributeByName(
-        op, mlirStringRefCreateFromCString("kiln.gpu_split"),
-        mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
+    int i = mark_split(t, op);
     kiln_sbuf_printf(&t->script,
-                     "    %%s%d = transform.structured.match attributes "
-                     "{kiln.gpu_split = %d : i64} in %%root : (!transform.any_op) "
-                     "-> !transform.any_op\n"
                      "    %%sa%d, %%sb%d, %%sc%d, %%sd%d = transform.structured."
                      "tile_reduction_using_for %%s%d by tile_sizes = [",
-                     i, i, i, i, i, i, i);
+                     i, i, i, i, i);
     for (int l = 0; l < d.loop_count; ++l)
       kiln_sbuf_printf(&t->script, "%s%lld", l ? ", " : "",
                        (long long)(((d.reduction_mask >> l) & 1u) && l != first
@@ -281,14 +288,8 @@ static MlirWalkResult split_op(MlirOperation op, void *user) {
   int64_t cap = d.range[k] / KILN_GPU_SPLIT_CHUNK;
   int64_t factor = pow2_divisor(d.range[k], want < cap ? want : cap);
   if (factor < 4) return MlirWalkResultAdvance;
-  int i = t->count++;
-  mlirOperationSetDiscardableAttributeByName(
-      op, mlirStringRefCreateFromCString("kiln.gpu_split"),
-      mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), i));
+  int i = mark_split(t, op);
   kiln_sbuf_printf(&t->script,
-                   "    %%s%d = transform.structured.match attributes "
-                   "{kiln.gpu_split = %d : i64} in %%root : (!transform.any_op) "
-                   "-> !transform.any_op\n"
                    "    %%sa%d, %%sb%d, %%sc%d, %%sd%d = transform.structured."
                    "split_reduction %%s%d {split_factor = %lld, "
                    "insert_split_dimension = 0} : (!transform.any_op) -> "
@@ -298,7 +299,7 @@ static MlirWalkResult split_op(MlirOperation op, void *user) {
                    // steps (tile_op's vectorized K steps fail on it).
                    "    transform.annotate %%sc%d \"kiln.gpu_split_part\" : "
                    "!transform.any_op\n",
-                   i, i, i, i, i, i, i, (long long)factor, i);
+                   i, i, i, i, i, (long long)factor, i);
   return MlirWalkResultAdvance;
 }
 

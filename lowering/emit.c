@@ -710,6 +710,19 @@ kiln_status_t kiln_emit_filled(kiln_emitter_t *e, const kiln_type_t *t,
   return NULL;
 }
 
+// A reshape's reassociation, "[[0, 1], [2]]", from the group of each dim
+// of the higher-rank side (groups ascending, each a contiguous run).
+static void put_reassociation(kiln_sbuf_t *b, const int *group, int rank) {
+  kiln_sbuf_puts(b, "[");
+  for (int i = 0; i < rank; ++i) {
+    bool opens = i == 0 || group[i] != group[i - 1];
+    bool closes = i == rank - 1 || group[i + 1] != group[i];
+    kiln_sbuf_printf(b, "%s%s%d%s", opens && i ? ", " : "", opens ? "[" : ", ", i,
+                     closes ? "]" : "");
+  }
+  kiln_sbuf_puts(b, "]");
+}
+
 // Runs of adjacent reduced dims of a static `x` collapsed into one dim each
 // (tensor.collapse_shape); false when there is no run of two or more.
 static bool collapse_reduced_runs(kiln_emitter_t *e, const kiln_tv_t *x,
@@ -741,14 +754,9 @@ static bool collapse_reduced_runs(kiln_emitter_t *e, const kiln_tv_t *x,
   kiln_emit_fresh(e, out->ssa);
   out->type = ct;
   kiln_sbuf_t *b = &e->out;
-  kiln_sbuf_printf(b, "    %s = tensor.collapse_shape %s [", out->ssa, x->ssa);
-  for (int i = 0; i < xt->rank; ++i) {
-    bool opens = i == 0 || group[i] != group[i - 1];
-    bool closes = i == xt->rank - 1 || group[i + 1] != group[i];
-    kiln_sbuf_printf(b, "%s%s%d%s", opens && i ? ", " : "", opens ? "[" : ", ", i,
-                     closes ? "]" : "");
-  }
-  kiln_sbuf_printf(b, "] : %s into %s\n", sty, cty);
+  kiln_sbuf_printf(b, "    %s = tensor.collapse_shape %s ", out->ssa, x->ssa);
+  put_reassociation(b, group, xt->rank);
+  kiln_sbuf_printf(b, " : %s into %s\n", sty, cty);
   return true;
 }
 
@@ -896,15 +904,9 @@ static bool emit_unit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
   kiln_emit_fresh(e, out->ssa);
   out->type = *target;
   kiln_sbuf_t *b = &e->out;
-  kiln_sbuf_printf(b, "    %s = tensor.%s %s [", out->ssa,
+  kiln_sbuf_printf(b, "    %s = tensor.%s %s ", out->ssa,
                    expand ? "expand_shape" : "collapse_shape", x->ssa);
-  for (int j = 0; j < big->rank; ++j) {
-    bool opens = j == 0 || group[j] != group[j - 1];
-    bool closes = j == big->rank - 1 || group[j + 1] != group[j];
-    kiln_sbuf_printf(b, "%s%s%d%s", opens && j ? ", " : "", opens ? "[" : ", ", j,
-                     closes ? "]" : "");
-  }
-  kiln_sbuf_puts(b, "]");
+  put_reassociation(b, group, big->rank);
   if (expand) {
     kiln_sbuf_puts(b, " output_shape [");
     for (int j = 0; j < target->rank; ++j) {
