@@ -53,16 +53,28 @@ static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
   const int64_t *sizes = sd + 3, *sstr = sd + 3 + rank, *dstr = dd + 3 + rank;
   int64_t total = 1;
   for (int64_t i = 0; i < rank; ++i) total *= sizes[i];
-  int64_t idx[16] = {0};
-  for (int64_t n = 0; n < total; ++n) {
-    int64_t so = 0, doff = 0;
-    for (int64_t i = 0; i < rank; ++i) {
-      so += idx[i] * sstr[i];
-      doff += idx[i] * dstr[i];
-    }
-    memcpy(dbase + doff * elem_size, sbase + so * elem_size, (size_t)elem_size);
-    for (int64_t i = rank - 1; i >= 0; --i) {
+  if (total == 0 || rank > 16) return;
+  // The innermost dims that are one contiguous run in both memrefs go by
+  // one memcpy (a slice of q, k or v with symbolic sizes is all one run; the
+  // layouts are only known here, at run time).
+  int64_t run = 1;
+  int inner = (int)rank;
+  while (inner > 0) {
+    int i = inner - 1;
+    if (sizes[i] != 1 && (sstr[i] != run || dstr[i] != run)) break;
+    run *= sizes[i];
+    inner = i;
+  }
+  // The outer dims as an odometer, offsets updated incrementally.
+  int64_t idx[16] = {0}, so = 0, doff = 0;
+  for (int64_t n = total / run; n > 0; --n) {
+    memcpy(dbase + doff * elem_size, sbase + so * elem_size, (size_t)(run * elem_size));
+    for (int i = inner - 1; i >= 0; --i) {
+      so += sstr[i];
+      doff += dstr[i];
       if (++idx[i] < sizes[i]) break;
+      so -= sstr[i] * sizes[i];
+      doff -= dstr[i] * sizes[i];
       idx[i] = 0;
     }
   }

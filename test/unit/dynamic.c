@@ -29,7 +29,9 @@ static const char *kGraph =
     "  %gw = aten.mm(%xt, %h)\n"
     // A softmax down the symbolic dim.
     "  %sc = aten._softmax(%h) {dim = 0}\n"
-    "  return %s, %m, %v, %r, %p, %l, %z, %k, %gw, %sc\n}\n";
+    // A run of columns of every row: a strided copy by contiguous runs.
+    "  %cr = aten.slice(%x) {dim = 1, start = 4, end = 20, step = 1}\n"
+    "  return %s, %m, %v, %r, %p, %l, %z, %k, %gw, %sc, %cr\n}\n";
 
 #define MAXT 16
 
