@@ -53,6 +53,7 @@ static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
   const int64_t *sizes = sd + 3, *sstr = sd + 3 + rank, *dstr = dd + 3 + rank;
   int64_t total = 1;
   for (int64_t i = 0; i < rank; ++i) total *= sizes[i];
+  // (Ranks above 16 cannot reach here: graphs have at most KILN_MAX_RANK.)
   if (total == 0 || rank > 16) return;
   // The innermost dims that are one contiguous run in both memrefs go by
   // one memcpy (a slice of q, k or v with symbolic sizes is all one run; the
