@@ -154,6 +154,9 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                  "%root : (!transform.any_op) -> !transform.any_op\n"
                  "    transform.loop.hoist_loop_invariant_subsets %fors : "
                  "!transform.any_op\n"
+                 // Loop-invariant values (a row's broadcast reciprocal sum)
+                 // are computed once per row, not per vector.
+                 "    transform.apply_licm to %fors : !transform.any_op\n"
                  // Forward vector writes to the reads of the same tensor, so
                  // per-row scratch tensors (reduction partials) disappear
                  // instead of becoming an allocation per row. No CSE here:

@@ -24,9 +24,14 @@ static kiln_status_t softmax_core(kiln_emitter_t *e, kiln_op_id_t op,
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_EXP, &t1, mt, &e1));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &e1, red, true, mt, &s));
   if (cached && op == KILN_OP_SOFTMAX) {
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_ew(e, KILN_OP_DIV, NULL, 2,
+    // One division per row, a multiply per element (as PyTorch's kernel):
+    // a vector division per 16 elements cost a large part of the pass.
+    kiln_tv_t rs;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_DIV, kiln_arg_float(1.0),
+                                                kiln_arg_tensor(&s), mt, &rs));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_ew(e, KILN_OP_MUL, NULL, 2,
                                             (kiln_arg_t[]){kiln_arg_tensor(&e1),
-                                                           kiln_arg_tensor(&s)},
+                                                           kiln_arg_tensor(&rs)},
                                             NULL, mt, out_dtype, out));
     return NULL;
   }
