@@ -41,3 +41,13 @@ def test_roofline_fraction_picks_the_binding_limit():
     comp = Case("c", "kernels", None, flops=1e11, bytes=1e6)
     frac, bound = roofline_fraction(comp, 2.0, roof)   # bound time 1 s
     assert bound == "compute" and abs(frac - 0.5) < 1e-9
+
+
+def test_partition_times_cover_forward_and_backward():
+    from kiln_bench.partitions import measure
+    rows = measure("train_mlp", steps=3)
+    names = [r[0] for r in rows]
+    assert any(n.startswith("forward_") for n in names)
+    assert any(n.startswith("backward_") for n in names)
+    for _, ms, c in rows:
+        assert 0 < c <= ms  # the C call is part of the partition's time
