@@ -19,6 +19,11 @@ typedef struct kiln_lower_options {
   // gradient sums [B*T, C], not [B, T, C]), so the GPU schedule can split
   // its single reduction loop across threads.
   bool collapse_reductions;
+  // CPU row kernels (lowering/ops/nn.c): a large layer norm runs on blocks
+  // of rows that stay in cache, and a block softmax multiplies by its
+  // reciprocal sum. Off for CUDA, whose row kernels (kernels/gpu_rows.c)
+  // recognize the forms they were written for.
+  bool cpu_rows;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

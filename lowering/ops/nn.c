@@ -23,7 +23,7 @@ static kiln_status_t softmax_core(kiln_emitter_t *e, kiln_op_id_t op,
                                               kiln_arg_tensor(&m), mt, &t1));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_EXP, &t1, mt, &e1));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &e1, red, true, mt, &s));
-  if (cached && op == KILN_OP_SOFTMAX) {
+  if (cached && op == KILN_OP_SOFTMAX && e->options.cpu_rows) {
     // One division per row, a multiply per element (as PyTorch's kernel):
     // a vector division per 16 elements cost a large part of the pass.
     kiln_tv_t rs;
@@ -32,6 +32,13 @@ static kiln_status_t softmax_core(kiln_emitter_t *e, kiln_op_id_t op,
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_ew(e, KILN_OP_MUL, NULL, 2,
                                             (kiln_arg_t[]){kiln_arg_tensor(&e1),
                                                            kiln_arg_tensor(&rs)},
+                                            NULL, mt, out_dtype, out));
+    return NULL;
+  }
+  if (cached && op == KILN_OP_SOFTMAX) {
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_ew(e, KILN_OP_DIV, NULL, 2,
+                                            (kiln_arg_t[]){kiln_arg_tensor(&e1),
+                                                           kiln_arg_tensor(&s)},
                                             NULL, mt, out_dtype, out));
     return NULL;
   }
@@ -51,6 +58,22 @@ static kiln_status_t softmax_core(kiln_emitter_t *e, kiln_op_id_t op,
   return kiln_emit_convert(e, &r, out_dtype, out);
 }
 
+// Row blocks pay off once the tensor no longer fits in the caches: below
+// that, flat passes over it are faster (4-D attention scores of 2 MB: 0.23
+// vs 0.55 ms).
+static bool rows_in_blocks(const kiln_type_t *t) {
+  return kiln_type_is_static(t) && kiln_type_numel(t) * 4 > (8 << 20);
+}
+
+// Rows per block: each block's scratch (row statistics) is allocated once
+// per block, and up to 16 rows of C floats stay in the core's cache between
+// the passes over them.
+static int64_t row_block(int64_t rows, int64_t cols) {
+  for (int64_t b = 16; b > 1; b /= 2)
+    if (rows % b == 0 && b * cols * 4 <= (512 << 10)) return b;
+  return 1;
+}
+
 kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_tv_t *x0 = &e->values[n->operands[0].value];
   const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
@@ -59,26 +82,13 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_normalize_dim(kiln_node_attr_int(n, "dim", -1), x0->type.rank, &d);
   int rank = x0->type.rank;
   kiln_tv_t out;
-  // Row blocks pay off once the tensor no longer fits in the caches: below
-  // that, three flat passes over it are faster (4-D attention scores of 2 MB:
-  // 0.23 vs 0.55 ms).
-  bool big = kiln_type_is_static(&x0->type) &&
-             kiln_type_numel(&x0->type) * 4 > (8 << 20);
-  if (rank >= 2 && d == rank - 1 && big) {
+  if (rank >= 2 && d == rank - 1 && rows_in_blocks(&x0->type)) {
     // One row at a time: a forall over the rows whose body runs the three
     // passes on one row, which stays in cache between them, so the input is
     // read from memory once and the output written once.
     int64_t C = x0->type.dims[rank - 1];
     int64_t R = kiln_type_numel(&x0->type) / (C ? C : 1);
-    // Blocks of B rows per iteration: each iteration's scratch (the row max
-    // and sum) is allocated once per block, and a block of up to 16 rows of
-    // C floats stays in the core's cache between the passes.
-    int64_t B = 1;
-    for (int64_t b = 16; b > 1; b /= 2)
-      if (R % b == 0 && b * C * 4 <= (512 << 10)) {
-        B = b;
-        break;
-      }
+    int64_t B = row_block(R, C);
     kiln_type_t t2d = x0->type;
     t2d.rank = 2;
     t2d.dims[0] = R;
@@ -124,20 +134,17 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
   return NULL;
 }
 
-kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
-  const kiln_tv_t *x0 = &e->values[n->operands[0].value];
-  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
-  kiln_dtype_t mt = kiln_math_dtype(rt->dtype);
-  const kiln_attr_t *ns = kiln_node_attr(n, "normalized_shape");
-  double eps = kiln_node_attr_float(n, "eps", 1e-5);
-  bool red[KILN_MAX_RANK] = {0};
-  for (int i = x0->type.rank - ns->count; i < x0->type.rank; ++i) red[i] = true;
-  // Three passes over x: the sum; the sum of squared deviations (the
-  // deviation fused into the reduction); the output, which recomputes the
-  // deviation instead of reading a stored one.
-  const kiln_tv_t *x = x0;
+// Layer norm of `x` over its `red` dims: y (in `mt`, weight and bias of
+// node `n` applied), the mean and rstd (keepdim). Three passes over x: the
+// sum; the sum of squared deviations (the deviation fused into the
+// reduction); the output, which recomputes the deviation instead of reading
+// a stored one.
+static kiln_status_t layer_norm_core(kiln_emitter_t *e, const kiln_node_t *n,
+                                     const kiln_tv_t *x, const bool *red,
+                                     kiln_dtype_t mt, double eps, kiln_tv_t *y_out,
+                                     kiln_tv_t *mean_out, kiln_tv_t *rstd_out) {
   kiln_tv_t sum, mean, d1, sq, ss, var, ve, rstd, d2, y;
-  kiln_arg_t count = kiln_emit_count(e, &x0->type, red, mt, 0);
+  kiln_arg_t count = kiln_emit_count(e, &x->type, red, mt, 0);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, x, red, true, mt, &sum));
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_DIV, kiln_arg_tensor(&sum),
                                               count, mt, &mean));
@@ -163,12 +170,95 @@ kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
         kiln_arg_tensor(&p), mt, &next));
     y = next;
   }
+  *y_out = y;
+  *mean_out = mean;
+  *rstd_out = rstd;
+  return NULL;
+}
+
+kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_tv_t *x0 = &e->values[n->operands[0].value];
+  const kiln_type_t *rt[3];
+  for (int k = 0; k < 3; ++k) rt[k] = kiln_node_result_type(e->g, n, k);
+  kiln_dtype_t mt = kiln_math_dtype(rt[0]->dtype);
+  const kiln_attr_t *ns = kiln_node_attr(n, "normalized_shape");
+  double eps = kiln_node_attr_float(n, "eps", 1e-5);
+  int rank = x0->type.rank;
   kiln_tv_t outs[3];
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &y, rt->dtype, &outs[0]));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(
-      e, &mean, kiln_node_result_type(e->g, n, 1)->dtype, &outs[1]));
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(
-      e, &rstd, kiln_node_result_type(e->g, n, 2)->dtype, &outs[2]));
+  if (e->options.cpu_rows && ns->count == 1 && rank >= 2 &&
+      rows_in_blocks(&x0->type)) {
+    // As softmax: a forall over blocks of rows, the three passes on each
+    // block while it stays in cache, so x is read from memory once (three
+    // flat passes read it three times).
+    int64_t C = x0->type.dims[rank - 1];
+    int64_t R = kiln_type_numel(&x0->type) / (C ? C : 1);
+    int64_t B = row_block(R, C);
+    kiln_type_t full[3], part[3];  // [R, C] / [R, 1] and their [B, ...] blocks
+    for (int k = 0; k < 3; ++k) {
+      memset(&full[k], 0, sizeof(full[k]));
+      full[k].dtype = rt[k]->dtype;
+      full[k].rank = 2;
+      full[k].dims[0] = R;
+      full[k].dims[1] = k == 0 ? C : 1;
+      part[k] = full[k];
+      part[k].dims[0] = B;
+    }
+    kiln_type_t x2t = full[0];
+    x2t.dtype = x0->type.dtype;
+    kiln_tv_t x2;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x0, &x2t, &x2));
+    char fty[3][256], pty[3][256], xty[256], xpty[256], init[3][24], res[24], iv[24],
+        acc[3][24];
+    kiln_type_t xpart = x2t;
+    xpart.dims[0] = B;
+    kiln_mlir_tensor_type(&x2t, xty, sizeof(xty));
+    kiln_mlir_tensor_type(&xpart, xpty, sizeof(xpty));
+    for (int k = 0; k < 3; ++k) {
+      kiln_mlir_tensor_type(&full[k], fty[k], sizeof(fty[k]));
+      kiln_mlir_tensor_type(&part[k], pty[k], sizeof(pty[k]));
+      kiln_emit_empty(e, &full[k], init[k]);
+    }
+    kiln_emit_fresh(e, res);
+    int id = e->next_id++;
+    snprintf(iv, sizeof(iv), "%%lnrow%d", id);
+    for (int k = 0; k < 3; ++k) snprintf(acc[k], sizeof(acc[k]), "%%lnout%d_%d", id, k);
+    kiln_sbuf_t *b = &e->out;
+    kiln_sbuf_printf(b, "    %s:3 = scf.forall (%s) = (0) to (%lld) step (%lld) "
+                        "shared_outs(%s = %s, %s = %s, %s = %s) -> (%s, %s, %s) {\n",
+                     res, iv, (long long)R, (long long)B, acc[0], init[0], acc[1],
+                     init[1], acc[2], init[2], fty[0], fty[1], fty[2]);
+    kiln_tv_t xr, yb[3], cb[3];
+    kiln_emit_fresh(e, xr.ssa);
+    xr.type = xpart;
+    kiln_sbuf_printf(b, "    %s = tensor.extract_slice %s[%s, 0] [%lld, %lld] [1, 1] : "
+                        "%s to %s\n", xr.ssa, x2.ssa, iv, (long long)B, (long long)C,
+                     xty, xpty);
+    bool red[KILN_MAX_RANK] = {false, true};
+    KILN_RETURN_IF_ERROR_PLAIN(
+        layer_norm_core(e, n, &xr, red, mt, eps, &yb[0], &yb[1], &yb[2]));
+    for (int k = 0; k < 3; ++k)
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &yb[k], rt[k]->dtype, &cb[k]));
+    kiln_sbuf_puts(b, "    scf.forall.in_parallel {\n");
+    for (int k = 0; k < 3; ++k)
+      kiln_sbuf_printf(b, "      tensor.parallel_insert_slice %s into %s[%s, 0] [%lld, %lld] "
+                          "[1, 1] : %s into %s\n", cb[k].ssa, acc[k], iv, (long long)B,
+                       (long long)part[k].dims[1], pty[k], fty[k]);
+    kiln_sbuf_puts(b, "    }\n  }\n");
+    for (int k = 0; k < 3; ++k) {
+      kiln_tv_t r;
+      snprintf(r.ssa, sizeof(r.ssa), "%.20s#%d", res, k);
+      r.type = full[k];
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &r, rt[k], &outs[k]));
+    }
+  } else {
+    bool red[KILN_MAX_RANK] = {0};
+    for (int i = rank - ns->count; i < rank; ++i) red[i] = true;
+    kiln_tv_t y, mean, rstd;
+    KILN_RETURN_IF_ERROR_PLAIN(layer_norm_core(e, n, x0, red, mt, eps, &y, &mean, &rstd));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &y, rt[0]->dtype, &outs[0]));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &mean, rt[1]->dtype, &outs[1]));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &rstd, rt[2]->dtype, &outs[2]));
+  }
   for (int k = 0; k < 3; ++k) kiln_emit_set_result(e, n, k, &outs[k]);
   return NULL;
 }

@@ -143,6 +143,12 @@ static const op_case_t kCases[] = {
                            " %y, %m, %r = aten.native_layer_norm(%x, %w, %b) {normalized_shape = [16], eps = 1e-5}\n return %y, %m, %r\n}"},
     {"layer_norm", "f32 f64", "graph @t(%x: $T[3,5,16]) {\n"
                               " %y, %m, %r = aten.native_layer_norm(%x, none, none) {normalized_shape = [5, 16], eps = 1e-3}\n return %y, %m, %r\n}"},
+    // Above 8 MB layer norm runs in blocks of rows (lowering/ops/nn.c):
+    // 520 rows in blocks of 8, with and without weight and bias.
+    {"layer_norm", "f32 bf16", "graph @t(%x: $T[2,260,4100], %w: $T[4100], %b: $T[4100]) {\n"
+                               " %y, %m, %r = aten.native_layer_norm(%x, %w, %b) {normalized_shape = [4100], eps = 1e-5}\n"
+                               " %z, %n, %s = aten.native_layer_norm(%x, none, none) {normalized_shape = [4100], eps = 1e-5}\n"
+                               " return %y, %m, %r, %z, %n, %s\n}"},
     {"embedding", "f32 bf16 f64 i64", "graph @t(%w: $T[10,4], %i: i64[3,5]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
     {"embedding", "f32", "graph @t(%w: $T[10,4], %i: i32[7]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
 };
