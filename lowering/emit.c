@@ -508,6 +508,14 @@ void kiln_emit_size_operand(kiln_emitter_t *e, const kiln_type_t *t, int d,
     snprintf(out, 24, "%lld", (long long)t->dims[d]);
 }
 
+void kiln_emit_size_list(kiln_emitter_t *e, const kiln_type_t *t) {
+  for (int i = 0; i < t->rank; ++i) {
+    char sz[24];
+    kiln_emit_size_operand(e, t, i, sz);
+    kiln_sbuf_printf(&e->out, "%s%s", i ? ", " : "", sz);
+  }
+}
+
 kiln_arg_t kiln_emit_count(kiln_emitter_t *e, const kiln_type_t *t,
                            const bool *dims, kiln_dtype_t dt, double minus) {
   double stat = 1;
@@ -909,11 +917,7 @@ static bool emit_unit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
   put_reassociation(b, group, big->rank);
   if (expand) {
     kiln_sbuf_puts(b, " output_shape [");
-    for (int j = 0; j < target->rank; ++j) {
-      char sz[24];
-      kiln_emit_size_operand(e, target, j, sz);
-      kiln_sbuf_printf(b, "%s%s", j ? ", " : "", sz);
-    }
+    kiln_emit_size_list(e, target);
     kiln_sbuf_puts(b, "]");
   }
   kiln_sbuf_printf(b, " : %s into %s\n", sty, tty);
@@ -978,11 +982,7 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
       kiln_sbuf_printf(b, "    %s = tensor.expand_shape %s [[", out->ssa, cur);
       for (int i = 0; i < target.rank; ++i) kiln_sbuf_printf(b, "%s%d", i ? ", " : "", i);
       kiln_sbuf_puts(b, "]] output_shape [");
-      for (int i = 0; i < target.rank; ++i) {
-        char sz[24];
-        kiln_emit_size_operand(e, &target, i, sz);
-        kiln_sbuf_printf(b, "%s%s", i ? ", " : "", sz);
-      }
+      kiln_emit_size_list(e, &target);
       kiln_sbuf_printf(b, "] : %s into %s\n", fty, tty);
     }
   } else if (x->type.rank != 1 && !kiln_type_is_static(&x->type) &&

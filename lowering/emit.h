@@ -91,6 +91,8 @@ void kiln_emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]);
 // writes either the integer or the symbol's SSA name into `out`.
 void kiln_emit_size_operand(kiln_emitter_t *e, const kiln_type_t *t, int d,
                             char out[24]);
+// Appends every dim of `t` as size operands, "4, %s0, 16", to the output.
+void kiln_emit_size_list(kiln_emitter_t *e, const kiln_type_t *t);
 // The number of elements of the dims marked in `dims` as a scalar argument of
 // dtype `dt` (a literal when static, an SSA value when symbolic).
 kiln_arg_t kiln_emit_count(kiln_emitter_t *e, const kiln_type_t *t,

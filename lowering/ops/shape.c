@@ -68,11 +68,7 @@ static kiln_status_t lower_slice(kiln_emitter_t *e, const kiln_node_t *n,
   for (int i = 0; i < rt->rank; ++i)
     kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? start : 0));
   kiln_sbuf_puts(b, "] [");
-  for (int i = 0; i < rt->rank; ++i) {
-    char sz[24];
-    kiln_emit_size_operand(e, rt, i, sz);
-    kiln_sbuf_printf(b, "%s%s", i ? ", " : "", sz);
-  }
+  kiln_emit_size_list(e, rt);
   kiln_sbuf_puts(b, "] [");
   for (int i = 0; i < rt->rank; ++i)
     kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? step : 1));
@@ -102,11 +98,7 @@ static kiln_status_t lower_cat(kiln_emitter_t *e, const kiln_node_t *n,
     for (int i = 0; i < rt->rank; ++i)
       kiln_sbuf_printf(b, "%s%lld", i ? ", " : "", (long long)(i == d ? off : 0));
     kiln_sbuf_puts(b, "] [");
-    for (int i = 0; i < rt->rank; ++i) {
-      char sz[24];
-      kiln_emit_size_operand(e, &y.type, i, sz);
-      kiln_sbuf_printf(b, "%s%s", i ? ", " : "", sz);
-    }
+    kiln_emit_size_list(e, &y.type);
     kiln_sbuf_puts(b, "] [");
     for (int i = 0; i < rt->rank; ++i) kiln_sbuf_printf(b, "%s1", i ? ", " : "");
     kiln_sbuf_printf(b, "] : %s into %s\n", yty, oty);
