@@ -102,8 +102,12 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
     tv->type = v->type;
     char tty[256];
     kiln_mlir_tensor_type(&v->type, tty, sizeof(tty));
-    kiln_sbuf_printf(&e.out, "    %s = bufferization.to_tensor %%arg%d restrict : ",
-                     tv->ssa, i);
+    // An input the graph writes is `writable`: one-shot bufferization may
+    // then compute its new value in place, or copies where a read of the
+    // old value comes after the write.
+    kiln_sbuf_printf(&e.out, "    %s = bufferization.to_tensor %%arg%d restrict%s : ",
+                     tv->ssa, i,
+                     kiln_graph_input_mutation(g, i) ? " writable" : "");
     memref_type(&e.out, &v->type, strided);
     kiln_sbuf_printf(&e.out, " to %s\n", tty);
   }
@@ -131,6 +135,26 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
     kiln_sbuf_printf(&e.out, "    bufferization.materialize_in_destination %s in restrict writable %%res%d : (%s, ",
                      tv->ssa, i, tty);
     memref_type(&e.out, &tv->type, false);
+    kiln_sbuf_puts(&e.out, ") -> ()\n");
+  }
+  // A mutation is stored into its input's tensor (so the analysis sees the
+  // input's reads and the write as one buffer), then into the argument: the
+  // second store is a no-op when the first was done in place.
+  for (int i = 0; i < g->mutation_count && !s; ++i) {
+    const kiln_mutation_t *m = &g->mutations[i];
+    const kiln_tv_t *tv = &e.values[m->value];
+    const kiln_tv_t *in = &e.values[g->inputs[m->input]];
+    char tty[256];
+    kiln_mlir_tensor_type(&tv->type, tty, sizeof(tty));
+    kiln_sbuf_printf(&e.out,
+                     "    %%mut%d = bufferization.materialize_in_destination %s in %s : "
+                     "(%s, %s) -> %s\n",
+                     i, tv->ssa, in->ssa, tty, tty, tty);
+    kiln_sbuf_printf(&e.out,
+                     "    bufferization.materialize_in_destination %%mut%d in writable "
+                     "%%arg%d : (%s, ",
+                     i, m->input, tty);
+    memref_type(&e.out, &tv->type, input_strided && input_strided[m->input]);
     kiln_sbuf_puts(&e.out, ") -> ()\n");
   }
   kiln_sbuf_puts(&e.out, "    return\n}\n");

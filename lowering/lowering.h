@@ -76,6 +76,12 @@ void kiln_pipeline_dump(const kiln_pipeline_options_t *opts, kiln_stage_t stage,
 kiln_status_t kiln_pipeline_run_text(kiln_mlir_t *m, MlirModule module,
                                      const char *pipeline, const char *what);
 
+// Graphs that write their inputs (lowering/inplace.c): whether `module`
+// stores into an input, and the rewrite that lets those stores happen in
+// place. Run after fusion, before the kernels/ schedules.
+bool kiln_inplace_needed(MlirModule module);
+kiln_status_t kiln_inplace_prepare(kiln_mlir_t *m, MlirModule module);
+
 //===--- the CUDA target ---------------------------------------------------===//
 
 #define KILN_GPU_MAX_ARGS 64

@@ -244,6 +244,8 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
       stage_pipeline(stage, opts, text, sizeof(text));
       KILN_RETURN_IF_ERROR_PLAIN(
           run_pipeline(m, module, text, what));
+      if (stage == KILN_STAGE_FUSED && kiln_inplace_needed(module))
+        KILN_RETURN_IF_ERROR_PLAIN(kiln_inplace_prepare(m, module));
     }
     if (stage == KILN_STAGE_LLVM) {
       leftover_t l = {{0}};

@@ -49,6 +49,10 @@ extern "C" {
 
 // The largest tensor rank kiln accepts.
 #define KILN_MAX_RANK 8
+// Tensors of one graph: outputs, and inputs plus outputs (an optimizer step
+// over a large model has thousands of inputs).
+#define KILN_MAX_OUTPUTS 512
+#define KILN_MAX_TENSORS 16384
 
 // DLPack 0.6 (Debian's libdlpack-dev) predates kDLBool; PyTorch exports bool
 // tensors with this type code (DLPack >= 0.8) and 8 bits.
@@ -183,6 +187,12 @@ KILN_API kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph,
                                               size_t i,
                                               kiln_tensor_type_t *out_type);
 
+// Nonzero when the graph writes input `i` (`return %v -> %x` in the text): a
+// call stores the new value into that input's tensor after reading every
+// input as it was. Optimizer steps update parameters and their state this
+// way. 0 for an out-of-range index.
+KILN_API int kiln_graph_input_mutated(const kiln_graph_t *graph, size_t i);
+
 // The name of the symbolic size in dim `dim` of input `i` ("s0"), borrowed
 // from the graph; NULL when that size is static or the indices are out of
 // range.
@@ -192,6 +202,7 @@ KILN_API const char *kiln_graph_input_dim_symbol(const kiln_graph_t *graph,
 // Runs `graph` with the reference interpreter: plain loops, accumulating in
 // double. Slow and obviously correct; it is the oracle for tests. Inputs may
 // be strided; outputs must be contiguous CPU tensors of the output types.
+// Mutated inputs are written, as by kiln_function_call.
 KILN_API kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
                                             const DLTensor *inputs,
                                             size_t input_count,
@@ -298,8 +309,11 @@ KILN_API kiln_status_t kiln_function_output_types(
 
 // Calls `function` with caller-provided outputs. Inputs may have any strides
 // (NULL strides means contiguous); outputs must have the output types. Inputs
-// and outputs must not overlap. Checks every dtype, rank, size, device and
-// pointer first and names the first mismatch; on failure nothing is written.
+// and outputs must not overlap. An input the graph writes
+// (kiln_graph_input_mutated) receives its new value in place; it must not
+// overlap any other input or output, nor itself (no zero strides). Checks
+// every dtype, rank, size, device and pointer first and names the first
+// mismatch; on failure nothing is written.
 // Thread-safe.
 KILN_API kiln_status_t kiln_function_call(kiln_function_t *function,
                                           const DLTensor *inputs,

@@ -235,6 +235,11 @@ kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph, size_t i,
   return NULL;
 }
 
+int kiln_graph_input_mutated(const kiln_graph_t *graph, size_t i) {
+  return graph && i < (size_t)graph->input_count &&
+         kiln_graph_input_mutation(graph, (int32_t)i) != NULL;
+}
+
 const char *kiln_graph_input_dim_symbol(const kiln_graph_t *graph, size_t i,
                                         int32_t dim) {
   if (!graph || i >= (size_t)graph->input_count) return NULL;
@@ -373,7 +378,112 @@ static void dl_extent(const DLTensor *t, uintptr_t *lo, uintptr_t *hi) {
   *hi = base + (uintptr_t)(last + 1) * kiln_dtype_size(dt);
 }
 
+// Memory a call writes must not be read or written through another tensor
+// of the call: outputs and mutated inputs ("exclusive" tensors) must not
+// overlap any other input or output, and a mutated input must not overlap
+// itself (a zero stride over a dim of size > 1). Inputs that are only read
+// may share memory. One sort and sweep over the tensors' extents, so an
+// optimizer step with thousands of tensors checks in O(n log n).
+typedef struct {
+  uintptr_t lo, hi;
+  int32_t index;    // inputs 0..nin-1, then outputs
+  bool exclusive;
+} extent_t;
+
+static int extent_cmp(const void *a, const void *b) {
+  const extent_t *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static bool dl_self_overlaps(const DLTensor *t) {
+  if (!t->strides) return false;
+  for (int d = 0; d < t->ndim; ++d)
+    if (t->strides[d] == 0 && t->shape[d] > 1) return true;
+  return false;
+}
+
+// True when no exclusive tensor overlaps another tensor. `scratch` holds
+// nin + nout entries.
+static bool aliasing_ok(const kiln_graph_t *g, const DLTensor *inputs,
+                        size_t nin, const DLTensor *outputs, size_t nout,
+                        extent_t *scratch) {
+  size_t n = 0;
+  for (size_t i = 0; i < nin + nout; ++i) {
+    const DLTensor *t = i < nin ? &inputs[i] : &outputs[i - nin];
+    bool ex = i >= nin || kiln_graph_input_mutation(g, (int32_t)i);
+    if (ex && i < nin && dl_self_overlaps(t)) return false;
+    extent_t *e = &scratch[n];
+    dl_extent(t, &e->lo, &e->hi);
+    if (e->lo == e->hi) continue;  // empty: touches nothing
+    e->index = (int32_t)i;
+    e->exclusive = ex;
+    n++;
+  }
+  qsort(scratch, n, sizeof(*scratch), extent_cmp);
+  uintptr_t hi_any = 0, hi_exclusive = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const extent_t *e = &scratch[i];
+    if (e->lo < hi_exclusive || (e->exclusive && e->lo < hi_any)) return false;
+    if (e->hi > hi_any) hi_any = e->hi;
+    if (e->exclusive && e->hi > hi_exclusive) hi_exclusive = e->hi;
+  }
+  return true;
+}
+
+// The message for a call aliasing_ok rejected: the first pair that
+// overlaps (quadratic; error path only).
+static kiln_status_t aliasing_error(const kiln_graph_t *g,
+                                    const DLTensor *inputs, size_t nin,
+                                    const DLTensor *outputs, size_t nout) {
+  for (size_t i = 0; i < nin + nout; ++i) {
+    const DLTensor *a = i < nin ? &inputs[i] : &outputs[i - nin];
+    bool ex = i >= nin || kiln_graph_input_mutation(g, (int32_t)i);
+    const char *what = i < nin ? "input" : "output";
+    size_t ai = i < nin ? i : i - nin;
+    if (ex && i < nin && dl_self_overlaps(a))
+      return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                              "graph @%s: input %zu is written by the graph "
+                              "but has a zero stride (elements share memory); "
+                              "expected distinct elements",
+                              g->name, ai);
+    if (!ex) continue;
+    uintptr_t alo, ahi;
+    dl_extent(a, &alo, &ahi);
+    for (size_t k = 0; k < nin + nout; ++k) {
+      if (k == i) continue;
+      const DLTensor *b = k < nin ? &inputs[k] : &outputs[k - nin];
+      uintptr_t blo, bhi;
+      dl_extent(b, &blo, &bhi);
+      if (alo < bhi && blo < ahi && alo < ahi && blo < bhi)
+        return kiln_make_status(
+            KILN_STATUS_INVALID_ARGUMENT,
+            "graph @%s: %s %zu%s overlaps %s %zu; expected distinct buffers",
+            g->name, what, ai, i < nin ? " (written by the graph)" : "",
+            k < nin ? "input" : "output", k < nin ? k : k - nin);
+    }
+  }
+  return kiln_make_status(KILN_STATUS_INTERNAL, "graph @%s: overlapping "
+                          "tensors not found again", g->name);
+}
+
+// aliasing_ok with its scratch on the stack for small calls.
+static bool call_aliasing_ok(const kiln_graph_t *g, const DLTensor *inputs,
+                             size_t nin, const DLTensor *outputs, size_t nout) {
+  extent_t stack[64];
+  extent_t *scratch = stack;
+  if (nin + nout > 64 && !(scratch = malloc(sizeof(*scratch) * (nin + nout))))
+    return false;
+  bool ok = aliasing_ok(g, inputs, nin, outputs, nout, scratch);
+  if (scratch != stack) free(scratch);
+  return ok;
+}
+
 //===--- functions and variants -------------------------------------------===//
+
+// A variant's layout key: bit i says input i is strided, for i < 63; bit 63
+// says some input from 63 on is, and then all of those are compiled as
+// strided (a strided memref takes contiguous tensors too).
+static inline int mask_bit(int input) { return input < 63 ? input : 63; }
 
 // One compiled specialization: sizes (exact or symbolic) and input layouts.
 // A CUDA graph recorded for one set of call addresses (options.cuda_graphs):
@@ -542,14 +652,16 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
                                     size_t *size) {
   kiln_graph_t *g = f->graph;
   kiln_context_t *c = f->context;
-  bool strided[256] = {0};
-  for (int i = 0; i < g->input_count && i < 64; ++i)
-    strided[i] = (v->strided_mask >> i) & 1;
+  bool *strided = calloc((size_t)g->input_count + 1, sizeof(bool));
+  if (!strided) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
+  for (int i = 0; i < g->input_count; ++i)
+    strided[i] = (v->strided_mask >> mask_bit(i)) & 1;
   char *linalg = NULL;
   double t0 = now_seconds();
   kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL,
                                 false, true};
   kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
+  free(strided);
   double t1 = now_seconds();
   st->lower_seconds += t1 - t0;
   pthread_mutex_lock(&c->lock);
@@ -684,12 +796,13 @@ static void choose_tiles(void *user, const kiln_kernel_desc_t *d,
 
 // One measurement: the variant compiled with a candidate set of tiles, run
 // on random inputs of its real shapes.
+#define KILN_TUNE_MAX_TENSORS 512
 typedef struct tune_run {
   kiln_function_t *f;
   kiln_variant_t *v;
   tune_state_t *ts;
   kiln_ffi_sig_t *sig;
-  kiln_memref_t refs[512];
+  kiln_memref_t refs[KILN_TUNE_MAX_TENSORS];
   int32_t nrefs;
   double compile_seconds;
 } tune_run_t;
@@ -779,21 +892,24 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
   if (!s && ts.oom) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
   // A variant with symbolic sizes has no real shapes to measure on; its
   // kernels (static ones included) keep the database's or heuristic tiles.
+  // Measuring runs the whole variant on random tensors of its own; graphs
+  // with more tensors than a run holds keep the heuristic tiles.
   int todo = 0;
-  for (int i = 0; !s && !v->symbolic && i < ts.count; ++i)
+  bool measurable = g->input_count + g->output_count <= KILN_TUNE_MAX_TENSORS;
+  for (int i = 0; !s && measurable && !v->symbolic && i < ts.count; ++i)
     todo += !ts.known[i] && kiln_kernel_work(&ts.descs[i]) >= KILN_TUNE_MIN_WORK;
   tune_run_t run;
   memset(&run, 0, sizeof(run));
   run.f = f;
   run.v = v;
   run.ts = &ts;
-  void *buffers[512] = {NULL};
+  void *buffers[KILN_TUNE_MAX_TENSORS] = {NULL};
   int nbuf = 0;
   kiln_tile_config_t *best = NULL;
   bool *done = NULL;
   double t0 = now_seconds();
   if (!s && todo) {
-    int32_t ranks[512];
+    int32_t ranks[KILN_TUNE_MAX_TENSORS];
     uint64_t seed = 0x6b696c6e74756e65ull;
     for (int i = 0; i < g->input_count + g->output_count; ++i) {
       int id = i < g->input_count ? g->inputs[i] : g->outputs[i - g->input_count];
@@ -1097,13 +1213,16 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   }
   free(text);
   if (!s) {
-    int32_t ranks[512];
+    int32_t *ranks = malloc(sizeof(int32_t) *
+                            ((size_t)g->input_count + (size_t)g->output_count + 1));
+    if (!ranks) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
     int32_t n = 0;
     for (int i = 0; i < g->input_count; ++i)
       ranks[n++] = g->values[g->inputs[i]].type.rank;
     for (int i = 0; i < g->output_count; ++i)
       ranks[n++] = g->values[g->outputs[i]].type.rank;
     s = kiln_ffi_sig_create(ranks, n, &v->sig);
+    free(ranks);
   }
   add_stats(c, &st);
   if (log_enabled("stats"))
@@ -1139,6 +1258,14 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   kiln_compile_options_t opts;
   kiln_compile_options_init(&opts);
   if (options) opts = *options;
+  if (graph->mutation_count && opts.target && strcmp(opts.target, "cuda") == 0)
+    return kiln_make_status(
+        KILN_STATUS_UNSUPPORTED,
+        "graph @%s writes %d of its inputs (return %%%s -> %%%s); the cuda "
+        "target runs graphs that only write their outputs",
+        graph->name, graph->mutation_count,
+        graph->values[graph->mutations[0].value].name,
+        graph->values[graph->inputs[graph->mutations[0].input]].name);
   KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
   if (opts.autotune != KILN_AUTOTUNE_HEURISTIC &&
       opts.autotune != KILN_AUTOTUNE_MEASURE)
@@ -1146,12 +1273,14 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
                             "autotune = %d; expected KILN_AUTOTUNE_HEURISTIC "
                             "(0) or KILN_AUTOTUNE_MEASURE (1)",
                             (int)opts.autotune);
-  if (graph->input_count + graph->output_count > 512 || graph->input_count > 64)
+  if (graph->input_count + graph->output_count > KILN_MAX_TENSORS ||
+      graph->output_count > KILN_MAX_OUTPUTS)
     return kiln_make_status(KILN_STATUS_UNSUPPORTED,
                             "graph @%s has %d inputs and %d outputs; expected "
-                            "at most 64 inputs and 512 tensors in all",
+                            "at most %d outputs and %d tensors in all",
                             graph->name, graph->input_count,
-                            graph->output_count);
+                            graph->output_count, KILN_MAX_OUTPUTS,
+                            KILN_MAX_TENSORS);
   kiln_function_t *f = calloc(1, sizeof(*f));
   if (!f) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "function");
   f->refcount = 1;
@@ -1253,7 +1382,8 @@ static kiln_status_t bind_inputs(kiln_function_t *f, const DLTensor *inputs,
                                       &g->values[g->inputs[i]].type, binding,
                                       f->cuda, f->cuda ? kDLCUDA : kDLCPU),
                          "graph @%s", g->name);
-    if (!dl_is_contiguous(&inputs[i])) *strided_mask |= (uint64_t)1 << i;
+    if (!dl_is_contiguous(&inputs[i]))
+      *strided_mask |= (uint64_t)1 << mask_bit((int)i);
   }
   return NULL;
 }
@@ -1560,11 +1690,21 @@ static kiln_status_t run_variant(kiln_function_t *f, kiln_variant_t *v,
                                  void *stream) {
   if (f->cuda) return run_cuda_variant(f, v, inputs, outputs, stream);
   const kiln_graph_t *g = f->graph;
-  kiln_memref_t refs[512];
+  // Descriptors of small calls live on the stack; a graph with many tensors
+  // (an optimizer step) pays one allocation per call, as libffi's argument
+  // array does for it.
+  kiln_memref_t stack_refs[64];
+  kiln_memref_t *refs = stack_refs;
+  size_t count = (size_t)g->input_count + (size_t)g->output_count;
+  if (count > 64 && !(refs = malloc(sizeof(*refs) * count)))
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "call of graph @%s",
+                            g->name);
   int32_t n = 0;
   for (int i = 0; i < g->input_count; ++i) fill_memref(&refs[n++], &inputs[i]);
   for (int i = 0; i < g->output_count; ++i) fill_memref(&refs[n++], &outputs[i]);
-  return kiln_ffi_call(v->sig, v->entry, refs, n);
+  kiln_status_t s = kiln_ffi_call(v->sig, v->entry, refs, n);
+  if (refs != stack_refs) free(refs);
+  return s;
 }
 
 kiln_status_t kiln_function_output_types(kiln_function_t *function,
@@ -1651,12 +1791,24 @@ static bool hit_outputs_ok(const kiln_guard_entry_t *e, DLTensor *outputs,
     for (int d = 0; d < t->ndim; ++d)
       if (t->shape[d] != want->dims[d]) return false;
     if (!dl_is_contiguous(t)) return false;
+  }
+  return true;
+}
+
+// The aliasing rules of aliasing_ok on a guard hit. Without mutations and
+// with few tensors a direct pairwise test of outputs against inputs is
+// cheaper than sorting.
+static bool hit_aliasing_ok(const kiln_graph_t *g, const DLTensor *inputs,
+                            size_t nin, const DLTensor *outputs, size_t nout) {
+  if (g->mutation_count || nin * nout > 64)
+    return call_aliasing_ok(g, inputs, nin, outputs, nout);
+  for (size_t i = 0; i < nout; ++i) {
     uintptr_t olo, ohi;
-    dl_extent(t, &olo, &ohi);
+    dl_extent(&outputs[i], &olo, &ohi);
     for (size_t k = 0; k < nin; ++k) {
       uintptr_t ilo, ihi;
       dl_extent(&inputs[k], &ilo, &ihi);
-      if (olo < ihi && ilo < ohi) return false;
+      if (olo < ihi && ilo < ohi && olo < ohi && ilo < ihi) return false;
     }
   }
   return true;
@@ -1677,7 +1829,8 @@ static kiln_status_t call_impl(kiln_function_t *function,
     const kiln_guard_entry_t *e = kiln_guard_lookup(function->guards, &key);
     if (e && hit_inputs_ok(inputs, input_count) &&
         hit_outputs_ok(e, outputs, output_count, inputs, input_count,
-                       function->cuda ? kDLCUDA : kDLCPU))
+                       function->cuda ? kDLCUDA : kDLCPU) &&
+        hit_aliasing_ok(g, inputs, input_count, outputs, output_count))
       return run_variant(function, e->variant, inputs, outputs, stream);
   }
   // Slow path: every check with its message, the variant policy, and a
@@ -1707,18 +1860,9 @@ static kiln_status_t call_impl(kiln_function_t *function,
                      &g->values[g->outputs[i]].type, scratch, true,
                      function->cuda ? kDLCUDA : kDLCPU),
         "graph @%s", g->name);
-    uintptr_t olo, ohi;
-    dl_extent(&outputs[i], &olo, &ohi);
-    for (size_t k = 0; k < input_count; ++k) {
-      uintptr_t ilo, ihi;
-      dl_extent(&inputs[k], &ilo, &ihi);
-      if (olo < ihi && ilo < ohi)
-        return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
-                                "graph @%s: output %zu overlaps input %zu; "
-                                "expected distinct buffers",
-                                g->name, i, k);
-    }
   }
+  if (!call_aliasing_ok(g, inputs, input_count, outputs, output_count))
+    return aliasing_error(g, inputs, input_count, outputs, output_count);
   if (keyed) remember(function, &key, v, binding);
   return run_variant(function, v, inputs, outputs, stream);
 }
@@ -1875,10 +2019,12 @@ kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
   uint64_t mask;
   KILN_RETURN_IF_ERROR_PLAIN(
       bind_inputs(function, inputs, input_count, binding, &mask));
+  if (g->mutation_count && !call_aliasing_ok(g, inputs, input_count, NULL, 0))
+    return aliasing_error(g, inputs, input_count, NULL, 0);
   kiln_variant_t *v;
   KILN_RETURN_IF_ERROR_PLAIN(find_variant(function, binding, mask, &v));
-  kiln_owned_tensor_t *owned[512] = {0};
-  DLTensor outs[512];
+  kiln_owned_tensor_t *owned[KILN_MAX_OUTPUTS] = {0};
+  DLTensor outs[KILN_MAX_OUTPUTS];
   kiln_status_t s = NULL;
   for (size_t i = 0; i < output_count && !s; ++i) {
     kiln_type_t resolved = g->values[g->outputs[i]].type;
@@ -1958,6 +2104,8 @@ kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
     s = check_tensor(g, "output", i, &outputs[i],
                      &g->values[g->outputs[i]].type, scratch, true, kDLCPU);
   }
+  if (!s && !call_aliasing_ok(g, inputs, input_count, outputs, output_count))
+    s = aliasing_error(g, inputs, input_count, outputs, output_count);
   if (!s) s = kiln_ref_run(g, inputs, outputs);
   kiln_graph_free(spec);
   return s;

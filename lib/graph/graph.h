@@ -145,6 +145,15 @@ typedef struct kiln_node {
   int32_t line, col;                  // where it was parsed, for errors
 } kiln_node_t;
 
+// An input the graph writes: `return %v -> %x` stores value `value` into
+// input `input` (an index into `inputs`) when the call ends. The graph reads
+// every input as it was on entry; the store happens after all reads.
+typedef struct kiln_mutation {
+  int32_t value;
+  int32_t input;
+  int32_t line, col;  // where it was parsed, for errors
+} kiln_mutation_t;
+
 struct kiln_graph {
   kiln_arena_t arena;
   const char *name;
@@ -156,6 +165,8 @@ struct kiln_graph {
   int32_t *inputs;
   int32_t output_count;
   int32_t *outputs;
+  int32_t mutation_count;
+  kiln_mutation_t *mutations;
   int32_t symbol_count;
   const char **symbols;  // symbolic dim names, e.g. "s0"
 };
@@ -231,5 +242,9 @@ int64_t kiln_node_slice_start(const kiln_node_t *n, int64_t size);
 
 // Normalizes a dim index against `rank` (negative counts from the end).
 bool kiln_normalize_dim(int64_t dim, int32_t rank, int32_t *out);
+
+// The mutation that writes input `input`, or NULL.
+const kiln_mutation_t *kiln_graph_input_mutation(const kiln_graph_t *g,
+                                                 int32_t input);
 
 #endif  // KILN_LIB_GRAPH_GRAPH_H_

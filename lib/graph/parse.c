@@ -30,6 +30,12 @@ typedef struct {
   token_t tok;
   kiln_graph_t *g;
   kiln_status_t status;
+  // Value names → indices: open addressing over `names_cap` slots (a power
+  // of two, at most half full) holding value index + 1, 0 when empty.
+  // Optimizer graphs have thousands of values; a linear scan per operand
+  // made parsing quadratic.
+  int32_t *names;
+  size_t names_cap;
 } parser_t;
 
 static kiln_status_t perr(parser_t *ps, const token_t *t, const char *fmt,
@@ -171,6 +177,13 @@ static void lex(parser_t *ps) {
     t->length = (size_t)(ps->p - t->start);
     return;
   }
+  if (c == '-' && ps->p + 1 < ps->end && ps->p[1] == '>') {
+    advance_char(ps);
+    advance_char(ps);
+    t->kind = TOK_PUNCT;
+    t->length = 2;
+    return;
+  }
   if (strchr("(){}[],:=", c)) {
     advance_char(ps);
     t->kind = TOK_PUNCT;
@@ -183,7 +196,10 @@ static void lex(parser_t *ps) {
 }
 
 static bool is_punct(const token_t *t, char c) {
-  return t->kind == TOK_PUNCT && t->start[0] == c;
+  return t->kind == TOK_PUNCT && t->length == 1 && t->start[0] == c;
+}
+static bool is_arrow(const token_t *t) {
+  return t->kind == TOK_PUNCT && t->length == 2;
 }
 static bool is_ident(const token_t *t, const char *s) {
   return t->kind == TOK_IDENT && strlen(s) == t->length &&
@@ -199,19 +215,52 @@ static kiln_status_t expect_punct(parser_t *ps, char c, const char *what) {
 
 //===--- graph building ---------------------------------------------------===//
 
-static int32_t find_value(const kiln_graph_t *g, const char *s, size_t n) {
-  for (int32_t i = g->value_count - 1; i >= 0; --i) {
-    const char *name = g->values[i].name;
-    if (strlen(name) == n && memcmp(name, s, n) == 0) return i;
+static uint64_t name_hash(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (size_t i = 0; i < n; ++i) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static int32_t find_value(const parser_t *ps, const char *s, size_t n) {
+  if (!ps->names_cap) return -1;
+  size_t mask = ps->names_cap - 1;
+  for (size_t i = name_hash(s, n) & mask;; i = (i + 1) & mask) {
+    int32_t slot = ps->names[i];
+    if (!slot) return -1;
+    const char *name = ps->g->values[slot - 1].name;
+    if (strlen(name) == n && memcmp(name, s, n) == 0) return slot - 1;
   }
-  return -1;
+}
+
+static bool names_insert(parser_t *ps, int32_t v) {
+  if (2 * ((size_t)ps->g->value_count + 1) > ps->names_cap) {
+    size_t cap = ps->names_cap ? 2 * ps->names_cap : 64;
+    int32_t *slots = calloc(cap, sizeof(*slots));
+    if (!slots) return false;
+    for (size_t i = 0; i < ps->names_cap; ++i) {
+      int32_t slot = ps->names[i];
+      if (!slot) continue;
+      const char *name = ps->g->values[slot - 1].name;
+      size_t j = name_hash(name, strlen(name)) & (cap - 1);
+      while (slots[j]) j = (j + 1) & (cap - 1);
+      slots[j] = slot;
+    }
+    free(ps->names);
+    ps->names = slots;
+    ps->names_cap = cap;
+  }
+  const char *name = ps->g->values[v].name;
+  size_t j = name_hash(name, strlen(name)) & (ps->names_cap - 1);
+  while (ps->names[j]) j = (j + 1) & (ps->names_cap - 1);
+  ps->names[j] = v + 1;
+  return true;
 }
 
 static kiln_status_t add_value(parser_t *ps, const token_t *name_tok,
                                int32_t node, int32_t index, int32_t *out) {
   kiln_graph_t *g = ps->g;
   // name_tok includes the '%'.
-  if (find_value(g, name_tok->start + 1, name_tok->length - 1) >= 0)
+  if (find_value(ps, name_tok->start + 1, name_tok->length - 1) >= 0)
     return perr(ps, name_tok, "value redefined; expected a fresh name");
   if (g->value_count == g->value_capacity) {
     int32_t cap = g->value_capacity ? g->value_capacity * 2 : 32;
@@ -228,6 +277,8 @@ static kiln_status_t add_value(parser_t *ps, const token_t *name_tok,
   v->node = node;
   v->index = index;
   v->type.rank = -1;  // not yet known
+  if (!names_insert(ps, g->value_count))
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph names");
   *out = g->value_count++;
   return NULL;
 }
@@ -454,7 +505,7 @@ static kiln_status_t parse_node(parser_t *ps) {
     int64_t iv;
     double fv;
     if (ps->tok.kind == TOK_VALUE) {
-      int32_t v = find_value(g, ps->tok.start + 1, ps->tok.length - 1);
+      int32_t v = find_value(ps, ps->tok.start + 1, ps->tok.length - 1);
       if (v < 0)
         return perr(ps, &ps->tok, "use of undefined value; expected a value "
                                   "defined earlier");
@@ -566,63 +617,132 @@ static kiln_status_t parse_graph(parser_t *ps) {
                                ps->tok.length - 1);
   lex(ps);
   KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '(', "to open the inputs"));
-  int32_t inputs[256];
-  int32_t nin = 0;
+  // Inputs and returns are collected in growable lists (an optimizer step
+  // over every parameter of a model has thousands), then moved to the arena.
+  int32_t *list = NULL;
+  size_t count = 0, cap = 0;
+  kiln_status_t s = NULL;
+#define KILN_PUSH(x)                                                        \
+  do {                                                                      \
+    if (count == cap) {                                                     \
+      size_t ncap = cap ? 2 * cap : 16;                                     \
+      int32_t *nl = realloc(list, sizeof(*nl) * ncap);                      \
+      if (!nl) {                                                            \
+        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");           \
+        goto done;                                                          \
+      }                                                                     \
+      list = nl;                                                            \
+      cap = ncap;                                                           \
+    }                                                                       \
+    list[count++] = (x);                                                    \
+  } while (0)
   while (!is_punct(&ps->tok, ')')) {
-    if (ps->tok.kind != TOK_VALUE)
-      return perr(ps, &ps->tok, "expected an input name like %%x");
-    if (nin == 256) return perr(ps, &ps->tok, "expected at most 256 inputs");
+    if (ps->tok.kind != TOK_VALUE) {
+      s = perr(ps, &ps->tok, "expected an input name like %%x");
+      goto done;
+    }
     token_t name = ps->tok;
     lex(ps);
-    KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, ':', "after the input name"));
     int32_t v;
-    KILN_RETURN_IF_ERROR_PLAIN(add_value(ps, &name, -1, nin, &v));
-    KILN_RETURN_IF_ERROR_PLAIN(parse_type(ps, &g->values[v].type));
-    inputs[nin++] = v;
+    if ((s = expect_punct(ps, ':', "after the input name")) ||
+        (s = add_value(ps, &name, -1, (int32_t)count, &v)) ||
+        (s = parse_type(ps, &g->values[v].type)))
+      goto done;
+    KILN_PUSH(v);
     if (is_punct(&ps->tok, ',')) {
       lex(ps);
     } else if (!is_punct(&ps->tok, ')')) {
-      return perr(ps, &ps->tok, "expected ',' or ')' after an input");
+      s = perr(ps, &ps->tok, "expected ',' or ')' after an input");
+      goto done;
     }
   }
   lex(ps);
-  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '{', "to open the graph body"));
-  g->input_count = nin;
-  g->inputs = kiln_arena_alloc(&g->arena, sizeof(int32_t) * (size_t)(nin + 1));
-  if (!g->inputs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
-  memcpy(g->inputs, inputs, sizeof(int32_t) * (size_t)nin);
+  if ((s = expect_punct(ps, '{', "to open the graph body"))) goto done;
+  g->input_count = (int32_t)count;
+  g->inputs = kiln_arena_alloc(&g->arena, sizeof(int32_t) * (count + 1));
+  if (!g->inputs) {
+    s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
+    goto done;
+  }
+  if (count) memcpy(g->inputs, list, sizeof(int32_t) * count);
   for (;;) {
     if (is_ident(&ps->tok, "return")) break;
-    if (ps->tok.kind == TOK_EOF || is_punct(&ps->tok, '}'))
-      return perr(ps, &ps->tok, "expected 'return' before the end of the "
-                                "graph");
-    KILN_RETURN_IF_ERROR_PLAIN(parse_node(ps));
+    if (ps->tok.kind == TOK_EOF || is_punct(&ps->tok, '}')) {
+      s = perr(ps, &ps->tok, "expected 'return' before the end of the graph");
+      goto done;
+    }
+    if ((s = parse_node(ps))) goto done;
   }
   lex(ps);
-  int32_t outs[256];
-  int32_t nout = 0;
+  // `return %a, %b -> %x`: %a is an output; %b is stored into input %x.
+  count = 0;
+  kiln_mutation_t *muts = NULL;
+  size_t nmut = 0;
   for (;;) {
-    if (ps->tok.kind != TOK_VALUE)
-      return perr(ps, &ps->tok, "expected a returned value like %%y");
-    if (nout == 256) return perr(ps, &ps->tok, "expected at most 256 outputs");
-    int32_t v = find_value(g, ps->tok.start + 1, ps->tok.length - 1);
-    if (v < 0) return perr(ps, &ps->tok, "return of an undefined value");
-    outs[nout++] = v;
+    if (ps->tok.kind != TOK_VALUE) {
+      s = perr(ps, &ps->tok, "expected a returned value like %%y");
+      break;
+    }
+    int32_t v = find_value(ps, ps->tok.start + 1, ps->tok.length - 1);
+    if (v < 0) {
+      s = perr(ps, &ps->tok, "return of an undefined value");
+      break;
+    }
     lex(ps);
+    if (is_arrow(&ps->tok)) {
+      lex(ps);
+      token_t at = ps->tok;
+      int32_t x = ps->tok.kind == TOK_VALUE
+                      ? find_value(ps, ps->tok.start + 1, ps->tok.length - 1)
+                      : -1;
+      if (x < 0 || g->values[x].node >= 0) {
+        s = perr(ps, &ps->tok, "expected a graph input after '->'");
+        break;
+      }
+      for (size_t k = 0; k < nmut; ++k)
+        if (muts[k].input == g->values[x].index) {
+          s = perr(ps, &ps->tok, "input written twice; expected one '-> %%%s'",
+                   g->values[x].name);
+          break;
+        }
+      if (s) break;
+      kiln_mutation_t *nm = realloc(muts, sizeof(*nm) * (nmut + 1));
+      if (!nm) {
+        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
+        break;
+      }
+      muts = nm;
+      muts[nmut++] = (kiln_mutation_t){v, g->values[x].index, at.line, at.col};
+      lex(ps);
+    } else {
+      KILN_PUSH(v);
+    }
     if (is_punct(&ps->tok, ',')) {
       lex(ps);
       continue;
     }
     break;
   }
-  KILN_RETURN_IF_ERROR_PLAIN(expect_punct(ps, '}', "to close the graph"));
-  if (ps->tok.kind != TOK_EOF)
-    return perr(ps, &ps->tok, "expected end of input after the graph");
-  g->output_count = nout;
-  g->outputs = kiln_arena_alloc(&g->arena, sizeof(int32_t) * (size_t)nout);
-  if (!g->outputs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
-  memcpy(g->outputs, outs, sizeof(int32_t) * (size_t)nout);
-  return NULL;
+#undef KILN_PUSH
+  if (!s) s = expect_punct(ps, '}', "to close the graph");
+  if (!s && ps->tok.kind != TOK_EOF)
+    s = perr(ps, &ps->tok, "expected end of input after the graph");
+  if (!s) {
+    g->output_count = (int32_t)count;
+    g->outputs = kiln_arena_alloc(&g->arena, sizeof(int32_t) * (count + 1));
+    g->mutation_count = (int32_t)nmut;
+    g->mutations = kiln_arena_alloc(&g->arena, sizeof(*muts) * (nmut + 1));
+    if (!g->outputs || !g->mutations) {
+      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
+    } else {
+      if (count) memcpy(g->outputs, list, sizeof(int32_t) * count);
+      if (nmut) memcpy(g->mutations, muts, sizeof(*muts) * nmut);
+    }
+  }
+  free(muts);
+done:
+  free(list);
+  return s;
 }
 
 kiln_status_t kiln_graph_parse_text(const char *text, size_t length,
@@ -648,6 +768,7 @@ kiln_status_t kiln_graph_parse_text(const char *text, size_t length,
                             ps.filename);
   }
   kiln_status_t s = parse_graph(&ps);
+  free(ps.names);
   if (!s) s = kiln_graph_verify(ps.g, ps.filename);
   if (s) {
     kiln_graph_free(ps.g);

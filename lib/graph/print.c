@@ -98,6 +98,10 @@ kiln_status_t kiln_graph_print_text(const kiln_graph_t *g, char **out_text) {
   kiln_sbuf_puts(&b, "  return ");
   for (int i = 0; i < g->output_count; ++i)
     kiln_sbuf_printf(&b, "%s%%%s", i ? ", " : "", g->values[g->outputs[i]].name);
+  for (int i = 0; i < g->mutation_count; ++i)
+    kiln_sbuf_printf(&b, "%s%%%s -> %%%s", (i || g->output_count) ? ", " : "",
+                     g->values[g->mutations[i].value].name,
+                     g->values[g->inputs[g->mutations[i].input]].name);
   kiln_sbuf_puts(&b, "\n}\n");
   char *text = kiln_sbuf_take(&b);
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "printing");

@@ -839,6 +839,28 @@ kiln_status_t kiln_graph_verify(kiln_graph_t *g, const char *filename) {
       v->type = res[k];
     }
   }
+  for (int32_t i = 0; i < g->mutation_count; ++i) {
+    const kiln_mutation_t *m = &g->mutations[i];
+    const kiln_value_t *x = &g->values[g->inputs[m->input]];
+    const kiln_value_t *v = &g->values[m->value];
+    if (!kiln_type_equal(&x->type, &v->type)) {
+      char t1[160], t2[160];
+      return kiln_make_status(
+          KILN_STATUS_VERIFY_ERROR,
+          "%s:%d:%d: return: %%%s -> %%%s stores a %s into input %%%s of type "
+          "%s; expected the input's type",
+          c.filename, m->line, m->col, v->name, x->name,
+          kiln_type_str(g, &v->type, t1, sizeof(t1)), x->name,
+          kiln_type_str(g, &x->type, t2, sizeof(t2)));
+    }
+  }
+  return NULL;
+}
+
+const kiln_mutation_t *kiln_graph_input_mutation(const kiln_graph_t *g,
+                                                 int32_t input) {
+  for (int32_t i = 0; i < g->mutation_count; ++i)
+    if (g->mutations[i].input == input) return &g->mutations[i];
   return NULL;
 }
 

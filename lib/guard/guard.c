@@ -11,15 +11,46 @@ static inline uint64_t mix(uint64_t h, uint64_t w) {
   return h ^ (h >> 32);
 }
 
+// The calling thread's buffer for keys longer than the inline words; freed
+// when the thread exits.
+static pthread_key_t long_key_buffer;
+static pthread_once_t long_key_once = PTHREAD_ONCE_INIT;
+static void long_key_init(void) { pthread_key_create(&long_key_buffer, free); }
+
+static uint64_t *long_key_words(size_t need) {
+  pthread_once(&long_key_once, long_key_init);
+  uint64_t *buf = pthread_getspecific(long_key_buffer);
+  size_t cap = buf ? (size_t)buf[0] : 0;
+  if (cap < need) {
+    size_t ncap = need + need / 2;
+    uint64_t *nb = malloc(sizeof(uint64_t) * (ncap + 1));
+    if (!nb) return NULL;
+    free(buf);
+    nb[0] = ncap;
+    buf = nb;
+    if (pthread_setspecific(long_key_buffer, buf)) {
+      free(buf);
+      return NULL;
+    }
+  }
+  return buf + 1;
+}
+
 bool kiln_guard_key_make(const DLTensor *inputs, size_t count,
                          kiln_guard_key_t *key) {
+  size_t need = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (inputs[i].ndim < 0 || inputs[i].ndim > KILN_MAX_RANK) return false;
+    need += 2 + (size_t)inputs[i].ndim;
+  }
+  if (need > UINT32_MAX) return false;
+  key->words = key->inline_words;
+  if (need > KILN_GUARD_INLINE_WORDS && !(key->words = long_key_words(need)))
+    return false;
   uint32_t n = 0;
   uint64_t h = 0x243F6A8885A308D3ull ^ count;
   for (size_t i = 0; i < count; ++i) {
     const DLTensor *t = &inputs[i];
-    if (t->ndim < 0 || t->ndim > KILN_MAX_RANK ||
-        n + 2 + (uint32_t)t->ndim > KILN_GUARD_MAX_WORDS)
-      return false;
     // Stride class: contiguous (NULL strides or row-major) or not.
     bool contiguous = true;
     if (t->strides) {

@@ -16,17 +16,22 @@
 
 #include "lib/base/base.h"
 
-// Words of the packed key of one call: 2 per input plus one per dim.
-#define KILN_GUARD_MAX_WORDS (64 * (2 + KILN_MAX_RANK))
+// Words of the packed key of one call: 2 per input plus one per dim. Keys of
+// up to 64 inputs of any rank live in the key itself; longer ones (an
+// optimizer step over every parameter) in a buffer kept per thread, so a
+// lookup still allocates nothing once a thread has seen its longest key.
+#define KILN_GUARD_INLINE_WORDS (64 * (2 + KILN_MAX_RANK))
 
 typedef struct kiln_guard_key {
   uint64_t hash;
   uint32_t count;
-  uint64_t words[KILN_GUARD_MAX_WORDS];
+  uint64_t *words;  // `inline_words`, or the calling thread's buffer
+  uint64_t inline_words[KILN_GUARD_INLINE_WORDS];
 } kiln_guard_key_t;
 
-// Packs `inputs` into `key`. False when there are too many inputs or a rank
-// above KILN_MAX_RANK (the caller takes the slow, checking path).
+// Packs `inputs` into `key`. False for a rank above KILN_MAX_RANK or when
+// the thread's buffer for a long key cannot grow (the caller takes the slow,
+// checking path). A key made on one thread is used on that thread only.
 bool kiln_guard_key_make(const DLTensor *inputs, size_t count,
                          kiln_guard_key_t *key);
 

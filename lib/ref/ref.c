@@ -627,6 +627,23 @@ kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
     for (int64_t e = 0; e < total; ++e)
       kiln_ref_store(t->type.dtype, base, e, t->data[e]);
   }
+  // Stores into inputs last: every node above read the inputs as they were.
+  for (int i = 0; i < g->mutation_count && !s; ++i) {
+    const rt_t *t = &r.vals[g->mutations[i].value];
+    const DLTensor *in = &inputs[g->mutations[i].input];
+    char *base = (char *)in->data + in->byte_offset;
+    int64_t idx[KILN_MAX_RANK] = {0};
+    int64_t total = numel(&t->type);
+    for (int64_t e = 0; e < total; ++e) {
+      int64_t off = e;
+      if (in->strides) {
+        unravel(&t->type, e, idx);
+        off = 0;
+        for (int k = 0; k < in->ndim; ++k) off += idx[k] * in->strides[k];
+      }
+      kiln_ref_store(t->type.dtype, base, off, t->data[e]);
+    }
+  }
   for (int32_t v = 0; v < g->value_count; ++v) free(r.vals[v].data);
   free(r.vals);
   return s;

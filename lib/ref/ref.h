@@ -8,6 +8,8 @@
 
 // Runs `g` (all sizes static). `inputs` may be strided CPU tensors; `outputs`
 // must be contiguous CPU tensors of the output types (checked by the caller).
+// The graph's mutations (`return %v -> %x`) are stored into their inputs
+// after every op has run.
 kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
                            DLTensor *outputs);
 

@@ -246,6 +246,107 @@ static void test_symbolic_and_targets(void) {
             "expected one of graph, linalg");
 }
 
+// Inputs the graph writes: a graph of 100 updates p_i -= 0.5 * g_i (200
+// inputs: a guard key longer than the inline words, inputs past the 63rd
+// in the layout mask), called twice through the slow path and the guard hit,
+// then each aliasing rule.
+static void test_mutations(void) {
+  enum { N = 100, E = 4 };
+  char *text = malloc(64 * 1024);
+  if (!text) return;
+  size_t len = (size_t)sprintf(text, "graph @upd(");
+  for (int i = 0; i < N; ++i)
+    len += (size_t)sprintf(text + len, "%s%%p%d: f32[%d], %%g%d: f32[%d]",
+                           i ? ", " : "", i, E, i, E);
+  len += (size_t)sprintf(text + len, ") {\n");
+  for (int i = 0; i < N; ++i)
+    len += (size_t)sprintf(text + len,
+                           "  %%u%d = aten.sub(%%p%d, %%g%d) {alpha = 0.5}\n",
+                           i, i, i);
+  len += (size_t)sprintf(text + len, "  %%s = aten.add(%%p0, %%g0)\n  return %%s");
+  for (int i = 0; i < N; ++i)
+    len += (size_t)sprintf(text + len, ", %%u%d -> %%p%d", i, i);
+  sprintf(text + len, "\n}\n");
+  kiln_graph_t *g = NULL;
+  kiln_function_t *fn = NULL;
+  CHECK_OK(parse(text, &g));
+  free(text);
+  if (!g) return;
+  CHECK(kiln_graph_input_count(g) == 2 * N && kiln_graph_output_count(g) == 1);
+  CHECK(kiln_graph_input_mutated(g, 0) && !kiln_graph_input_mutated(g, 1) &&
+        kiln_graph_input_mutated(g, 2 * N - 2) && !kiln_graph_input_mutated(g, 2 * N));
+  CHECK_OK(kiln_function_compile(ctx, g, NULL, &fn));
+  if (!fn) {
+    kiln_graph_destroy(g);
+    return;
+  }
+  DLDataType f32 = {kDLFloat, 32, 1};
+  // Parameters 60..99 are strided views (every other float).
+  static float p[N][2 * E], gr[N][E], ref_p[N][2 * E];
+  float s[E], ref_s[E];
+  int64_t shape[1] = {E}, stride2[1] = {2};
+  DLTensor in[2 * N], ref_in[2 * N];
+  for (int i = 0; i < N; ++i) {
+    for (int k = 0; k < 2 * E; ++k) p[i][k] = ref_p[i][k] = (float)(i + k);
+    for (int k = 0; k < E; ++k) gr[i][k] = (float)(k + 1);
+    in[2 * i] = tensor(p[i], 1, shape, f32);
+    if (i >= 60) in[2 * i].strides = stride2;
+    in[2 * i + 1] = tensor(gr[i], 1, shape, f32);
+    ref_in[2 * i] = in[2 * i];
+    ref_in[2 * i].data = ref_p[i];
+    ref_in[2 * i + 1] = in[2 * i + 1];
+  }
+  DLTensor o = tensor(s, 1, shape, f32), ref_o = tensor(ref_s, 1, shape, f32);
+  for (int call = 0; call < 2; ++call) {  // a checked call, then a guard hit
+    CHECK_OK(kiln_function_call(fn, in, 2 * N, &o, 1));
+    CHECK_OK(kiln_graph_interpret(g, ref_in, 2 * N, &ref_o, 1));
+  }
+  int bad = 0;
+  for (int i = 0; i < N; ++i)
+    for (int k = 0; k < 2 * E; ++k) bad += p[i][k] != ref_p[i][k];
+  for (int k = 0; k < E; ++k) bad += s[k] != ref_s[k];
+  CHECK(bad == 0);
+  // After two calls: p_i[k] - 2 * 0.5 * (k + 1); strided ones skip odd slots.
+  CHECK(p[3][2] == 3 + 2 - 3.0f && p[70][4] == 70 + 4 - 3.0f && p[70][5] == 75.0f);
+  CHECK(s[1] == p[0][1] + 1.0f + gr[0][1]);  // %s reads p0 before its update
+
+  // Aliasing: a written input overlapping a read one, another written one,
+  // the output, or itself (zero stride).
+  DLTensor bad_in[2 * N];
+  memcpy(bad_in, in, sizeof(in));
+  bad_in[1].data = p[0];
+  CHECK_ERR(kiln_function_call(fn, bad_in, 2 * N, &o, 1),
+            KILN_STATUS_INVALID_ARGUMENT,
+            "input 0 (written by the graph) overlaps input 1");
+  memcpy(bad_in, in, sizeof(in));
+  bad_in[2].data = (float *)p[0] + 2;
+  CHECK_ERR(kiln_function_call(fn, bad_in, 2 * N, &o, 1),
+            KILN_STATUS_INVALID_ARGUMENT,
+            "input 0 (written by the graph) overlaps input 2");
+  DLTensor bad_o = tensor(p[5], 1, shape, f32);
+  CHECK_ERR(kiln_function_call(fn, in, 2 * N, &bad_o, 1),
+            KILN_STATUS_INVALID_ARGUMENT, "overlaps output 0");
+  memcpy(bad_in, in, sizeof(in));
+  int64_t zero[1] = {0};
+  bad_in[4].strides = zero;
+  CHECK_ERR(kiln_function_call(fn, bad_in, 2 * N, &o, 1),
+            KILN_STATUS_INVALID_ARGUMENT, "input 4 is written by the graph but "
+                                          "has a zero stride");
+  // Read-only inputs may share memory.
+  memcpy(bad_in, in, sizeof(in));
+  bad_in[3].data = gr[0];
+  CHECK_OK(kiln_function_call(fn, bad_in, 2 * N, &o, 1));
+  // The cuda target does not take graphs that write their inputs.
+  kiln_compile_options_t opts;
+  kiln_compile_options_init(&opts);
+  opts.target = "cuda";
+  kiln_function_t *cfn = NULL;
+  CHECK_ERR(kiln_function_compile(ctx, g, &opts, &cfn),
+            KILN_STATUS_UNSUPPORTED, "writes 100 of its inputs");
+  kiln_function_release(fn);
+  kiln_graph_destroy(g);
+}
+
 int main(void) {
   CHECK_OK(kiln_context_create(NULL, &ctx));
   if (!ctx) return 1;
@@ -254,6 +355,7 @@ int main(void) {
   test_roundtrip();
   test_call_errors();
   test_symbolic_and_targets();
+  test_mutations();
   kiln_context_destroy(ctx);
   return kt_finish("api_errors");
 }
