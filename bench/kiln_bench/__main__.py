@@ -57,6 +57,7 @@ def run_case(case, name, compile_fn, device, quick, eager_out):
         t0 = time.perf_counter()
         if case.train:
             compiled = compile_fn(fn.model)
+            fn.compile_optimizer(compile_fn)
             out = fn(compiled, *inputs)
             call = lambda: fn(compiled, *inputs)  # noqa: E731
         else:

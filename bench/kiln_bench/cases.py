@@ -141,24 +141,46 @@ def train_gpt(batch, ctx):
 
 
 def _train_step(model, loss_fn):
-    """A training step as one callable: forward, backward, Adam. The model is
-    the compiled part (`step.model`); the harness compiles it per backend."""
-    opt_state = {}
+    """A training step as one callable: forward, backward, Adam. The harness
+    compiles the model (`step.model`) and the optimizer step
+    (`step.compile_optimizer`) per backend, as torch.compile users do."""
 
     class Step:
         def __init__(self):
             self.model = model
             self.opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            self.opt_step = self.opt.step
+
+        def compile_optimizer(self, compile_fn):
+            self.opt_step = compile_fn(self.opt.step)
 
         def __call__(self, compiled, *inputs):
             self.opt.zero_grad(set_to_none=True)
             loss = loss_fn(compiled(*inputs))
             loss.backward()
-            self.opt.step()
+            self.opt_step()
             return loss.detach()
 
-    del opt_state
     return Step()
+
+
+def adam_step(layers, dim):
+    """One Adam step over the parameters of `layers` linear + layer-norm
+    blocks (4 tensors each), gradients fixed: the compiled optimizer step
+    alone. Returns the first parameters for the check."""
+    def build(dev, dt):
+        m = nn.Sequential(*[nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
+                            for _ in range(layers)]).to(dev, dt)
+        for p in m.parameters():
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+        first = list(m.parameters())[:4]
+
+        def step():
+            opt.step()
+            return [p.detach() for p in first]
+        return step, ()
+    return build
 
 
 def suite(device: str) -> list[Case]:
@@ -197,5 +219,11 @@ def suite(device: str) -> list[Case]:
              train=True, quick=True),
         Case("train_gpt", "training", train_gpt(16 if big else 8, 256 if big else 64),
              f32, train=True),
+    ]
+    layers, dim = (24, 1024) if big else (8, 512)
+    n = layers * (dim * dim + 3 * dim)
+    # Per element: read param, grad and two moments, write three.
+    cases += [
+        Case("adam_step", "training", adam_step(layers, dim), f32, bytes=7 * 4 * n),
     ]
     return cases

@@ -23,6 +23,7 @@ def main():
     fn, inputs = case.build(device, case.dtype)
     t0 = time.perf_counter()
     if case.train:
+        fn.compile_optimizer(compile_fn)
         fn(compile_fn(fn.model), *inputs)
     else:
         with torch.no_grad():

@@ -67,6 +67,7 @@ def measure(case_name: str, device: str = "cpu", dynamic: bool = False,
         model, inputs = case[0].build(device, case[0].dtype)
         if case[0].train:
             compiled = torch.compile(model.model, backend="kiln", dynamic=dynamic)
+            model.compile_optimizer(lambda f: torch.compile(f, backend="kiln"))
             run = lambda: model(compiled, *inputs)  # noqa: E731
         else:
             compiled = torch.compile(model, backend="kiln", dynamic=dynamic)

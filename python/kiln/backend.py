@@ -93,13 +93,14 @@ def parse_options(mode, options) -> dict:
 
 
 class _Support(OperatorSupportBase):
-    def __init__(self):
+    def __init__(self, excluded: dict[str, str] | None = None):
         self.reasons: dict[str, str] = {}
+        self.excluded = excluded or {}
 
     def is_node_supported(self, submodules, node) -> bool:
         if node.op != "call_function":
             return False  # placeholders, outputs, attributes: not ops to move
-        reason = support_reason(node)
+        reason = self.excluded.get(node.name) or support_reason(node)
         if reason is not None:
             self.reasons[node.name] = f"{node.target}: {reason}"
         return reason is None
@@ -159,20 +160,31 @@ class CompiledSubgraph(torch.nn.Module):
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, opts: dict):
         super().__init__()
-        text, out_nodes, perms = translate(gm, name)
-        self.text = text
         # Graphs that arrive with SymInts (dynamic=True, mark_dynamic) are
         # symbolic from the start; static ones let kiln's policy decide.
         vals_in = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         symbolic = any(not isinstance(d, int) for v in vals_in for d in v.shape)
-        vals_out = [o.meta["val"] for o in out_nodes]
-        self.device = (vals_in + vals_out)[0].device if vals_in + vals_out else torch.device("cpu")
+        out = [n for n in gm.graph.nodes if n.op == "output"][0]
+        fx_outs = out.args[0] if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+        vals_fx = [o.meta["val"] for o in fx_outs]
+        self.device = (vals_in + vals_fx)[0].device if vals_in + vals_fx else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
+        # copy_ into an input: kiln writes the input in place on the CPU; the
+        # CUDA target returns the value and the copy runs here.
+        tr = translate(gm, name, mutate=not self.cuda)
+        self.text = text = tr.text
         self.fn = _function_for(text, name, opts,
                                 _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
                                 "cuda" if self.cuda else "cpu")
         self.in_dtypes = [v.dtype for v in vals_in]
-        vals = vals_out
+        self.graph_outputs, self.out_inputs = tr.graph_outputs, tr.out_inputs
+        self.stores = tr.stores
+        perms = tr.perms
+        vals = [vals_fx[i] for i, k in enumerate(tr.graph_outputs) if k is not None]
+        vals += [vals_in[k] for k, _ in tr.stores]
+        # The FX outputs are exactly kiln's outputs, in order: return them
+        # as they come.
+        self.plain_out = not tr.stores and all(k == i for i, k in enumerate(tr.graph_outputs))
         self.out_dtypes = [v.dtype for v in vals]
         self.static_out = all(all(isinstance(d, int) for d in v.shape) for v in vals)
         # PyTorch code after a partition was traced with the output strides
@@ -189,14 +201,16 @@ class CompiledSubgraph(torch.nn.Module):
             tuple(v.stride()) if self.static_out and p is None and not v.is_contiguous()
             else None
             for v, p in zip(vals, perms)]
+        for _, j in self.stores:
+            self.out_strides[j] = None  # stored into the input as they are
         # Outputs of 256 KiB and more come from kiln's output pool (see
         # kiln_function_call_alloc): no page faults on every call.
         self.pooled_out = (not self.cuda and self.static_out
                            and os.environ.get("KILN_OUTPUT_POOL_MB") != "0"
-                           and max(v.numel() * v.element_size() for v in vals) >= 256 << 10)
+                           and max((v.numel() * v.element_size() for v in vals),
+                                   default=0) >= 256 << 10)
         # The steady-state fast path (see _fast): static graphs.
         self.fast_ok = self.static_out and not symbolic
-        out = [n for n in gm.graph.nodes if n.op == "output"][0]
         self.tuple_out = isinstance(out.args[0], (tuple, list))
         self.n_in, self.n_out = len(self.in_dtypes), len(vals)
         self._tls = threading.local()
@@ -232,7 +246,7 @@ class CompiledSubgraph(torch.nn.Module):
             dl.strides = None
         dl.byte_offset = 0
 
-    def _fast(self, b, args):
+    def _fast(self, b, args):  # noqa: C901 (the hot path, kept in one piece)
         """The steady-state call of a static graph: the argument structs were
         filled by an earlier call with tensors of the same shapes, strides,
         dtypes and devices (`b.layouts`), so only data pointers change."""
@@ -245,7 +259,7 @@ class CompiledSubgraph(torch.nn.Module):
                 return None  # the slow path copies it to an aligned buffer
             ins[k].data = p
         if self.pooled_out:
-            return self._call_pooled(ins)
+            return self._call_pooled(ins, args)
         dev = self.device
         outs = [torch.empty(s, dtype=d, device=dev)
                 for s, d in zip(self.out_shapes, self.out_dtypes)]
@@ -259,7 +273,7 @@ class CompiledSubgraph(torch.nn.Module):
         else:
             _capi.check(_capi.kiln_function_call(self.fn.handle, ins, self.n_in,
                                                  douts, self.n_out))
-        return self._finish(outs)
+        return self._finish(outs, args)
 
     def forward(self, *args):
         b = self._arg_structs()
@@ -292,7 +306,7 @@ class CompiledSubgraph(torch.nn.Module):
             b.layouts.append((t.shape, t.stride(), t.dtype, t.get_device()))
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         if self.pooled_out:
-            r = self._call_pooled(b.ins)
+            r = self._call_pooled(b.ins, args)
             b.ready = fast_next
             del keep
             return r
@@ -318,9 +332,9 @@ class CompiledSubgraph(torch.nn.Module):
                                                  b.outs, self.n_out))
         b.ready = fast_next
         del keep
-        return self._finish(outs)
+        return self._finish(outs, args)
 
-    def _call_pooled(self, ins):
+    def _call_pooled(self, ins, args):
         """Large outputs: kiln allocates them from its pool of released
         output buffers (pages already mapped), torch owns them through
         DLPack."""
@@ -328,9 +342,9 @@ class CompiledSubgraph(torch.nn.Module):
         _capi.check(_capi.kiln_function_call_alloc(self.fn.handle, ins, self.n_in,
                                                    managed, self.n_out))
         outs = [torch.utils.dlpack.from_dlpack(_capi.dlpack_capsule(m)) for m in managed]
-        return self._finish(outs)
+        return self._finish(outs, args)
 
-    def _finish(self, outs):
+    def _finish(self, outs, args):
         for k, inverse in enumerate(self.out_views):
             if inverse is not None:
                 outs[k] = outs[k].permute(inverse)
@@ -338,6 +352,11 @@ class CompiledSubgraph(torch.nn.Module):
             if stride is not None:
                 outs[k] = torch.empty_strided(outs[k].shape, stride, dtype=outs[k].dtype,
                                               device=outs[k].device).copy_(outs[k])
+        if not self.plain_out:
+            for k, j in self.stores:
+                args[k].copy_(outs[j])
+            outs = [args[self.out_inputs[i]] if k is None else outs[k]
+                    for i, k in enumerate(self.graph_outputs)]
         return tuple(outs) if self.tuple_out else outs[0]
 
 
@@ -346,10 +365,25 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
     """Partitions `gm`, compiles the supported parts with kiln, returns the
     rewritten GraphModule (callable with the same arguments)."""
     t0 = time.perf_counter()
-    support = _Support()
-    partitioner = CapabilityBasedPartitioner(gm, support,
-                                             allows_single_node_partition=True)
-    partitions = partitioner.propose_partitions()
+    # A partition writes an input in place (copy_ at the end of a
+    # functionalized graph) only if every other reader of that input is in
+    # the same partition: the partitioner may place another partition that
+    # reads the old value after it. Other copy_ nodes run in PyTorch, where
+    # functionalization put them, after every read.
+    excluded: dict[str, str] = {}
+    while True:
+        support = _Support(excluded)
+        partitioner = CapabilityBasedPartitioner(gm, support,
+                                                 allows_single_node_partition=True)
+        partitions = partitioner.propose_partitions()
+        owner = {n: p.id for p in partitions for n in p.nodes}
+        late = {n.name for p in partitions for n in p.nodes
+                if n.target is torch.ops.aten.copy_.default
+                and any(owner.get(u) != owner[n] for u in n.args[0].users if u is not n)}
+        if not late:
+            break
+        excluded.update({name: "copy_ into an input that another partition reads"
+                         for name in late})
     for name, why in support.reasons.items():
         _note("fallbacks", f"{kind}: {name} runs in PyTorch: {why}")
         if opts["fallback"] == "error":
@@ -406,8 +440,12 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs, mode=None,
     def bw(g, ex):
         return _boxed(compile_graph(g, ex, opts, "backward"))
 
+    # Inference graphs keep their input mutations (an optimizer step's
+    # parameter and state updates) as copy_ nodes, which kiln performs in
+    # place, instead of AOTAutograd copying outputs back after the call.
     return aot_autograd(fw_compiler=fw, bw_compiler=bw,
-                        decompositions=_decompositions())(gm, example_inputs)
+                        decompositions=_decompositions(),
+                        keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 def _boxed(gm):

@@ -330,6 +330,33 @@ def _embedding(e, n):
     return e.op("aten.embedding", [e.operand(n.args[0]), e.operand(n.args[1])])
 
 
+def _copy(e, n):
+    """aten.copy(dst, src): src converted to dst's dtype and broadcast to its
+    shape (the functional form of copy_)."""
+    return _copy_value(e, n.args[0].meta["val"], n.args[1])
+
+
+def _copy_value(e, dst, src):
+    x = e.operand(src)
+    sval = src.meta["val"] if isinstance(src, torch.fx.Node) else None
+    if sval is None or sval.dtype != dst.dtype:
+        x = e.op("prims.convert_element_type", [x], {"dtype": DTYPES[dst.dtype]})
+    if sval is None or tuple(sval.shape) != tuple(dst.shape):
+        x = e.op("aten.expand", [x], {"shape": _int_list(list(dst.shape), "size")})
+    elif x == e.operand(src):
+        x = e.op("aten.clone", [x])
+    return x
+
+
+def _copy_(e, n):
+    """copy_ into a graph input (what functionalization leaves at the end of
+    an optimizer step): the converted value; translate() turns it into a
+    store into that input, `return %v -> %x`."""
+    if n.args[0].op != "placeholder":
+        raise Unsupported("copy_ into a value that is not a graph input")
+    return _copy(e, n)
+
+
 def _threshold_backward(e, n):
     grad, x, thr = n.args[:3]
     mask = e.op("aten.le", [e.operand(x), _scalar(thr)])
@@ -454,6 +481,65 @@ def _arange(e, n):
     return e.op("kiln.constant", [], {"value": "[" + ", ".join(_scalar(v) for v in values) + "]"})
 
 
+# --- foreach ops: one kiln op chain per list element ------------------------
+#
+# torch.optim's foreach implementations (default on CUDA, foreach=True on
+# the CPU) apply each step to lists of tensors. kiln has no list values: an
+# op over N tensors becomes N chains of ops, one per element, and getitem
+# picks one. Fusion and the lowering treat them as the independent
+# elementwise ops they are.
+
+def _elements(n, i):
+    """Argument i of each list element: list arguments indexed, others kept."""
+    return [a[i] if isinstance(a, (list, tuple)) else a for a in n.args]
+
+
+def _foreach(body):
+    def tr(e, n):
+        vals = n.meta["val"]
+        names = []
+        for i, v in enumerate(vals):
+            names.append(body(e, n, _elements(n, i)))
+            e.lines[-1] += " : " + tensor_type(v)
+        return names
+    tr.foreach = True
+    return tr
+
+
+def _fe_binary(kop):
+    def body(e, n, args):
+        alpha = n.kwargs.get("alpha", 1)
+        attrs = {"alpha": _scalar(alpha)} if alpha != 1 else None
+        return e.op(kop, [e.operand(args[0]), e.operand(args[1])], attrs)
+    return _foreach(body)
+
+
+def _fe_unary(kop):
+    return _foreach(lambda e, n, args: e.op(kop, [e.operand(args[0])]))
+
+
+def _fe_addc(kop):
+    """addcmul / addcdiv: self + value * (t1 op t2)."""
+    def body(e, n, args):
+        value = args[3] if len(args) > 3 else n.kwargs.get("value", 1)
+        q = e.op(kop, [e.operand(args[1]), e.operand(args[2])])
+        if value != 1:
+            q = e.op("aten.mul", [q, e.operand(value)])
+        return e.op("aten.add", [e.operand(args[0]), q])
+    return _foreach(body)
+
+
+def _fe_lerp(e, n, args):
+    """self + weight * (end - self)."""
+    d = e.op("aten.sub", [e.operand(args[1]), e.operand(args[0])])
+    w = e.op("aten.mul", [d, e.operand(args[2])])
+    return e.op("aten.add", [e.operand(args[0]), w])
+
+
+def _fe_copy(e, n, args):
+    return _copy_value(e, args[0].meta["val"], args[1])
+
+
 TRANSLATORS = {
     aten.arange.start_step: _arange,
     aten.arange.default: lambda e, n: _arange(e, _ArangeDefault(n)),
@@ -465,6 +551,13 @@ TRANSLATORS = {
     aten.full_like.default: _full_like,
     aten.any.dim: _any_dim,
     aten.select.int: _select,
+    aten.copy.default: _copy,
+    aten.copy_.default: _copy_,
+    aten.reciprocal.default: lambda e, n: e.op("aten.div", ["1.0", e.operand(n.args[0])]),
+    prims.fma.default: lambda e, n: e.op("aten.add", [
+        e.op("aten.mul", [e.operand(n.args[0]), e.operand(n.args[1])]),
+        e.operand(n.args[2])]),
+    aten.pow.Scalar: _binary("aten.pow"),
     aten.neg.default: _unary("aten.neg"),
     aten.abs.default: _unary("aten.abs"),
     aten.relu.default: _unary("aten.relu"),
@@ -541,6 +634,28 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
         TRANSLATORS[getattr(getattr(aten, _name), _ovl)] = _binary(f"aten.{_name}")
 for _name in ("logical_and", "logical_or", "logical_xor"):
     TRANSLATORS[getattr(aten, _name).default] = _binary(f"aten.{_name}")
+for _name, _kop in (("add", "aten.add"), ("sub", "aten.sub"), ("mul", "aten.mul"),
+                    ("div", "aten.div"), ("maximum", "aten.maximum"),
+                    ("minimum", "aten.minimum"), ("pow", "aten.pow"),
+                    ("clamp_min", "aten.maximum"), ("clamp_max", "aten.minimum")):
+    for _ovl in ("Scalar", "List", "Tensor", "ScalarList", "ScalarAndTensor", "default"):
+        _op = getattr(getattr(aten, f"_foreach_{_name}"), _ovl, None)
+        if _op is not None:
+            TRANSLATORS[_op] = _fe_binary(_kop)
+for _name in ("neg", "abs", "sqrt", "rsqrt", "exp", "log", "sigmoid", "tanh"):
+    TRANSLATORS[getattr(aten, f"_foreach_{_name}").default] = _fe_unary(f"aten.{_name}")
+TRANSLATORS[aten._foreach_reciprocal.default] = _foreach(
+    lambda e, n, args: e.op("aten.div", ["1.0", e.operand(args[0])]))
+for _name, _kop in (("addcmul", "aten.mul"), ("addcdiv", "aten.div")):
+    for _ovl in ("Scalar", "ScalarList", "Tensor"):
+        _op = getattr(getattr(aten, f"_foreach_{_name}"), _ovl, None)
+        if _op is not None:
+            TRANSLATORS[_op] = _fe_addc(_kop)
+for _ovl in ("Scalar", "List", "ScalarList"):
+    _op = getattr(aten._foreach_lerp, _ovl, None)
+    if _op is not None:
+        TRANSLATORS[_op] = _foreach(_fe_lerp)
+TRANSLATORS[aten._foreach_copy.default] = _foreach(_fe_copy)
 
 
 def _result_types(node) -> list[str]:
@@ -556,7 +671,9 @@ def support_reason(node) -> str | None:
         return f"{node.op} node"
     if node.target is operator.getitem:
         src = node.args[0]
-        if isinstance(src, torch.fx.Node) and src.target is aten.native_layer_norm.default:
+        if isinstance(src, torch.fx.Node) and (
+                src.target is aten.native_layer_norm.default or
+                getattr(TRANSLATORS.get(src.target), "foreach", False)):
             return support_reason(src)
         return "getitem of a node kiln does not produce"
     tr = TRANSLATORS.get(node.target)
@@ -581,15 +698,39 @@ def support_reason(node) -> str | None:
     return None
 
 
-def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]:
-    """kiln text for a GraphModule of supported nodes, and its output nodes."""
+class Translation:
+    """kiln text for a partition and how its call maps to the FX outputs.
+
+    `out_nodes`: the FX output nodes, in order. `graph_outputs[k]`: which
+    kiln output feeds FX output k, or None when FX output k is a written
+    input (a copy_ node): `out_inputs[k]` names that input. `stores`:
+    (input index, kiln output index) of copy_ values kiln returns for the
+    caller to store (translate(mutate=False)); empty when kiln writes the
+    inputs itself. `perms`: per kiln output, the permutation it was written
+    in, or None.
+    """
+
+    def __init__(self, text, out_nodes, graph_outputs, out_inputs, stores, perms):
+        self.text, self.out_nodes = text, out_nodes
+        self.graph_outputs, self.out_inputs = graph_outputs, out_inputs
+        self.stores, self.perms = stores, perms
+
+
+def translate(gm: torch.fx.GraphModule, name: str = "graph",
+              mutate: bool = True) -> Translation:
+    """kiln text for a GraphModule of supported nodes. copy_ into a
+    partition input becomes `return %v -> %input` (kiln writes the input in
+    place), or with mutate=False an extra output the caller stores."""
     e = Emitter()
     inputs = []
     out_nodes = []
+    index_of = {}
+    copies = []  # (kiln value, input index)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             kname = f"%in{len(inputs)}"
             e.names[n] = kname
+            index_of[n] = len(inputs)
             inputs.append(f"{kname}: {tensor_type(n.meta['val'])}")
         elif n.op == "call_function":
             if n.target is operator.getitem:
@@ -598,12 +739,18 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]
             reason = None if n.target in TRANSLATORS else f"no lowering for {n.target}"
             if reason:
                 raise Unsupported(reason)
-            res = TRANSLATORS[n.target](e, n)
+            tr = TRANSLATORS[n.target]
+            res = tr(e, n)
             # Annotate the last statement with PyTorch's types: kiln's verifier
-            # then checks that both agree.
-            types = _result_types(n)
-            e.lines[-1] += " : " + ", ".join(types)
+            # then checks that both agree (foreach ops annotate each element).
+            if not getattr(tr, "foreach", False):
+                types = _result_types(n)
+                e.lines[-1] += " : " + ", ".join(types)
             e.names[n] = res
+            if n.target is aten.copy_.default:
+                if any(k == index_of[n.args[0]] for _, k in copies):
+                    raise Unsupported(f"input {n.args[0].name} copied into twice")
+                copies.append((res, index_of[n.args[0]]))
         elif n.op == "output":
             outs = n.args[0]
             out_nodes = list(outs) if isinstance(outs, (tuple, list)) else [outs]
@@ -616,7 +763,17 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]
                 if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)}
     if len(devices) > 1:
         raise Unsupported(f"tensors on {sorted(devices)} in one partition")
-    rets = [e.operand(o) for o in out_nodes]
+    rets, graph_outputs, out_inputs, ret_nodes = [], [], [], []
+    for o in out_nodes:
+        if isinstance(o, torch.fx.Node) and o.target is aten.copy_.default:
+            # copy_ returns its destination: the written input itself.
+            graph_outputs.append(None)
+            out_inputs.append(index_of[o.args[0]])
+            continue
+        graph_outputs.append(len(rets))
+        out_inputs.append(None)
+        rets.append(e.operand(o))
+        ret_nodes.append(o)
     # Outputs PyTorch traced as permuted views (a transposed weight saved for
     # the backward, heads split off a batch-first projection) are written by
     # kiln in their memory order, and the caller views them back: no copy.
@@ -624,14 +781,24 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> tuple[str, list]
     # of a slice, and its launcher takes whole buffers only.
     perms = [output_permutation(o.meta.get("val"))
              if isinstance(o, torch.fx.Node) and "cuda" not in devices else None
-             for o in out_nodes]
+             for o in ret_nodes]
     for k, perm in enumerate(perms):
         if perm is not None:
             rets[k] = e.op("aten.permute", [rets[k]], {"dims": str(perm)})
+    stores = []
+    if mutate:
+        rets += [f"{v} -> %in{k}" for v, k in copies]
+    else:
+        for v, k in copies:
+            stores.append((k, len(rets)))
+            rets.append(v)
+            perms.append(None)
+    if not rets:
+        raise Unsupported("partition computes nothing kiln returns")
     safe = re.sub(r"[^A-Za-z0-9_]", "_", name)
     text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
             f"\n  return {', '.join(rets)}\n}}\n")
-    return text, out_nodes, perms
+    return Translation(text, out_nodes, graph_outputs, out_inputs, stores, perms)
 
 
 def output_permutation(val) -> list[int] | None:
