@@ -96,6 +96,22 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
       kiln_sbuf_puts(&b, ")\n");
       snprintf(target, sizeof(target), "tiled%d_%d", i, level);
     }
+    if (descs[i].sum_maps && strncmp(target, "tiled", 5) == 0) {
+      // The register tile's unit-extent loops (kh, kw) folded away: plain
+      // maps for the vectorizer. Within this op's own loops only (folding
+      // every op's unit dims broke strided and symbolic kernels).
+      char scope[32];
+      if (strstr(b.data, "%forall") && level_sizes(&descs[i], t, 0, sz))
+        snprintf(scope, sizeof(scope), "forall%d", i);
+      else
+        snprintf(scope, sizeof(scope), "loop%d_%d_0", i,
+                 level_sizes(&descs[i], t, 1, sz) ? 1 : 2);
+      kiln_sbuf_printf(&b,
+                       "    transform.apply_patterns to %%%s {\n"
+                       "      transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices\n"
+                       "    } : !transform.any_op\n",
+                       scope);
+    }
     if (t->reduction_dim >= 0) {
       for (int k = 0; k < t->loop_count; ++k)
         sz[k] = k == t->reduction_dim ? t->reduction_tile : 0;
@@ -387,6 +403,7 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
     intptr_t nres = mlirAffineMapGetNumResults(m);
     for (intptr_t j = 0; j < nres; ++j) {
       MlirAffineExpr e = mlirAffineMapGetResult(m, j);
+      if (mlirAffineExprIsAAdd(e)) d->sum_maps = true;
       if (!mlirAffineExprIsADim(e)) continue;
       intptr_t pos = mlirAffineDimExprGetPosition(e);
       if (pos < loops) {

@@ -924,6 +924,24 @@ static bool emit_unit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
   return true;
 }
 
+void kiln_emit_view(kiln_emitter_t *e, const kiln_tv_t *x,
+                    const kiln_type_t *to, kiln_tv_t *out) {
+  char shape[24], xty[256], oty[256];
+  kiln_emit_fresh(e, shape);
+  kiln_sbuf_printf(&e->out, "    %s = arith.constant dense<[", shape);
+  for (int i = 0; i < to->rank; ++i)
+    kiln_sbuf_printf(&e->out, "%s%lld", i ? ", " : "", (long long)to->dims[i]);
+  kiln_sbuf_printf(&e->out, "]> : tensor<%dxi64>\n", to->rank);
+  kiln_type_t target = *to;
+  target.dtype = x->type.dtype;
+  kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
+  kiln_mlir_tensor_type(&target, oty, sizeof(oty));
+  kiln_emit_fresh(e, out->ssa);
+  out->type = target;
+  kiln_sbuf_printf(&e->out, "    %s = tensor.reshape %s(%s) : (%s, tensor<%dxi64>) -> %s\n",
+                   out->ssa, x->ssa, shape, xty, to->rank, oty);
+}
+
 kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
                                 const kiln_type_t *to, kiln_tv_t *out) {
   kiln_type_t target = *to;

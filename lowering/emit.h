@@ -84,6 +84,12 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
 kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
                                 const kiln_type_t *to, kiln_tv_t *out);
 
+// The same elements as a static shape `to`, through tensor.reshape: a view
+// that MLIR's reshape propagation, and so elementwise fusion, does not move
+// (both shapes static).
+void kiln_emit_view(kiln_emitter_t *e, const kiln_tv_t *x,
+                    const kiln_type_t *to, kiln_tv_t *out);
+
 // tensor.empty of type `t`, with the SSA sizes of its symbolic dims.
 void kiln_emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]);
 // The index SSA value (or "N" literal is not allowed in operand lists, so a

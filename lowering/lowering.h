@@ -24,6 +24,9 @@ typedef struct kiln_lower_options {
   // reciprocal sum. Off for CUDA, whose row kernels (kernels/gpu_rows.c)
   // recognize the forms they were written for.
   bool cpu_rows;
+  // CPU: convolutions as one contraction per kernel tap
+  // (lowering/ops/matmul.c); CUDA keeps linalg.conv_2d.
+  bool conv_taps;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

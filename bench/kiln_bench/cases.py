@@ -101,6 +101,29 @@ def encoder_layer(batch, tokens, dim, heads):
     return build
 
 
+class BasicBlock(nn.Module):
+    """ResNet's basic block (inference: batch norm folds to a scale and
+    shift per channel)."""
+
+    def __init__(self, ch):
+        super().__init__()
+        self.conv1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(ch)
+        self.conv2 = nn.Conv2d(ch, ch, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(ch)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
+def conv_block(batch, ch, hw):
+    def build(dev, dt):
+        m = BasicBlock(ch).to(dev, dt).eval()
+        return m, (torch.randn(batch, ch, hw, hw, device=dev, dtype=dt),)
+    return build
+
+
 class GPT(nn.Module):
     def __init__(self, vocab=256, dim=64, heads=4, layers=2, ctx=64):
         super().__init__()
@@ -215,6 +238,8 @@ def suite(device: str) -> list[Case]:
                                               dim, 8), f32),
         Case("transformer_layer", "blocks", encoder_layer(8 if big else 4, 512 if big else 128,
                                                           dim, 8), f32),
+        Case("resnet_block", "blocks", conv_block(32 if big else 8, 64, 56), f32,
+             flops=2 * 2.0 * (32 if big else 8) * 64 * 64 * 9 * 56 * 56),
         Case("train_mlp", "training", train_mlp(1024 if big else 128, dim), f32,
              train=True, quick=True),
         Case("train_gpt", "training", train_gpt(16 if big else 8, 256 if big else 64),

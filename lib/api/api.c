@@ -52,7 +52,11 @@ static pthread_once_t build_id_once = PTHREAD_ONCE_INIT;
 static void init_build_id(void) {
   Dl_info info;
   build_id = 0x6b696c6e;  // fallback: version only
-  if (!dladdr((void *)kiln_version_string, &info) || !info.dli_fname) return;
+  // A function of this file, not an exported one: a program that links
+  // lib/base statically (kiln-run, the tests) interposes its own
+  // kiln_version_string, and hashing that program instead of libkiln kept
+  // cache entries of an older libkiln alive.
+  if (!dladdr((void *)(uintptr_t)init_build_id, &info) || !info.dli_fname) return;
   FILE *f = fopen(info.dli_fname, "rb");
   if (!f) return;
   kiln_hasher_t h;
@@ -659,7 +663,7 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   char *linalg = NULL;
   double t0 = now_seconds();
   kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL,
-                                false, true};
+                                false, true, true};
   kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
   free(strided);
   double t1 = now_seconds();
@@ -2155,7 +2159,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   kiln_status_free(as);
   char *mlir_text = NULL;
   kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
-                                cuda, !cuda};
+                                cuda, !cuda, !cuda};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

@@ -47,6 +47,10 @@ typedef struct kiln_kernel_desc {
   int32_t m_dim, n_dim;
   int32_t elem_bytes;  // bytes of one element of the computation (f32: 4)
   bool nested;         // already inside a parallel loop: no forall of its own
+  // An operand index is a sum of loops (a convolution's input, kh*Wp + p):
+  // the schedule folds the register tile's unit loops so the vectorizer
+  // sees plain maps.
+  bool sum_maps;
   kiln_hash128_t hash; // the op's identity (its printed form, shapes included)
 } kiln_kernel_desc_t;
 

@@ -130,18 +130,7 @@ kiln_status_t kiln_lower_shape(kiln_emitter_t *e, const kiln_node_t *n) {
         // named op into a generic, which elementwise fusion then filled with
         // producers recomputed per output tile (a layer norm feeding a linear
         // layer ran 40x slower).
-        char shape[24], xty[256], oty[256];
-        kiln_emit_fresh(e, shape);
-        kiln_sbuf_printf(&e->out, "    %s = arith.constant dense<[", shape);
-        for (int i = 0; i < rt->rank; ++i)
-          kiln_sbuf_printf(&e->out, "%s%lld", i ? ", " : "", (long long)rt->dims[i]);
-        kiln_sbuf_printf(&e->out, "]> : tensor<%dxi64>\n", rt->rank);
-        kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
-        kiln_mlir_tensor_type(rt, oty, sizeof(oty));
-        kiln_emit_fresh(e, out.ssa);
-        out.type = *rt;
-        kiln_sbuf_printf(&e->out, "    %s = tensor.reshape %s(%s) : (%s, tensor<%dxi64>) -> %s\n",
-                         out.ssa, x->ssa, shape, xty, rt->rank, oty);
+        kiln_emit_view(e, x, rt, &out);
         break;
       }
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x, rt, &out));

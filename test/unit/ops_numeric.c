@@ -117,6 +117,14 @@ static const op_case_t kCases[] = {
                      " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 f64", "graph @t(%x: $T[2,4,9,8], %w: $T[6,2,3,2]) {\n"
                         " %y = aten.convolution(%x, %w, none) {stride = [1, 2], padding = [2, 0], dilation = [2, 1], groups = 2}\n return %y\n}"},
+    // Stride 1: the flattened-input form (wide output grid, extra zero row
+    // and columns), with padding, dilation, groups and a 1x1 kernel.
+    {"conv", FLOATS, "graph @t(%x: $T[2,4,7,9], %w: $T[6,4,3,3], %b: $T[6]) {\n"
+                     " %y = aten.convolution(%x, %w, %b) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
+    {"conv", "f32 f64", "graph @t(%x: $T[3,6,10,11], %w: $T[9,2,3,2]) {\n"
+                        " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [2, 1], dilation = [2, 3], groups = 3}\n return %y\n}"},
+    {"conv", "f32 bf16", "graph @t(%x: $T[2,16,5,5], %w: $T[8,16,1,1]) {\n"
+                         " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1}\n return %y\n}"},
     // Data movement.
     {"shape", ALL, "graph @t(%x: $T[3,4,5]) {\n %a = aten.permute(%x) {dims = [2, 0, 1]}\n %b = aten.transpose(%x) {dim0 = 0, dim1 = -1}\n"
                    " %c = aten.view(%x) {shape = [12, -1]}\n %d = aten.reshape(%x) {shape = [5, 2, 6]}\n return %a, %b, %c, %d\n}"},
