@@ -357,6 +357,33 @@ def _copy_(e, n):
     return _copy(e, n)
 
 
+def _batch_norm_inference(e, n):
+    """Inference batch norm: (x - mean) * rsqrt(var + eps) * weight + bias per
+    channel (dim 1). Its two other results (saved statistics, empty in
+    inference) must be unused."""
+    x, w, b, mean, var = n.args[:5]
+    eps = n.args[6] if len(n.args) > 6 else n.kwargs.get("eps", 1e-5)
+    users = {u.args[1] for u in n.users if u.target is operator.getitem}
+    if users - {0} or any(u.target is not operator.getitem for u in n.users):
+        raise Unsupported("batch norm statistics used (kiln computes the output only)")
+    rank = x.meta["val"].dim()
+    if rank < 2:
+        raise Unsupported(f"batch norm of a rank-{rank} tensor")
+    chan = x.meta["val"].shape[1]
+    shape = "[" + ", ".join([str(chan)] + ["1"] * (rank - 2)) + "]"
+
+    def per_channel(v):
+        return e.op("aten.view", [e.operand(v)], {"shape": shape})
+
+    inv = e.op("aten.rsqrt", [e.op("aten.add", [per_channel(var), _scalar(float(eps))])])
+    if w is not None:
+        inv = e.op("aten.mul", [inv, per_channel(w)])
+    y = e.op("aten.mul", [e.op("aten.sub", [e.operand(x), per_channel(mean)]), inv])
+    if b is not None:
+        y = e.op("aten.add", [y, per_channel(b)])
+    return [y, None, None]
+
+
 def _threshold_backward(e, n):
     grad, x, thr = n.args[:3]
     mask = e.op("aten.le", [e.operand(x), _scalar(thr)])
@@ -552,6 +579,7 @@ TRANSLATORS = {
     aten.any.dim: _any_dim,
     aten.select.int: _select,
     aten.copy.default: _copy,
+    aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
     aten.copy_.default: _copy_,
     aten.reciprocal.default: lambda e, n: e.op("aten.div", ["1.0", e.operand(n.args[0])]),
     prims.fma.default: lambda e, n: e.op("aten.add", [
@@ -672,7 +700,8 @@ def support_reason(node) -> str | None:
     if node.target is operator.getitem:
         src = node.args[0]
         if isinstance(src, torch.fx.Node) and (
-                src.target is aten.native_layer_norm.default or
+                src.target in (aten.native_layer_norm.default,
+                               aten._native_batch_norm_legit_no_training.default) or
                 getattr(TRANSLATORS.get(src.target), "foreach", False)):
             return support_reason(src)
         return "getitem of a node kiln does not produce"
@@ -684,7 +713,8 @@ def support_reason(node) -> str | None:
         for a in node.all_input_nodes:
             if isinstance(a.meta.get("val"), torch.Tensor):
                 tensor_type(a.meta["val"])
-            elif a.target is not aten.native_layer_norm.default:
+            elif a.target not in (aten.native_layer_norm.default,
+                                  aten._native_batch_norm_legit_no_training.default):
                 return f"operand {a.name} is not a tensor"
         # Dry run: translate with placeholder names for the operands.
         e = Emitter()
@@ -745,6 +775,8 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph",
             # then checks that both agree (foreach ops annotate each element).
             if not getattr(tr, "foreach", False):
                 types = _result_types(n)
+                if isinstance(res, list) and None in res:
+                    types = types[:1]  # results kiln does not compute
                 e.lines[-1] += " : " + ", ".join(types)
             e.names[n] = res
             if n.target is aten.copy_.default:
