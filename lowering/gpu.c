@@ -439,16 +439,30 @@ static MlirWalkResult allow_contraction(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
+// The entry function and every gpu.binary (one per outlined kernel: an
+// optimizer step over a model's parameters has hundreds).
 typedef struct {
   MlirOperation func;
-  MlirOperation binaries[256];
-  int binary_count;
+  MlirOperation *binaries;
+  int binary_count, binary_capacity;
+  bool oom;
 } finder_t;
 
 static MlirWalkResult find_parts(MlirOperation op, void *user) {
   finder_t *f = user;
-  if (name_is(op, "gpu.binary") && f->binary_count < 256)
+  if (name_is(op, "gpu.binary")) {
+    if (f->binary_count == f->binary_capacity) {
+      int cap = f->binary_capacity ? 2 * f->binary_capacity : 64;
+      MlirOperation *nb = realloc(f->binaries, sizeof(*nb) * (size_t)cap);
+      if (!nb) {
+        f->oom = true;
+        return MlirWalkResultInterrupt;
+      }
+      f->binaries = nb;
+      f->binary_capacity = cap;
+    }
     f->binaries[f->binary_count++] = op;
+  }
   if (name_is(op, "func.func")) {
     MlirAttribute n = mlirOperationGetAttributeByName(
         op, mlirStringRefCreateFromCString("sym_name"));
@@ -548,8 +562,14 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   memset(&f, 0, sizeof(f));
   mlirOperationWalk(mlirModuleGetOperation(module), find_parts, &f,
                     MlirWalkPreOrder);
-  if (mlirOperationIsNull(f.func))
+  if (f.oom) {
+    free(f.binaries);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: kernel modules");
+  }
+  if (mlirOperationIsNull(f.func)) {
+    free(f.binaries);
     return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: no @%s", KILN_ENTRY_NAME);
+  }
   // Every gpu.binary's PTX, by module name.
   kiln_status_t s = NULL;
   char(*names)[128] = calloc((size_t)f.binary_count + 1, sizeof(*names));
@@ -624,6 +644,7 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   free(r.temps);
   free(r.consts);
   free(names);
+  free(f.binaries);
   // Vector accesses (ld/st.global.v2/v4 from the GPU schedules' 4-wide
   // threads) assume 16-byte aligned buffers; calls check it.
   for (int i = 0; !s && i < out->module_count; ++i)

@@ -1262,14 +1262,6 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   kiln_compile_options_t opts;
   kiln_compile_options_init(&opts);
   if (options) opts = *options;
-  if (graph->mutation_count && opts.target && strcmp(opts.target, "cuda") == 0)
-    return kiln_make_status(
-        KILN_STATUS_UNSUPPORTED,
-        "graph @%s writes %d of its inputs (return %%%s -> %%%s); the cuda "
-        "target runs graphs that only write their outputs",
-        graph->name, graph->mutation_count,
-        graph->values[graph->mutations[0].value].name,
-        graph->values[graph->inputs[graph->mutations[0].input]].name);
   KILN_RETURN_IF_ERROR_PLAIN(check_target(&opts));
   if (opts.autotune != KILN_AUTOTUNE_HEURISTIC &&
       opts.autotune != KILN_AUTOTUNE_MEASURE)

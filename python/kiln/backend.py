@@ -169,9 +169,9 @@ class CompiledSubgraph(torch.nn.Module):
         vals_fx = [o.meta["val"] for o in fx_outs]
         self.device = (vals_in + vals_fx)[0].device if vals_in + vals_fx else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
-        # copy_ into an input: kiln writes the input in place on the CPU; the
-        # CUDA target returns the value and the copy runs here.
-        tr = translate(gm, name, mutate=not self.cuda)
+        # copy_ into an input: kiln writes the input in place.
+        tr = translate(gm, name)
+        self.written = set(tr.written)
         self.text = text = tr.text
         self.fn = _function_for(text, name, opts,
                                 _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
@@ -287,11 +287,13 @@ class CompiledSubgraph(torch.nn.Module):
         fast_next = self.fast_ok
         b.layouts = []
         keep = []  # contiguous copies must outlive the call that reads them
+        back = []  # (input, its copy) for written inputs passed as copies
         for k, t in enumerate(args):
             if t.dtype not in _DL_CODES or t.device.type != self.device.type:
                 raise _capi.KilnError("INVALID_ARGUMENT",
                                       f"input {k}: {t.dtype} on {t.device}; expected "
                                       f"{self.device}")
+            orig = t
             if self.cuda and (not t.is_contiguous() or t.data_ptr() % 16):
                 # The CUDA target takes contiguous device tensors, 16-byte
                 # aligned for its vector accesses.
@@ -303,10 +305,14 @@ class CompiledSubgraph(torch.nn.Module):
                 t = t.contiguous()
                 keep.append(t)
                 fast_next = False
+            if t is not orig and k in self.written:
+                back.append((orig, t))
             b.layouts.append((t.shape, t.stride(), t.dtype, t.get_device()))
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         if self.pooled_out:
             r = self._call_pooled(b.ins, args)
+            for orig, t in back:
+                orig.copy_(t)
             b.ready = fast_next
             del keep
             return r
@@ -330,6 +336,8 @@ class CompiledSubgraph(torch.nn.Module):
         else:
             _capi.check(_capi.kiln_function_call(self.fn.handle, b.ins, self.n_in,
                                                  b.outs, self.n_out))
+        for orig, t in back:
+            orig.copy_(t)  # a written input kiln received as a copy
         b.ready = fast_next
         del keep
         return self._finish(outs, args)
@@ -389,7 +397,21 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
         if opts["fallback"] == "error":
             raise KilnFallbackError(f"kiln: {kind} node {name} would fall back to "
                                     f"PyTorch: {why}")
+    # copy_ nodes have no users; a partition of nothing else would have no
+    # outputs, which torch 2.11's fuse_partitions rejects ("last_output_node
+    # is None"). They are graph outputs while fusing, then dropped again.
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    orig_out = out_node.args
+    stores = [n for n in gm.graph.nodes
+              if n.target is torch.ops.aten.copy_.default and not n.users]
+    if stores:
+        outs = orig_out[0] if isinstance(orig_out[0], (tuple, list)) else (orig_out[0],)
+        out_node.args = (tuple(outs) + tuple(stores),)
     fused = partitioner.fuse_partitions(partitions)
+    if stores:
+        out_node = next(n for n in fused.graph.nodes if n.op == "output")
+        kept = out_node.args[0][:len(out_node.args[0]) - len(stores)]
+        out_node.args = (kept if isinstance(orig_out[0], (tuple, list)) else kept[0],)
     compiled = 0
     for name, sub in list(fused.named_children()):
         if not name.startswith("fused_"):

@@ -708,6 +708,14 @@ def support_reason(node) -> str | None:
     tr = TRANSLATORS.get(node.target)
     if tr is None:
         return f"no kiln lowering for {node.target}"
+    val = node.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    if vals and all(isinstance(v, torch.Tensor) and v.device.type == "cuda" and v.dim() == 0
+                    for v in vals):
+        # An optimizer's step counts and bias corrections, a loss: kiln's
+        # CUDA programs are kernel launches, and a rank-0 op lowers to scalar
+        # host code they cannot run (the whole partition used to fall back).
+        return "a rank-0 result on CUDA (kiln's CUDA programs launch kernels only)"
     try:
         _result_types(node)
         for a in node.all_input_nodes:
@@ -737,13 +745,15 @@ class Translation:
     (input index, kiln output index) of copy_ values kiln returns for the
     caller to store (translate(mutate=False)); empty when kiln writes the
     inputs itself. `perms`: per kiln output, the permutation it was written
-    in, or None.
+    in, or None. `written`: the inputs kiln writes in place.
     """
 
-    def __init__(self, text, out_nodes, graph_outputs, out_inputs, stores, perms):
+    def __init__(self, text, out_nodes, graph_outputs, out_inputs, stores, perms,
+                 written):
         self.text, self.out_nodes = text, out_nodes
         self.graph_outputs, self.out_inputs = graph_outputs, out_inputs
         self.stores, self.perms = stores, perms
+        self.written = written  # inputs kiln writes in place
 
 
 def translate(gm: torch.fx.GraphModule, name: str = "graph",
@@ -830,7 +840,8 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph",
     safe = re.sub(r"[^A-Za-z0-9_]", "_", name)
     text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
             f"\n  return {', '.join(rets)}\n}}\n")
-    return Translation(text, out_nodes, graph_outputs, out_inputs, stores, perms)
+    return Translation(text, out_nodes, graph_outputs, out_inputs, stores, perms,
+                       [k for _, k in copies] if mutate else [])
 
 
 def output_permutation(val) -> list[int] | None:

@@ -105,6 +105,13 @@ static const char *kGraphs[] = {
     "  %e = aten.embedding(%w, %i)\n"
     "  %s = aten.add(%x, %e)\n"
     "  return %i, %s\n}\n",
+    // An optimizer-like step writing three of its inputs in place.
+    "graph @adam(%p: f32[512,256], %g: f32[512,256], %m: f32[512,256], %v: f32[512,256]) {\n"
+    "  %m1 = aten.mul(%m, 0.9)\n  %m2 = aten.add(%m1, %g) {alpha = 0.1}\n"
+    "  %g2 = aten.mul(%g, %g)\n  %v1 = aten.abs(%v)\n  %v2 = aten.add(%v1, %g2) {alpha = 0.001}\n"
+    "  %s = aten.sqrt(%v2)\n  %d = aten.add(%s, 1e-8)\n  %u = aten.div(%m2, %d)\n"
+    "  %p2 = aten.sub(%p, %u) {alpha = 0.01}\n  %n = aten.sum(%p2) {dims = [1]}\n"
+    "  return %n, %p2 -> %p, %m2 -> %m, %v2 -> %v\n}\n",
 };
 #define KILN_GRAPH_COUNT (sizeof(kGraphs) / sizeof(kGraphs[0]))
 
@@ -178,8 +185,24 @@ static void run_graph(kiln_context_t *ctx, const char *text, mgpu_t *m,
   CHECK_OK(kiln_function_call_async(fn, din, nin, dout, nout, stream));
   for (size_t i = 0; i < nout; ++i)
     m->memcpy_(got_dl[i].data, dout[i].data, bytes_of(&ot[i]), stream);
+  // Inputs the graph writes, as kiln left them on the device.
+  kt_tensor_t got_in[4];
+  memset(got_in, 0, sizeof(got_in));
+  for (size_t i = 0; i < nin; ++i)
+    if (kiln_graph_input_mutated(g, i) && kt_alloc(&got_in[i], &it[i], false))
+      m->memcpy_(got_in[i].dl.data, din[i].data, bytes_of(&it[i]), stream);
   m->stream_sync(stream);
   CHECK_OK(kiln_graph_interpret(g, in_dl, nin, want_dl, nout));
+  for (size_t i = 0; i < nin; ++i) {
+    kt_compare_t c;
+    if (got_in[i].base &&
+        !kt_compare(&got_in[i], &in[i], kt_tolerance_for(it[i].dtype), &c)) {
+      fprintf(stderr, "graph %.40s written input %zu differs from the reference\n",
+              text, i);
+      kt_failures++;
+    }
+  }
+  kt_free_n(got_in, nin);
   for (size_t i = 0; i < nout; ++i) {
     kt_compare_t c;
     if (!kt_compare(&got[i], &want[i], kt_tolerance_for(ot[i].dtype), &c)) {
