@@ -101,11 +101,12 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
       // maps for the vectorizer. Within this op's own loops only (folding
       // every op's unit dims broke strided and symbolic kernels).
       char scope[32];
-      if (strstr(b.data, "%forall") && level_sizes(&descs[i], t, 0, sz))
+      int64_t scratch[KILN_TILE_MAX_LOOPS];
+      if (level_sizes(&descs[i], t, 0, scratch))
         snprintf(scope, sizeof(scope), "forall%d", i);
       else
         snprintf(scope, sizeof(scope), "loop%d_%d_0", i,
-                 level_sizes(&descs[i], t, 1, sz) ? 1 : 2);
+                 level_sizes(&descs[i], t, 1, scratch) ? 1 : 2);
       kiln_sbuf_printf(&b,
                        "    transform.apply_patterns to %%%s {\n"
                        "      transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices\n"

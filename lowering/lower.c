@@ -140,16 +140,37 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   // A mutation is stored into its input's tensor (so the analysis sees the
   // input's reads and the write as one buffer), then into the argument: the
   // second store is a no-op when the first was done in place.
+  // A value that may share its buffer with an input (an input itself, or a
+  // view of one: `return %b -> %a, %a -> %b`) is stored from a copy, and
+  // every such copy is taken before the first store: stored directly, the
+  // must-be-in-place store could not be ordered after the other input's
+  // reads.
+  for (int i = 0; i < g->mutation_count && !s; ++i) {
+    const kiln_mutation_t *m = &g->mutations[i];
+    int32_t producer = g->values[m->value].node;
+    if (producer >= 0 && kiln_op_class(g->nodes[producer].op) != KILN_CLASS_SHAPE)
+      continue;
+    const kiln_tv_t *tv = &e.values[m->value];
+    char tty[256];
+    kiln_mlir_tensor_type(&tv->type, tty, sizeof(tty));
+    kiln_sbuf_printf(&e.out, "    %%mutsrc%d = bufferization.alloc_tensor() copy(%s) : %s\n",
+                     i, tv->ssa, tty);
+  }
   for (int i = 0; i < g->mutation_count && !s; ++i) {
     const kiln_mutation_t *m = &g->mutations[i];
     const kiln_tv_t *tv = &e.values[m->value];
     const kiln_tv_t *in = &e.values[g->inputs[m->input]];
-    char tty[256];
+    int32_t producer = g->values[m->value].node;
+    char tty[256], src[32];
     kiln_mlir_tensor_type(&tv->type, tty, sizeof(tty));
+    if (producer >= 0 && kiln_op_class(g->nodes[producer].op) != KILN_CLASS_SHAPE)
+      snprintf(src, sizeof(src), "%s", tv->ssa);
+    else
+      snprintf(src, sizeof(src), "%%mutsrc%d", i);
     kiln_sbuf_printf(&e.out,
                      "    %%mut%d = bufferization.materialize_in_destination %s in %s : "
                      "(%s, %s) -> %s\n",
-                     i, tv->ssa, in->ssa, tty, tty, tty);
+                     i, src, in->ssa, tty, tty, tty);
     kiln_sbuf_printf(&e.out,
                      "    bufferization.materialize_in_destination %%mut%d in writable "
                      "%%arg%d : (%s, ",

@@ -240,8 +240,7 @@ kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph, size_t i,
 }
 
 int kiln_graph_input_mutated(const kiln_graph_t *graph, size_t i) {
-  return graph && i < (size_t)graph->input_count &&
-         kiln_graph_input_mutation(graph, (int32_t)i) != NULL;
+  return graph && i < (size_t)graph->input_count && graph->input_written[i];
 }
 
 const char *kiln_graph_input_dim_symbol(const kiln_graph_t *graph, size_t i,
@@ -414,7 +413,7 @@ static bool aliasing_ok(const kiln_graph_t *g, const DLTensor *inputs,
   size_t n = 0;
   for (size_t i = 0; i < nin + nout; ++i) {
     const DLTensor *t = i < nin ? &inputs[i] : &outputs[i - nin];
-    bool ex = i >= nin || kiln_graph_input_mutation(g, (int32_t)i);
+    bool ex = i >= nin || g->input_written[i];
     if (ex && i < nin && dl_self_overlaps(t)) return false;
     extent_t *e = &scratch[n];
     dl_extent(t, &e->lo, &e->hi);
@@ -441,7 +440,7 @@ static kiln_status_t aliasing_error(const kiln_graph_t *g,
                                     const DLTensor *outputs, size_t nout) {
   for (size_t i = 0; i < nin + nout; ++i) {
     const DLTensor *a = i < nin ? &inputs[i] : &outputs[i - nin];
-    bool ex = i >= nin || kiln_graph_input_mutation(g, (int32_t)i);
+    bool ex = i >= nin || g->input_written[i];
     const char *what = i < nin ? "input" : "output";
     size_t ai = i < nin ? i : i - nin;
     if (ex && i < nin && dl_self_overlaps(a))
@@ -470,16 +469,20 @@ static kiln_status_t aliasing_error(const kiln_graph_t *g,
                           "tensors not found again", g->name);
 }
 
-// aliasing_ok with its scratch on the stack for small calls.
-static bool call_aliasing_ok(const kiln_graph_t *g, const DLTensor *inputs,
-                             size_t nin, const DLTensor *outputs, size_t nout) {
+// aliasing_ok with its scratch on the stack for small calls; NULL, the
+// overlap found, or OUT_OF_MEMORY for the scratch of a large call.
+static kiln_status_t check_aliasing(const kiln_graph_t *g,
+                                    const DLTensor *inputs, size_t nin,
+                                    const DLTensor *outputs, size_t nout) {
   extent_t stack[64];
   extent_t *scratch = stack;
   if (nin + nout > 64 && !(scratch = malloc(sizeof(*scratch) * (nin + nout))))
-    return false;
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY,
+                            "graph @%s: overlap check of %zu tensors", g->name,
+                            nin + nout);
   bool ok = aliasing_ok(g, inputs, nin, outputs, nout, scratch);
   if (scratch != stack) free(scratch);
-  return ok;
+  return ok ? NULL : aliasing_error(g, inputs, nin, outputs, nout);
 }
 
 //===--- functions and variants -------------------------------------------===//
@@ -1219,14 +1222,17 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   if (!s) {
     int32_t *ranks = malloc(sizeof(int32_t) *
                             ((size_t)g->input_count + (size_t)g->output_count + 1));
-    if (!ranks) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant");
-    int32_t n = 0;
-    for (int i = 0; i < g->input_count; ++i)
-      ranks[n++] = g->values[g->inputs[i]].type.rank;
-    for (int i = 0; i < g->output_count; ++i)
-      ranks[n++] = g->values[g->outputs[i]].type.rank;
-    s = kiln_ffi_sig_create(ranks, n, &v->sig);
-    free(ranks);
+    if (ranks) {
+      int32_t n = 0;
+      for (int i = 0; i < g->input_count; ++i)
+        ranks[n++] = g->values[g->inputs[i]].type.rank;
+      for (int i = 0; i < g->output_count; ++i)
+        ranks[n++] = g->values[g->outputs[i]].type.rank;
+      s = kiln_ffi_sig_create(ranks, n, &v->sig);
+      free(ranks);
+    } else {
+      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "variant signature");
+    }
   }
   add_stats(c, &st);
   if (log_enabled("stats"))
@@ -1773,8 +1779,7 @@ static bool hit_inputs_ok(const DLTensor *inputs, size_t n) {
 }
 
 static bool hit_outputs_ok(const kiln_guard_entry_t *e, DLTensor *outputs,
-                           size_t n, const DLTensor *inputs, size_t nin,
-                           int device_type) {
+                           size_t n, int device_type) {
   for (size_t i = 0; i < n; ++i) {
     const DLTensor *t = &outputs[i];
     const kiln_type_t *want = &e->outputs[i];
@@ -1796,15 +1801,22 @@ static bool hit_outputs_ok(const kiln_guard_entry_t *e, DLTensor *outputs,
 // cheaper than sorting.
 static bool hit_aliasing_ok(const kiln_graph_t *g, const DLTensor *inputs,
                             size_t nin, const DLTensor *outputs, size_t nout) {
-  if (g->mutation_count || nin * nout > 64)
-    return call_aliasing_ok(g, inputs, nin, outputs, nout);
+  if (g->mutation_count || (nin + nout) * nout > 64) {
+    extent_t stack[64];
+    extent_t *scratch = stack;
+    if (nin + nout > 64 && !(scratch = malloc(sizeof(*scratch) * (nin + nout))))
+      return false;  // the slow path reports it
+    bool ok = aliasing_ok(g, inputs, nin, outputs, nout, scratch);
+    if (scratch != stack) free(scratch);
+    return ok;
+  }
   for (size_t i = 0; i < nout; ++i) {
     uintptr_t olo, ohi;
     dl_extent(&outputs[i], &olo, &ohi);
-    for (size_t k = 0; k < nin; ++k) {
-      uintptr_t ilo, ihi;
-      dl_extent(&inputs[k], &ilo, &ihi);
-      if (olo < ihi && ilo < ohi && olo < ohi && ilo < ihi) return false;
+    for (size_t k = 0; k < nin + i; ++k) {  // inputs, then earlier outputs
+      uintptr_t lo, hi;
+      dl_extent(k < nin ? &inputs[k] : &outputs[k - nin], &lo, &hi);
+      if (olo < hi && lo < ohi && olo < ohi && lo < hi) return false;
     }
   }
   return true;
@@ -1815,7 +1827,9 @@ static kiln_status_t call_impl(kiln_function_t *function,
                                DLTensor *outputs, size_t output_count,
                                void *stream) {
   const kiln_graph_t *g = function->graph;
-  // Fast path: one hash probe, no allocation, no lock.
+  // Fast path: one hash probe, no lock, and no allocation up to 64 tensors
+  // (a longer guard key lives in a per-thread buffer; the overlap check of
+  // a larger call allocates its scratch).
   kiln_guard_key_t key;
   bool keyed = input_count == (size_t)g->input_count &&
                output_count == (size_t)g->output_count &&
@@ -1824,7 +1838,7 @@ static kiln_status_t call_impl(kiln_function_t *function,
   if (keyed) {
     const kiln_guard_entry_t *e = kiln_guard_lookup(function->guards, &key);
     if (e && hit_inputs_ok(inputs, input_count) &&
-        hit_outputs_ok(e, outputs, output_count, inputs, input_count,
+        hit_outputs_ok(e, outputs, output_count,
                        function->cuda ? kDLCUDA : kDLCPU) &&
         hit_aliasing_ok(g, inputs, input_count, outputs, output_count))
       return run_variant(function, e->variant, inputs, outputs, stream);
@@ -1857,8 +1871,8 @@ static kiln_status_t call_impl(kiln_function_t *function,
                      function->cuda ? kDLCUDA : kDLCPU),
         "graph @%s", g->name);
   }
-  if (!call_aliasing_ok(g, inputs, input_count, outputs, output_count))
-    return aliasing_error(g, inputs, input_count, outputs, output_count);
+  KILN_RETURN_IF_ERROR_PLAIN(
+      check_aliasing(g, inputs, input_count, outputs, output_count));
   if (keyed) remember(function, &key, v, binding);
   return run_variant(function, v, inputs, outputs, stream);
 }
@@ -2015,8 +2029,8 @@ kiln_status_t kiln_function_call_alloc(kiln_function_t *function,
   uint64_t mask;
   KILN_RETURN_IF_ERROR_PLAIN(
       bind_inputs(function, inputs, input_count, binding, &mask));
-  if (g->mutation_count && !call_aliasing_ok(g, inputs, input_count, NULL, 0))
-    return aliasing_error(g, inputs, input_count, NULL, 0);
+  if (g->mutation_count)
+    KILN_RETURN_IF_ERROR_PLAIN(check_aliasing(g, inputs, input_count, NULL, 0));
   kiln_variant_t *v;
   KILN_RETURN_IF_ERROR_PLAIN(find_variant(function, binding, mask, &v));
   kiln_owned_tensor_t *owned[KILN_MAX_OUTPUTS] = {0};
@@ -2100,8 +2114,7 @@ kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
     s = check_tensor(g, "output", i, &outputs[i],
                      &g->values[g->outputs[i]].type, scratch, true, kDLCPU);
   }
-  if (!s && !call_aliasing_ok(g, inputs, input_count, outputs, output_count))
-    s = aliasing_error(g, inputs, input_count, outputs, output_count);
+  if (!s) s = check_aliasing(g, inputs, input_count, outputs, output_count);
   if (!s) s = kiln_ref_run(g, inputs, outputs);
   kiln_graph_free(spec);
   return s;

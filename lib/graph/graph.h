@@ -167,6 +167,7 @@ struct kiln_graph {
   int32_t *outputs;
   int32_t mutation_count;
   kiln_mutation_t *mutations;
+  bool *input_written;  // input_count flags: input i is a mutation's target
   int32_t symbol_count;
   const char **symbols;  // symbolic dim names, e.g. "s0"
 };
@@ -243,7 +244,8 @@ int64_t kiln_node_slice_start(const kiln_node_t *n, int64_t size);
 // Normalizes a dim index against `rank` (negative counts from the end).
 bool kiln_normalize_dim(int64_t dim, int32_t rank, int32_t *out);
 
-// The mutation that writes input `input`, or NULL.
+// The mutation that writes input `input`, or NULL (a scan of the
+// mutations; `input_written[input]` answers whether in O(1)).
 const kiln_mutation_t *kiln_graph_input_mutation(const kiln_graph_t *g,
                                                  int32_t input);
 

@@ -621,6 +621,8 @@ static kiln_status_t parse_graph(parser_t *ps) {
   // over every parameter of a model has thousands), then moved to the arena.
   int32_t *list = NULL;
   size_t count = 0, cap = 0;
+  kiln_mutation_t *muts = NULL;
+  size_t nmut = 0;
   kiln_status_t s = NULL;
 #define KILN_PUSH(x)                                                        \
   do {                                                                      \
@@ -676,8 +678,6 @@ static kiln_status_t parse_graph(parser_t *ps) {
   lex(ps);
   // `return %a, %b -> %x`: %a is an output; %b is stored into input %x.
   count = 0;
-  kiln_mutation_t *muts = NULL;
-  size_t nmut = 0;
   for (;;) {
     if (ps->tok.kind != TOK_VALUE) {
       s = perr(ps, &ps->tok, "expected a returned value like %%y");
@@ -732,15 +732,18 @@ static kiln_status_t parse_graph(parser_t *ps) {
     g->outputs = kiln_arena_alloc(&g->arena, sizeof(int32_t) * (count + 1));
     g->mutation_count = (int32_t)nmut;
     g->mutations = kiln_arena_alloc(&g->arena, sizeof(*muts) * (nmut + 1));
-    if (!g->outputs || !g->mutations) {
+    g->input_written = kiln_arena_alloc(&g->arena, (size_t)g->input_count + 1);
+    if (!g->outputs || !g->mutations || !g->input_written) {
       s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "graph");
     } else {
       if (count) memcpy(g->outputs, list, sizeof(int32_t) * count);
       if (nmut) memcpy(g->mutations, muts, sizeof(*muts) * nmut);
+      memset(g->input_written, 0, (size_t)g->input_count + 1);
+      for (size_t k = 0; k < nmut; ++k) g->input_written[muts[k].input] = true;
     }
   }
-  free(muts);
 done:
+  free(muts);
   free(list);
   return s;
 }

@@ -178,13 +178,11 @@ class CompiledSubgraph(torch.nn.Module):
                                 "cuda" if self.cuda else "cpu")
         self.in_dtypes = [v.dtype for v in vals_in]
         self.graph_outputs, self.out_inputs = tr.graph_outputs, tr.out_inputs
-        self.stores = tr.stores
         perms = tr.perms
         vals = [vals_fx[i] for i, k in enumerate(tr.graph_outputs) if k is not None]
-        vals += [vals_in[k] for k, _ in tr.stores]
-        # The FX outputs are exactly kiln's outputs, in order: return them
-        # as they come.
-        self.plain_out = not tr.stores and all(k == i for i, k in enumerate(tr.graph_outputs))
+        # The FX outputs are exactly kiln's outputs, in order (no written
+        # input among them): return them as they come.
+        self.plain_out = all(k == i for i, k in enumerate(tr.graph_outputs))
         self.out_dtypes = [v.dtype for v in vals]
         self.static_out = all(all(isinstance(d, int) for d in v.shape) for v in vals)
         # PyTorch code after a partition was traced with the output strides
@@ -201,8 +199,6 @@ class CompiledSubgraph(torch.nn.Module):
             tuple(v.stride()) if self.static_out and p is None and not v.is_contiguous()
             else None
             for v, p in zip(vals, perms)]
-        for _, j in self.stores:
-            self.out_strides[j] = None  # stored into the input as they are
         # Outputs of 256 KiB and more come from kiln's output pool (see
         # kiln_function_call_alloc): no page faults on every call.
         self.pooled_out = (not self.cuda and self.static_out
@@ -360,9 +356,7 @@ class CompiledSubgraph(torch.nn.Module):
             if stride is not None:
                 outs[k] = torch.empty_strided(outs[k].shape, stride, dtype=outs[k].dtype,
                                               device=outs[k].device).copy_(outs[k])
-        if not self.plain_out:
-            for k, j in self.stores:
-                args[k].copy_(outs[j])
+        if not self.plain_out:  # copy_ results: the written inputs themselves
             outs = [args[self.out_inputs[i]] if k is None else outs[k]
                     for i, k in enumerate(self.graph_outputs)]
         return tuple(outs) if self.tuple_out else outs[0]
@@ -412,6 +406,14 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
         out_node = next(n for n in fused.graph.nodes if n.op == "output")
         kept = out_node.args[0][:len(out_node.args[0]) - len(stores)]
         out_node.args = (kept if isinstance(orig_out[0], (tuple, list)) else kept[0],)
+    # A fused partition sits where its last node was: the copy_ nodes left to
+    # PyTorch go last, after every partition that may read the old values.
+    # (No dead-code elimination runs on `fused` after this: the partitions'
+    # results that only served as fusing outputs stay unused.)
+    out_node = next(n for n in fused.graph.nodes if n.op == "output")
+    for n in list(fused.graph.nodes):
+        if n.target is torch.ops.aten.copy_.default and not n.users:
+            out_node.prepend(n)
     compiled = 0
     for name, sub in list(fused.named_children()):
         if not name.startswith("fused_"):

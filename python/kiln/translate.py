@@ -546,11 +546,19 @@ def _fe_unary(kop):
 
 
 def _fe_addc(kop):
-    """addcmul / addcdiv: self + value * (t1 op t2)."""
+    """addcmul / addcdiv: self + value * (t1 op t2). The .Tensor overload's
+    values are one 1-D tensor, an element per list entry (compiled Adam's
+    stacked step sizes)."""
     def body(e, n, args):
         value = args[3] if len(args) > 3 else n.kwargs.get("value", 1)
         q = e.op(kop, [e.operand(args[1]), e.operand(args[2])])
-        if value != 1:
+        if isinstance(value, torch.fx.Node):
+            i = next(k for k, v in enumerate(n.args[1]) if v is args[1])
+            value = e.op("aten.squeeze", [e.op("aten.slice", [e.operand(value)], {
+                "dim": "0", "start": str(i), "end": str(i + 1), "step": "1"})],
+                {"dims": "[0]"})
+            q = e.op("aten.mul", [q, value])
+        elif value != 1:
             q = e.op("aten.mul", [q, e.operand(value)])
         return e.op("aten.add", [e.operand(args[0]), q])
     return _foreach(body)
@@ -741,26 +749,21 @@ class Translation:
 
     `out_nodes`: the FX output nodes, in order. `graph_outputs[k]`: which
     kiln output feeds FX output k, or None when FX output k is a written
-    input (a copy_ node): `out_inputs[k]` names that input. `stores`:
-    (input index, kiln output index) of copy_ values kiln returns for the
-    caller to store (translate(mutate=False)); empty when kiln writes the
-    inputs itself. `perms`: per kiln output, the permutation it was written
-    in, or None. `written`: the inputs kiln writes in place.
+    input (a copy_ node): `out_inputs[k]` names that input. `perms`: per
+    kiln output, the permutation it was written in, or None. `written`: the
+    inputs kiln writes in place.
     """
 
-    def __init__(self, text, out_nodes, graph_outputs, out_inputs, stores, perms,
-                 written):
+    def __init__(self, text, out_nodes, graph_outputs, out_inputs, perms, written):
         self.text, self.out_nodes = text, out_nodes
         self.graph_outputs, self.out_inputs = graph_outputs, out_inputs
-        self.stores, self.perms = stores, perms
-        self.written = written  # inputs kiln writes in place
+        self.perms, self.written = perms, written
 
 
-def translate(gm: torch.fx.GraphModule, name: str = "graph",
-              mutate: bool = True) -> Translation:
+def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
     """kiln text for a GraphModule of supported nodes. copy_ into a
-    partition input becomes `return %v -> %input` (kiln writes the input in
-    place), or with mutate=False an extra output the caller stores."""
+    partition input becomes `return %v -> %input`: kiln writes the input in
+    place."""
     e = Emitter()
     inputs = []
     out_nodes = []
@@ -827,21 +830,14 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph",
     for k, perm in enumerate(perms):
         if perm is not None:
             rets[k] = e.op("aten.permute", [rets[k]], {"dims": str(perm)})
-    stores = []
-    if mutate:
-        rets += [f"{v} -> %in{k}" for v, k in copies]
-    else:
-        for v, k in copies:
-            stores.append((k, len(rets)))
-            rets.append(v)
-            perms.append(None)
+    rets += [f"{v} -> %in{k}" for v, k in copies]
     if not rets:
         raise Unsupported("partition computes nothing kiln returns")
     safe = re.sub(r"[^A-Za-z0-9_]", "_", name)
     text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
             f"\n  return {', '.join(rets)}\n}}\n")
-    return Translation(text, out_nodes, graph_outputs, out_inputs, stores, perms,
-                       [k for _, k in copies] if mutate else [])
+    return Translation(text, out_nodes, graph_outputs, out_inputs, perms,
+                       [k for _, k in copies])
 
 
 def output_permutation(val) -> list[int] | None:

@@ -13,7 +13,6 @@ import torch
 import torch.nn as nn
 
 from kiln import backend as kb
-from kiln.translate import translate
 
 OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
@@ -85,17 +84,25 @@ def test_copy_into_an_input_read_elsewhere_runs_in_pytorch(capfd, monkeypatch):
     assert "copy_ into an input that another partition reads" in capfd.readouterr().err
 
 
-def test_translate_without_mutation_returns_the_stores():
-    """The CUDA target's form: copy_ values are extra outputs that the
-    caller stores into the inputs."""
-    gm = torch.fx.symbolic_trace(lambda p, g: torch.ops.aten.copy_.default(
-        p, torch.ops.aten.sub.Tensor(p, g)))
-    for n in gm.graph.nodes:
+def test_foreach_addcdiv_with_a_tensor_of_scalars():
+    """_foreach_addcdiv.Tensor (compiled Adam's stacked step sizes): element
+    i of the scalars tensor scales list entry i."""
+    op = torch.ops.aten._foreach_addcdiv.Tensor
+
+    def f(x0, x1, a0, a1, b0, b1, s):
+        r = op([x0, x1], [a0, a1], [b0, b1], s)
+        return r[0], r[1]
+
+    args = [torch.randn(5), torch.randn(3, 2), torch.randn(5), torch.randn(3, 2),
+            torch.rand(5) + 1, torch.rand(3, 2) + 1, torch.tensor([0.5, -2.0])]
+    gm = torch.fx.symbolic_trace(f)
+    env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], args))
+    for n in gm.graph.nodes:  # what Dynamo records: each node's value
         if n.op == "placeholder":
-            n.meta["val"] = torch.empty(4)
+            n.meta["val"] = env[n]
         elif n.op == "call_function":
-            n.meta["val"] = torch.empty(4)
-    tr = translate(gm, "t", mutate=True)
-    assert "-> %in0" in tr.text and tr.stores == [] and tr.out_inputs == [0]
-    tr = translate(gm, "t", mutate=False)
-    assert "->" not in tr.text and tr.stores == [(0, 0)] and tr.graph_outputs == [None]
+            n.meta["val"] = n.target(*torch.fx.node.map_arg(n.args, lambda a: a.meta["val"]))
+    compiled = kb.compile_graph(gm, args, kb.parse_options(None, {"fallback": "error"}))
+    got, want = compiled(*args), f(*args)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
