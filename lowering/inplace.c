@@ -13,7 +13,7 @@
 //   1. eliminate-empty-tensors: the update's init becomes x;
 //   2. an op reading x as an input with the init's indexing map, and not
 //      reading its init, reads the init's block argument instead (same
-//      values: the init is x); canonicalization drops the dead input;
+//      values: the init is x); the dead input is erased;
 //   3. tiling then reads x only through the shared output's slices, which
 //      the analysis matches with the parallel_insert_slice: in place.
 #include <stdbool.h>
@@ -98,6 +98,10 @@ kiln_status_t kiln_inplace_prepare(kiln_mlir_t *m, MlirModule module) {
                             "not parse");
   mlirOperationWalk(mlirModuleGetOperation(module), read_init, &parallel,
                     MlirWalkPostOrder);
-  return kiln_pipeline_run_text(m, module, "builtin.module(canonicalize)",
-                                "in-place updates: canonicalize");
+  // linalg-fuse-elementwise-ops erases the now unread inputs
+  // (canonicalize keeps an unread input that is also the init, and its
+  // slices, read inside the tiled loop, defeat in place again).
+  return kiln_pipeline_run_text(
+      m, module, "builtin.module(linalg-fuse-elementwise-ops,canonicalize)",
+      "in-place updates: erasing unread inputs");
 }
