@@ -106,3 +106,23 @@ def test_foreach_addcdiv_with_a_tensor_of_scalars():
     got, want = compiled(*args), f(*args)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_copies_left_to_pytorch_follow_every_partition():
+    """x is read by a partition behind a PyTorch node: its copy_ stays in
+    PyTorch and must run after that partition (compile_graph moves such
+    copies last)."""
+    def f(x, y):
+        v1 = x * 2.0
+        u = torch.cumsum(v1, 0)  # PyTorch
+        v2 = u + x               # reads the old x, in a second partition
+        x.copy_(v1)
+        y.copy_(v2)
+
+    x, y = torch.randn(64), torch.zeros(64)
+    xr, yr = x.clone(), y.clone()
+    with torch.no_grad():
+        torch.compile(f, backend="kiln")(x, y)
+        f(xr, yr)
+    torch.testing.assert_close(x, xr)
+    torch.testing.assert_close(y, yr)
