@@ -107,7 +107,7 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
     // old value comes after the write.
     kiln_sbuf_printf(&e.out, "    %s = bufferization.to_tensor %%arg%d restrict%s : ",
                      tv->ssa, i,
-                     kiln_graph_input_mutation(g, i) ? " writable" : "");
+                     g->input_written[i] ? " writable" : "");
     memref_type(&e.out, &v->type, strided);
     kiln_sbuf_printf(&e.out, " to %s\n", tty);
   }

@@ -370,8 +370,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
     # A partition writes an input in place (copy_ at the end of a
     # functionalized graph) only if every other reader of that input is in
     # the same partition: the partitioner may place another partition that
-    # reads the old value after it. Other copy_ nodes run in PyTorch, where
-    # functionalization put them, after every read.
+    # reads the old value after it. Other copy_ nodes run in PyTorch, moved
+    # after every partition (below).
     excluded: dict[str, str] = {}
     while True:
         support = _Support(excluded)
