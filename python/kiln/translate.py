@@ -343,7 +343,7 @@ def _copy_value(e, dst, src):
         x = e.op("prims.convert_element_type", [x], {"dtype": DTYPES[dst.dtype]})
     if sval is None or tuple(sval.shape) != tuple(dst.shape):
         x = e.op("aten.expand", [x], {"shape": _int_list(list(dst.shape), "size")})
-    elif x == e.operand(src):
+    elif x == e.operand(src):  # nothing emitted: a statement to annotate
         x = e.op("aten.clone", [x])
     return x
 
@@ -526,7 +526,7 @@ def _foreach(body):
         vals = n.meta["val"]
         names = []
         for i, v in enumerate(vals):
-            names.append(body(e, n, _elements(n, i)))
+            names.append(body(e, n, _elements(n, i), i))
             e.lines[-1] += " : " + tensor_type(v)
         return names
     tr.foreach = True
@@ -534,7 +534,7 @@ def _foreach(body):
 
 
 def _fe_binary(kop):
-    def body(e, n, args):
+    def body(e, n, args, i):
         alpha = n.kwargs.get("alpha", 1)
         attrs = {"alpha": _scalar(alpha)} if alpha != 1 else None
         return e.op(kop, [e.operand(args[0]), e.operand(args[1])], attrs)
@@ -542,18 +542,17 @@ def _fe_binary(kop):
 
 
 def _fe_unary(kop):
-    return _foreach(lambda e, n, args: e.op(kop, [e.operand(args[0])]))
+    return _foreach(lambda e, n, args, i: e.op(kop, [e.operand(args[0])]))
 
 
 def _fe_addc(kop):
     """addcmul / addcdiv: self + value * (t1 op t2). The .Tensor overload's
     values are one 1-D tensor, an element per list entry (compiled Adam's
     stacked step sizes)."""
-    def body(e, n, args):
+    def body(e, n, args, i):
         value = args[3] if len(args) > 3 else n.kwargs.get("value", 1)
         q = e.op(kop, [e.operand(args[1]), e.operand(args[2])])
         if isinstance(value, torch.fx.Node):
-            i = next(k for k, v in enumerate(n.args[1]) if v is args[1])
             value = e.op("aten.squeeze", [e.op("aten.slice", [e.operand(value)], {
                 "dim": "0", "start": str(i), "end": str(i + 1), "step": "1"})],
                 {"dims": "[0]"})
@@ -564,14 +563,14 @@ def _fe_addc(kop):
     return _foreach(body)
 
 
-def _fe_lerp(e, n, args):
+def _fe_lerp(e, n, args, i):
     """self + weight * (end - self)."""
     d = e.op("aten.sub", [e.operand(args[1]), e.operand(args[0])])
     w = e.op("aten.mul", [d, e.operand(args[2])])
     return e.op("aten.add", [e.operand(args[0]), w])
 
 
-def _fe_copy(e, n, args):
+def _fe_copy(e, n, args, i):
     return _copy_value(e, args[0].meta["val"], args[1])
 
 
@@ -681,7 +680,7 @@ for _name, _kop in (("add", "aten.add"), ("sub", "aten.sub"), ("mul", "aten.mul"
 for _name in ("neg", "abs", "sqrt", "rsqrt", "exp", "log", "sigmoid", "tanh"):
     TRANSLATORS[getattr(aten, f"_foreach_{_name}").default] = _fe_unary(f"aten.{_name}")
 TRANSLATORS[aten._foreach_reciprocal.default] = _foreach(
-    lambda e, n, args: e.op("aten.div", ["1.0", e.operand(args[0])]))
+    lambda e, n, args, i: e.op("aten.div", ["1.0", e.operand(args[0])]))
 for _name, _kop in (("addcmul", "aten.mul"), ("addcdiv", "aten.div")):
     for _ovl in ("Scalar", "ScalarList", "Tensor"):
         _op = getattr(getattr(aten, f"_foreach_{_name}"), _ovl, None)
