@@ -474,6 +474,77 @@ static MlirWalkResult find_parts(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
+// A linalg op on rank-0 buffers only has no loop to map to threads; left
+// alone it would become scalar host code. Each such op of the entry
+// function moves into an scf.parallel of one iteration, which the
+// parallel-loop mapping turns into a kernel of one block.
+static kiln_status_t wrap_scalar_ops(MlirContext ctx, MlirModule module) {
+  MlirOperation main = mlirOperationIsNull(mlirModuleGetOperation(module))
+                           ? (MlirOperation){NULL}
+                           : mlirBlockGetFirstOperation(mlirModuleGetBody(module));
+  for (; !mlirOperationIsNull(main); main = mlirOperationGetNextInBlock(main)) {
+    MlirAttribute nm = mlirOperationGetAttributeByName(
+        main, mlirStringRefCreateFromCString("sym_name"));
+    if (name_is(main, "func.func") && !mlirAttributeIsNull(nm) &&
+        mlirStringRefEqual(mlirStringAttrGetValue(nm),
+                           mlirStringRefCreateFromCString(KILN_ENTRY_NAME)))
+      break;
+  }
+  if (mlirOperationIsNull(main)) return NULL;
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(main, 0));
+  MlirLocation loc = mlirLocationUnknownGet(ctx);
+  MlirType index = mlirIndexTypeGet(ctx);
+  MlirIdentifier value = mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("value"));
+  for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);) {
+    MlirOperation next = mlirOperationGetNextInBlock(op);
+    MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
+    bool scalar = n.length > 7 && memcmp(n.data, "linalg.", 7) == 0 &&
+                  mlirOperationGetNumOperands(op) > 0;
+    for (intptr_t i = 0; scalar && i < mlirOperationGetNumOperands(op); ++i) {
+      MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
+      scalar = !mlirTypeIsAShaped(t) || (mlirShapedTypeHasRank(t) && mlirShapedTypeGetRank(t) == 0);
+    }
+    if (!scalar) {
+      op = next;
+      continue;
+    }
+    MlirValue bounds[3];
+    for (int k = 0; k < 3; ++k) {
+      MlirOperationState c = mlirOperationStateGet(
+          mlirStringRefCreateFromCString("arith.constant"), loc);
+      MlirNamedAttribute v = mlirNamedAttributeGet(value, mlirIntegerAttrGet(index, k != 0));
+      mlirOperationStateAddAttributes(&c, 1, &v);
+      mlirOperationStateAddResults(&c, 1, &index);
+      MlirOperation cop = mlirOperationCreate(&c);
+      mlirBlockInsertOwnedOperationBefore(body, op, cop);
+      bounds[k] = mlirOperationGetResult(cop, 0);
+    }
+    MlirRegion region = mlirRegionCreate();
+    MlirBlock inner = mlirBlockCreate(1, &index, &loc);
+    mlirRegionAppendOwnedBlock(region, inner);
+    MlirOperationState r = mlirOperationStateGet(
+        mlirStringRefCreateFromCString("scf.reduce"), loc);
+    MlirOperation reduce = mlirOperationCreate(&r);
+    mlirBlockAppendOwnedOperation(inner, reduce);
+    MlirOperationState p = mlirOperationStateGet(
+        mlirStringRefCreateFromCString("scf.parallel"), loc);
+    mlirOperationStateAddOperands(&p, 3, bounds);
+    int32_t segs[4] = {1, 1, 1, 0};
+    MlirNamedAttribute seg = mlirNamedAttributeGet(
+        mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("operandSegmentSizes")),
+        mlirDenseI32ArrayGet(ctx, 4, segs));
+    mlirOperationStateAddAttributes(&p, 1, &seg);
+    mlirOperationStateAddOwnedRegions(&p, 1, &region);
+    MlirOperation par = mlirOperationCreate(&p);
+    if (mlirOperationIsNull(par))
+      return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: scf.parallel for a rank-0 op");
+    mlirBlockInsertOwnedOperationBefore(body, op, par);
+    mlirOperationMoveBefore(op, reduce);
+    op = next;
+  }
+  return NULL;
+}
+
 kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
                                     const char *chip,
                                     const kiln_pipeline_options_t *opts,
@@ -521,6 +592,9 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   // The mma and f32 GEMM kernels' nvgpu ops (cp.async, ldmatrix,
   // mma.sync) to NVVM.
   const char *mma_nvvm = mma || sgemm ? "convert-nvgpu-to-nvvm," : "";
+  // Rank-0 ops (an optimizer's step counts and bias corrections) run as
+  // one-thread kernels: the host program only launches.
+  KILN_RETURN_IF_ERROR_PLAIN(wrap_scalar_ops(kiln_mlir_context(m), module));
   char pipeline[2048];
   snprintf(pipeline, sizeof(pipeline),
            "builtin.module(gpu-launch-sink-index-computations,gpu-kernel-outlining,"
@@ -528,14 +602,26 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "convert-linalg-to-parallel-loops,"
            "scf-parallel-loop-tiling{parallel-loop-tile-sizes=%d no-min-max-bounds=true},"
            "gpu-map-parallel-loops,convert-parallel-loops-to-gpu,canonicalize),"
-           "gpu-launch-sink-index-computations,gpu-kernel-outlining,"
+           "gpu-launch-sink-index-computations,gpu-kernel-outlining)",
+           KILN_GPU_BLOCK);
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
+                                                    "the CUDA pipeline (kernels)"));
+  const char *hfuse = getenv("KILN_HFUSE");
+  if (!hfuse || strcmp(hfuse, "0") != 0) {
+    int fused = 0;
+    kiln_mlir_clear_diagnostics(m);
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
+        m, kiln_gpu_fuse_launches(kiln_mlir_context(m), module, &fused)));
+  }
+  snprintf(pipeline, sizeof(pipeline),
+           "builtin.module("
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
            "gpu.module(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=true},"
            "expand-strided-metadata,lower-affine,convert-vector-to-llvm{use-vector-alignment=true},"
            "convert-scf-to-cf,%s"
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts))",
-           KILN_GPU_BLOCK, chip, link, mma_nvvm);
+           chip, link, mma_nvvm);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
                                                     "the CUDA pipeline"));
   // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
@@ -697,7 +783,7 @@ static void put(wbuf_t *w, const void *d, size_t n) {
   w->n += n;
 }
 
-#define KILN_GPU_MAGIC "kiln-gpu-program-v3"
+#define KILN_GPU_MAGIC "kiln-gpu-program-v4"
 
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
                                          void **out_data, size_t *out_size) {

@@ -87,7 +87,7 @@ kiln_status_t kiln_inplace_prepare(kiln_mlir_t *m, MlirModule module);
 
 //===--- the CUDA target ---------------------------------------------------===//
 
-#define KILN_GPU_MAX_ARGS 64
+#define KILN_GPU_MAX_ARGS 256
 
 // One step of a compiled graph on the device: a kernel launch with its grid
 // and block sizes and each kernel argument as a buffer index (the
@@ -141,6 +141,10 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
                                     const kiln_pipeline_options_t *opts,
                                     kiln_gpu_program_t *out);
 void kiln_gpu_program_free(kiln_gpu_program_t *program);
+// Horizontal fusion (lowering/gpu_hfuse.c): independent launches of one
+// block size in the host function of an outlined module become one kernel
+// each; `*fused` counts the merged kernels. KILN_HFUSE=0 turns it off.
+kiln_status_t kiln_gpu_fuse_launches(MlirContext ctx, MlirModule module, int *fused);
 // A program as bytes (the compile cache's payload for a CUDA variant) and
 // back; deserializing checks every count and index.
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *program,

@@ -22,6 +22,11 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+try:  # Dynamo's C++ tensor check (dtype, device, sizes, strides, dispatch keys)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - older or stripped builds
+    _TensorGuards = None
+
 from . import _capi
 from .translate import DTYPES, Unsupported, support_reason, translate
 
@@ -245,15 +250,28 @@ class CompiledSubgraph(torch.nn.Module):
     def _fast(self, b, args):  # noqa: C901 (the hot path, kept in one piece)
         """The steady-state call of a static graph: the argument structs were
         filled by an earlier call with tensors of the same shapes, strides,
-        dtypes and devices (`b.layouts`), so only data pointers change."""
-        ins, layouts, cuda = b.ins, b.layouts, self.cuda
-        for k, t in enumerate(args):
-            if (t.shape, t.stride(), t.dtype, t.get_device()) != layouts[k]:
+        dtypes and devices (`b.layouts`), so only data pointers change.
+        Partitions of optimizer steps take hundreds of tensors: the layouts
+        are checked by one C++ call (Dynamo's TensorGuards) where there is
+        one, and the pointers go into cached views of the structs."""
+        ins, cuda = b.ins, self.cuda
+        if b.guard is not None:
+            if not b.guard.check(*args):
                 return None
-            p = t.data_ptr()
-            if cuda and p % 16:
+        else:
+            layouts = b.layouts
+            for k, t in enumerate(args):
+                if (t.shape, t.stride(), t.dtype, t.get_device()) != layouts[k]:
+                    return None
+        if cuda:
+            ptrs = [t.data_ptr() for t in args]
+            if any(p & 15 for p in ptrs):
                 return None  # the slow path copies it to an aligned buffer
-            ins[k].data = p
+            for d, p in zip(b.in_fields, ptrs):
+                d.data = p
+        else:
+            for d, t in zip(b.in_fields, args):
+                d.data = t.data_ptr()
         if self.pooled_out:
             return self._call_pooled(ins, args)
         dev = self.device
@@ -284,6 +302,7 @@ class CompiledSubgraph(torch.nn.Module):
         b.layouts = []
         keep = []  # contiguous copies must outlive the call that reads them
         back = []  # (input, its copy) for written inputs passed as copies
+        prepared = []  # the tensors kiln reads, after any copies
         for k, t in enumerate(args):
             if t.dtype not in _DL_CODES or t.device.type != self.device.type:
                 raise _capi.KilnError("INVALID_ARGUMENT",
@@ -304,7 +323,17 @@ class CompiledSubgraph(torch.nn.Module):
             if t is not orig and k in self.written:
                 back.append((orig, t))
             b.layouts.append((t.shape, t.stride(), t.dtype, t.get_device()))
+            prepared.append(t)
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
+        b.in_fields = [b.ins[k] for k in range(self.n_in)]
+        b.guard = None
+        if _TensorGuards is not None and fast_next:
+            try:
+                b.guard = _TensorGuards(
+                    *prepared, dynamic_dims_sizes=[list(t.shape) for t in prepared],
+                    dynamic_dims_strides=[list(t.stride()) for t in prepared])
+            except (TypeError, RuntimeError, SystemError):
+                b.guard = None  # the Python comparison of b.layouts
         if self.pooled_out:
             r = self._call_pooled(b.ins, args)
             for orig, t in back:

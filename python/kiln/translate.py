@@ -717,12 +717,6 @@ def support_reason(node) -> str | None:
         return f"no kiln lowering for {node.target}"
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
-    if vals and all(isinstance(v, torch.Tensor) and v.device.type == "cuda" and v.dim() == 0
-                    for v in vals):
-        # An optimizer's step counts and bias corrections, a loss: kiln's
-        # CUDA programs are kernel launches, and a rank-0 op lowers to scalar
-        # host code they cannot run (the whole partition used to fall back).
-        return "a rank-0 result on CUDA (kiln's CUDA programs launch kernels only)"
     try:
         _result_types(node)
         for a in node.all_input_nodes:

@@ -112,6 +112,21 @@ static const char *kGraphs[] = {
     "  %s = aten.sqrt(%v2)\n  %d = aten.add(%s, 1e-8)\n  %u = aten.div(%m2, %d)\n"
     "  %p2 = aten.sub(%p, %u) {alpha = 0.01}\n  %n = aten.sum(%p2) {dims = [1]}\n"
     "  return %n, %p2 -> %p, %m2 -> %m, %v2 -> %v\n}\n",
+    // Horizontal fusion (lowering/gpu_hfuse.c) and rank-0 ops as one-thread
+    // kernels: two step counts and a bias correction (rank 0), updates of
+    // three sizes (a 2-D grid, 1-D blocks of two sizes); %h2 reads %b's
+    // update (a later level), %h is written after the kernels that read its
+    // old value.
+    "graph @hfuse(%w: f32[64,512], %g: f32[64,512], %b: f32[512], %h: f32[512], "
+    "%c: f32[300], %k: f32[300], %s: f32[], %t: f32[]) {\n"
+    "  %s2 = aten.add(%s, 1)\n  %t2 = aten.add(%t, 1)\n"
+    "  %e = aten.pow(0.9, %s2)\n  %bc = aten.sub(1, %e)\n"
+    "  %u = aten.div(%g, %bc)\n  %w2 = aten.sub(%w, %u) {alpha = 0.01}\n"
+    "  %b2 = aten.sub(%b, %h) {alpha = 0.01}\n  %h2 = aten.mul(%b2, %h)\n"
+    "  %hn = aten.mul(%h, 0.5)\n"
+    "  %c2 = aten.add(%c, %k)\n  %k2 = aten.mul(%k, %t2)\n"
+    "  return %h2, %w2 -> %w, %b2 -> %b, %hn -> %h, %c2 -> %c, %k2 -> %k, "
+    "%s2 -> %s, %t2 -> %t\n}\n",
 };
 #define KILN_GRAPH_COUNT (sizeof(kGraphs) / sizeof(kGraphs[0]))
 
@@ -140,6 +155,9 @@ static size_t bytes_of(const kiln_tensor_type_t *t) {
   return n;
 }
 
+// Inputs and outputs per graph at most.
+#define KT_MAX_IO 8
+
 static void run_graph(kiln_context_t *ctx, const char *text, mgpu_t *m,
                       void *stream, uint64_t *seed) {
   kiln_graph_t *g = NULL;
@@ -158,9 +176,16 @@ static void run_graph(kiln_context_t *ctx, const char *text, mgpu_t *m,
     return;
   }
   size_t nin = kiln_graph_input_count(g), nout = kiln_graph_output_count(g);
-  kt_tensor_t in[4], got[4], want[4];
-  DLTensor in_dl[4], got_dl[4], want_dl[4], din[4], dout[4];
-  kiln_tensor_type_t it[4], ot[4];
+  if (nin > KT_MAX_IO || nout > KT_MAX_IO) {
+    fprintf(stderr, "graph %.40s: more than %d inputs or outputs\n", text, KT_MAX_IO);
+    kt_failures++;
+    kiln_function_release(fn);
+    kiln_graph_destroy(g);
+    return;
+  }
+  kt_tensor_t in[KT_MAX_IO], got[KT_MAX_IO], want[KT_MAX_IO];
+  DLTensor in_dl[KT_MAX_IO], got_dl[KT_MAX_IO], want_dl[KT_MAX_IO], din[KT_MAX_IO], dout[KT_MAX_IO];
+  kiln_tensor_type_t it[KT_MAX_IO], ot[KT_MAX_IO];
   for (size_t i = 0; i < nin; ++i) {
     kiln_graph_input_type(g, i, &it[i]);
     kt_alloc(&in[i], &it[i], false);
@@ -186,7 +211,7 @@ static void run_graph(kiln_context_t *ctx, const char *text, mgpu_t *m,
   for (size_t i = 0; i < nout; ++i)
     m->memcpy_(got_dl[i].data, dout[i].data, bytes_of(&ot[i]), stream);
   // Inputs the graph writes, as kiln left them on the device.
-  kt_tensor_t got_in[4];
+  kt_tensor_t got_in[KT_MAX_IO];
   memset(got_in, 0, sizeof(got_in));
   for (size_t i = 0; i < nin; ++i)
     if (kiln_graph_input_mutated(g, i) && kt_alloc(&got_in[i], &it[i], false))
@@ -259,15 +284,15 @@ static void misaligned_is_refused(kiln_context_t *ctx, mgpu_t *m, void *stream) 
 // updated in place. Every call gets fresh inputs and is checked.
 #define GRAPH_SETS 5
 typedef struct {
-  DLTensor in[4], out[4];
+  DLTensor in[KT_MAX_IO], out[KT_MAX_IO];
 } buffers_t;
 
 static void graph_call(kiln_function_t *fn, kiln_graph_t *g, buffers_t *b,
                        mgpu_t *m, void *stream, uint64_t *seed) {
   size_t nin = kiln_graph_input_count(g), nout = kiln_graph_output_count(g);
-  kt_tensor_t in[4], got[4], want[4];
-  DLTensor in_dl[4], got_dl[4], want_dl[4];
-  kiln_tensor_type_t it[4], ot[4];
+  kt_tensor_t in[KT_MAX_IO], got[KT_MAX_IO], want[KT_MAX_IO];
+  DLTensor in_dl[KT_MAX_IO], got_dl[KT_MAX_IO], want_dl[KT_MAX_IO];
+  kiln_tensor_type_t it[KT_MAX_IO], ot[KT_MAX_IO];
   for (size_t i = 0; i < nin; ++i) {
     kiln_graph_input_type(g, i, &it[i]);
     kt_alloc(&in[i], &it[i], false);
@@ -413,7 +438,9 @@ int main(int argc, char **argv) {
   misaligned_is_refused(ctx, &m, stream);
   graphs_replay(ctx, kGraphs[3], &m, stream, &seed);  // temporaries
   graphs_replay(ctx, kGraphs[2], &m, stream, &seed);  // a device copy step
-  graphs_replay(ctx, kGraphs[KILN_GRAPH_COUNT - 1], &m, stream, &seed);  // constants
+  graphs_replay(ctx, kGraphs[KILN_GRAPH_COUNT - 3], &m, stream, &seed);  // constants
+  graphs_replay(ctx, kGraphs[KILN_GRAPH_COUNT - 2], &m, stream, &seed);  // in place
+  graphs_replay(ctx, kGraphs[KILN_GRAPH_COUNT - 1], &m, stream, &seed);  // merged kernels
   kiln_stats_t first;
   kiln_context_stats(ctx, &first);
   kiln_context_destroy(ctx);
