@@ -141,10 +141,16 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
                                     const kiln_pipeline_options_t *opts,
                                     kiln_gpu_program_t *out);
 void kiln_gpu_program_free(kiln_gpu_program_t *program);
-// Horizontal fusion (lowering/gpu_hfuse.c): independent launches of one
-// block size in the host function of an outlined module become one kernel
-// each; `*fused` counts the merged kernels. KILN_HFUSE=0 turns it off.
+// Horizontal fusion (lowering/hfuse.c), KILN_HFUSE=0 turns it off. CUDA:
+// independent launches of one block size in the host function of an
+// outlined module become one kernel each; `*fused` counts the merged
+// kernels.
 kiln_status_t kiln_gpu_fuse_launches(MlirContext ctx, MlirModule module, int *fused);
+// CPU: independent top-level scf.parallel loops (thread-distributed ops,
+// before convert-scf-to-openmp) become one loop of `threads` iterations,
+// each running its thread's share of every member.
+kiln_status_t kiln_cpu_fuse_loops(MlirContext ctx, MlirModule module, int threads,
+                                  int *fused);
 // A program as bytes (the compile cache's payload for a CUDA variant) and
 // back; deserializing checks every count and index.
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *program,

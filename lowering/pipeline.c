@@ -164,10 +164,11 @@ static void stage_pipeline(kiln_stage_t stage, const kiln_pipeline_options_t *o,
     return;
   }
   int threads = o ? o->threads : 1;
+  // (kiln_pipeline_run has run scf-forall-to-parallel and the horizontal
+  // fusion of the parallel loops.)
   if (threads > 1)
-    snprintf(buf, n, "builtin.module(scf-forall-to-parallel,"
-                     "convert-scf-to-openmp{num-threads=%d},%s", threads,
-             kStagePipelines[stage]);
+    snprintf(buf, n, "builtin.module(convert-scf-to-openmp{num-threads=%d},%s",
+             threads, kStagePipelines[stage]);
   else
     snprintf(buf, n, "builtin.module(scf-forall-to-for,%s", kStagePipelines[stage]);
 }
@@ -240,6 +241,24 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
         }
       }
     } else {
+      if (stage == KILN_STAGE_LOOPS && opts && opts->threads > 1) {
+        // Thread-distributed loops become scf.parallel; independent ones
+        // then run as one parallel region (lowering/hfuse.c).
+        KILN_RETURN_IF_ERROR_PLAIN(run_pipeline(
+            m, module, "builtin.module(scf-forall-to-parallel)", what));
+        const char *hfuse = getenv("KILN_HFUSE");
+        if (!hfuse || strcmp(hfuse, "0") != 0) {
+          int fused = 0;
+          kiln_sbuf_free(&m->diags);
+          kiln_status_t s = kiln_cpu_fuse_loops(m->ctx, module, opts->threads, &fused);
+          if (s) {
+            kiln_status_t d = diag_error(m, what);
+            s = kiln_status_annotate(s, "%s", kiln_status_message(d));
+            kiln_status_free(d);
+            return s;
+          }
+        }
+      }
       char text[2048];
       stage_pipeline(stage, opts, text, sizeof(text));
       KILN_RETURN_IF_ERROR_PLAIN(

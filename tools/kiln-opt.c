@@ -1,6 +1,6 @@
 // kiln-opt: graph text or MLIR in, the IR after a pipeline stage out.
 //   kiln-opt [--emit=graph|linalg|fused|vectorized|bufferized|loops|llvm]
-//            [--no-vectorize] [--target=cpu|cuda] [FILE|-]
+//            [--no-vectorize] [--threads=N] [--target=cpu|cuda] [FILE|-]
 // With --target=cuda, the stages after 'bufferized' print the module after
 // the GPU pipeline: host function with kernel launches, and the PTX (for
 // the local device's architecture, or sm_90 without one).
@@ -45,8 +45,9 @@ int main(int argc, char **argv) {
     if (strncmp(argv[i], "--emit=", 7) == 0) emit = argv[i] + 7;
     else if (strcmp(argv[i], "--no-vectorize") == 0) opts.vectorize = 0;
     else if (strncmp(argv[i], "--target=", 9) == 0) opts.target = argv[i] + 9;
+    else if (strncmp(argv[i], "--threads=", 10) == 0) opts.num_threads = atoi(argv[i] + 10);
     else if (strcmp(argv[i], "--help") == 0) {
-      printf("usage: kiln-opt [--emit=STAGE] [--no-vectorize] [--target=cpu|cuda] [FILE|-]\n"
+      printf("usage: kiln-opt [--emit=STAGE] [--no-vectorize] [--threads=N] [--target=cpu|cuda] [FILE|-]\n"
              "stages: graph linalg fused vectorized bufferized loops llvm\n");
       return 0;
     } else if (argv[i][0] == '-' && argv[i][1]) {

@@ -112,7 +112,7 @@ static const char *kGraphs[] = {
     "  %s = aten.sqrt(%v2)\n  %d = aten.add(%s, 1e-8)\n  %u = aten.div(%m2, %d)\n"
     "  %p2 = aten.sub(%p, %u) {alpha = 0.01}\n  %n = aten.sum(%p2) {dims = [1]}\n"
     "  return %n, %p2 -> %p, %m2 -> %m, %v2 -> %v\n}\n",
-    // Horizontal fusion (lowering/gpu_hfuse.c) and rank-0 ops as one-thread
+    // Horizontal fusion (lowering/hfuse.c) and rank-0 ops as one-thread
     // kernels: two step counts and a bias correction (rank 0), updates of
     // three sizes (a 2-D grid, 1-D blocks of two sizes); %h2 reads %b's
     // update (a later level), %h is written after the kernels that read its
