@@ -27,6 +27,12 @@ typedef struct kiln_lower_options {
   // CPU: convolutions as one contraction per kernel tap
   // (lowering/ops/matmul.c); CUDA keeps linalg.conv_2d.
   bool conv_taps;
+  // CPU: a matmul whose lhs is a transpose reads the untransposed source
+  // through its indexing map (the outer-product contraction loads A^T's
+  // columns as rows). CUDA materializes the transpose instead, so the
+  // matmul keeps default maps and takes the SGEMM kernel
+  // (kernels/gpu_sgemm.c), which reads row-major operands.
+  bool lhs_transpose_map;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

@@ -218,8 +218,9 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   } else {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &init));
     kiln_emit_fresh(e, mm.ssa);
-    const kiln_tv_t *at_src =
-        n->op != KILN_OP_BMM ? transposed_source(e, n->operands[base].value) : NULL;
+    const kiln_tv_t *at_src = n->op != KILN_OP_BMM && e->options.lhs_transpose_map
+                                  ? transposed_source(e, n->operands[base].value)
+                                  : NULL;
     if (at_src) {
       char sty[256];
       kiln_mlir_tensor_type(&at_src->type, sty, sizeof(sty));
