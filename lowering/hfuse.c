@@ -556,7 +556,7 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
   kiln_sbuf_t t;
   kiln_sbuf_init(&t);
   if (!args || !map || !first) {
-    s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: launch fusion");
+    s = oom();
     goto done;
   }
   int nargs = 0;
@@ -592,7 +592,7 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
   emit_tree(&t, "%bid", first, m, 0, count, emit_block_leaf);
   kiln_sbuf_puts(&t, "gpu.return\n}\n}\n");
   if (t.oom) {
-    s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: launch fusion");
+    s = oom();
     goto done;
   }
   MlirOperation mod = mlirOperationCreateParse(
@@ -612,7 +612,7 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
   MlirOperation *leaf = calloc((size_t)count + 1, sizeof(MlirOperation));
   if (ids.oom || !leaf) {
     free(leaf);
-    s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: launch fusion");
+    s = oom();
     goto done;
   }
   int leaves = 0;
@@ -639,16 +639,12 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
     // Move the member's body in front of the leaf's terminator.
     MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(m[j]->func, 0));
     oplist_t moved = {0};
-    for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);
-         op = mlirOperationGetNextInBlock(op))
-      if (!is(op, "gpu.return")) oplist_push(&moved, op);
-    if (moved.oom) {
+    s = move_body(body, o[9], &moved);
+    if (s) {
       free(moved.ops);
       free(leaf);
-      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: launch fusion");
       goto done;
     }
-    for (int k = 0; k < moved.count; ++k) mlirOperationMoveBefore(moved.ops[k], o[9]);
     for (int k = 0; k < m[j]->nkargs; ++k, ++at)
       mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, k),
                                     mlirBlockGetArgument(entry, map[at]));
@@ -663,11 +659,11 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
                                     is(found.ops[k], "gpu.block_id") ? bid[d] : grid[d]);
       mlirOperationDestroy(found.ops[k]);
     }
-    bool oom = found.oom;
+    bool failed = found.oom;
     free(found.ops);
-    if (oom) {
+    if (failed) {
       free(leaf);
-      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: launch fusion");
+      s = oom();
       goto done;
     }
   }
@@ -678,7 +674,7 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
   MlirValue one = index_constant(ctx, host, before, 1);
   MlirValue *operands = calloc((size_t)nargs + 6, sizeof(MlirValue));
   if (!operands) {
-    s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: launch fusion");
+    s = oom();
     goto done;
   }
   operands[0] = grid;
