@@ -15,8 +15,9 @@
 //     inside a body keep their meaning.
 //   - CPU (kiln_cpu_fuse_loops, between scf-forall-to-parallel and
 //     convert-scf-to-openmp): top-level scf.parallel loops merge into one
-//     loop over the members' iterations end to end, the same tree on the
-//     iteration, each member's induction variables recomputed from it.
+//     loop of one iteration per thread, in which each thread runs its static
+//     share of every member in turn (an scf.for over the member's linear
+//     iterations, its induction variables recomputed from them).
 // The members' bodies move (not copy) into the merged kernel or loop.
 //
 // The schedule, per run of top-level ops of the entry function (a run ends
@@ -217,10 +218,14 @@ static MlirWalkResult scan_uses(MlirOperation op, void *user) {
     vlist_add(&u->derived, mlirOperationGetResult(op, 0));
     return u->derived.oom ? MlirWalkResultInterrupt : MlirWalkResultAdvance;
   }
+  if (is(op, "memref.extract_strided_metadata")) {
+    // Its base buffer (result 0) is the buffer again.
+    vlist_add(&u->derived, mlirOperationGetResult(op, 0));
+    return u->derived.oom ? MlirWalkResultInterrupt : MlirWalkResultAdvance;
+  }
   if (is(op, "memref.load") || is(op, "vector.load") ||
       is(op, "vector.transfer_read") || is(op, "vector.maskedload") ||
-      is(op, "vector.gather") || is(op, "memref.dim") ||
-      is(op, "memref.extract_strided_metadata"))
+      is(op, "vector.gather") || is(op, "memref.dim"))
     return MlirWalkResultAdvance;
   u->written = true;  // stores, copies, and anything not known to only read
   return MlirWalkResultInterrupt;
@@ -284,6 +289,14 @@ static MlirWalkResult check_plain(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
+static MlirWalkResult check_no_alloca(MlirOperation op, void *user) {
+  if (is(op, "memref.alloca")) {
+    ((plain_t *)user)->plain = false;
+    return MlirWalkResultInterrupt;
+  }
+  return MlirWalkResultAdvance;
+}
+
 // A kernel whose body can move into a merged kernel: one block, arguments
 // exactly the function's inputs (no workgroup or private attributions).
 static bool kernel_plain(MlirOperation func) {
@@ -302,6 +315,20 @@ static bool kernel_plain(MlirOperation func) {
   return p.plain;
 }
 
+// How many launches of the host function name `kernel` (its body moves
+// into a merged kernel only if this one launch runs it).
+static int launches_of(MlirBlock host, MlirAttribute kernel) {
+  int n = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(host); !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op)) {
+    if (!is(op, "gpu.launch_func")) continue;
+    MlirAttribute k = mlirOperationGetAttributeByName(
+        op, mlirStringRefCreateFromCString("kernel"));
+    n += !mlirAttributeIsNull(k) && mlirAttributeEqual(k, kernel);
+  }
+  return n;
+}
+
 // A gpu.launch_func whose operands are grid, block and kernel arguments only
 // (no async tokens, clusters or dynamic shared memory), of constant sizes,
 // launching a plain kernel.
@@ -314,7 +341,9 @@ static void read_launch(hfuse_t *h, node_t *n) {
   MlirAttribute seg = mlirOperationGetAttributeByName(
       op, mlirStringRefCreateFromCString("operandSegmentSizes"));
   bool simple = !mlirAttributeIsNull(seg) && mlirAttributeIsADenseI32Array(seg) &&
-                mlirDenseArrayGetNumElements(seg) >= 12 && count >= 6;
+                mlirDenseArrayGetNumElements(seg) >= 12 &&
+                mlirDenseArrayGetNumElements(seg) <= 16 && count >= 6 &&
+                mlirOperationGetNumResults(op) == 0;  // no async token
   for (int k = 0; simple && k < (int)mlirDenseArrayGetNumElements(seg); ++k) {
     int32_t e = mlirDenseI32ArrayGetElement(seg, k);
     if (k != 11) simple = e == (k >= 1 && k <= 6 ? 1 : 0);
@@ -335,7 +364,7 @@ static void read_launch(hfuse_t *h, node_t *n) {
   n->func = find_symbol(mlirRegionGetFirstBlock(mlirOperationGetRegion(n->module, 0)),
                         mlirSymbolRefAttrGetLeafReference(kernel));
   n->mergeable = !mlirOperationIsNull(n->func) && is(n->func, "gpu.func") &&
-                 kernel_plain(n->func);
+                 kernel_plain(n->func) && launches_of(h->host, kernel) == 1;
 }
 
 // An scf.parallel without reductions, of constant bounds, one block.
@@ -366,8 +395,12 @@ static void read_loop(node_t *n) {
   if (mlirBlockIsNull(body) || !mlirBlockIsNull(mlirBlockGetNextInRegion(body)))
     return;
   MlirOperation term = mlirBlockGetTerminator(body);
+  // A stack allocation in the body would pile up in the merged loop's
+  // scf.for (scf.parallel is an allocation scope, scf.for is not).
+  plain_t p = {true};
+  mlirOperationWalk(op, check_no_alloca, &p, MlirWalkPreOrder);
   n->mergeable = !mlirOperationIsNull(term) && is(term, "scf.reduce") &&
-                 mlirOperationGetNumOperands(term) == 0;
+                 mlirOperationGetNumOperands(term) == 0 && p.plain;
 }
 
 static kiln_status_t read_node(hfuse_t *h, MlirOperation op, node_t *n) {

@@ -717,6 +717,16 @@ def support_reason(node) -> str | None:
         return f"no kiln lowering for {node.target}"
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
+    if vals and all(isinstance(v, torch.Tensor) and v.device.type == "cuda" and v.dim() == 0
+                    for v in vals) and any(
+            isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].dim() > 0
+            for a in node.all_input_nodes):
+        # A reduction to a scalar (a loss) on CUDA: kiln's CUDA programs are
+        # kernel launches, and a whole-tensor reduction into one value lowers
+        # to a loop on the host. Rank-0 ops of rank-0 operands (an
+        # optimizer's step counts and bias corrections) are one-thread
+        # kernels (lowering/gpu.c).
+        return "a reduction to a rank-0 result on CUDA"
     try:
         _result_types(node)
         for a in node.all_input_nodes:

@@ -140,3 +140,33 @@ def test_compiled_optimizer_step_on_cuda_matches_eager(name):
     for p, q in zip(ref.parameters(), mod.parameters()):
         torch.testing.assert_close(q, p, atol=1e-5, rtol=1e-4)
     assert kiln.compile_stats()["compiles"] > before
+
+
+def test_rank0_ops_compile_and_scalar_reductions_fall_back():
+    # Rank-0 ops of rank-0 operands (step counts, bias corrections) run as
+    # one-thread kernels: fallback="error" holds. A reduction of a tensor
+    # to a scalar stays in PyTorch; the rest of its graph compiles.
+    def step(s, p, g):
+        s.add_(1)
+        bc = 1 - 0.9 ** s
+        p.sub_(g / bc)
+        return p
+
+    s = torch.zeros((), device="cuda")
+    p = torch.randn(256, 128, device="cuda")
+    g = torch.randn(256, 128, device="cuda")
+    s2, p2 = s.clone(), p.clone()
+    compiled = torch.compile(step, backend="kiln", options={"fallback": "error"})
+    for _ in range(3):
+        compiled(s, p, g)
+        step(s2, p2, g)
+    torch.testing.assert_close(s, s2)
+    torch.testing.assert_close(p, p2, **TOL[torch.float32])
+
+    def loss(x, w):
+        return ((x @ w).relu() * 2.0).mean()
+
+    x = torch.randn(64, 32, device="cuda")
+    w = torch.randn(32, 128, device="cuda")
+    got = torch.compile(loss, backend="kiln")(x, w)
+    torch.testing.assert_close(got, loss(x, w), **TOL[torch.float32])
