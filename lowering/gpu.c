@@ -11,6 +11,7 @@
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Dialect/GPU.h>
 
+#include "kernels/gpu_splice.h"
 #include "kernels/kernels.h"
 #include "lowering/lowering.h"
 
@@ -27,11 +28,6 @@ static const char *libdevice_path(void) {
   for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); ++i)
     if (access(paths[i], R_OK) == 0) return paths[i];
   return NULL;
-}
-
-static bool name_is(MlirOperation op, const char *name) {
-  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
-  return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
 }
 
 void kiln_gpu_program_free(kiln_gpu_program_t *p) {
@@ -94,7 +90,7 @@ static int64_t element_bytes(MlirType t) {
 // accesses assume (they choose the vector width from the view's own inner
 // size: a view of 128 of 130 columns would start odd rows misaligned).
 static bool static_subview(MlirOperation op) {
-  if (!name_is(op, "memref.subview")) return false;
+  if (!kiln_gpu_op_named(op, "memref.subview")) return false;
   MlirType t = mlirValueGetType(mlirOperationGetResult(op, 0));
   if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t)) return false;
   int64_t rank = mlirShapedTypeGetRank(t), offset = 0;
@@ -126,9 +122,9 @@ static int buffer_of(reader_t *r, MlirValue v) {
     for (int i = 0; i < r->p->const_count; ++i)
       if (mlirValueEqual(r->consts[i], v)) return KILN_CONST_TAG + i;
     MlirOperation def = mlirOpResultGetOwner(v);
-    if (!(name_is(def, "memref.expand_shape") ||
-          name_is(def, "memref.collapse_shape") ||
-          name_is(def, "memref.reshape") || name_is(def, "memref.cast") ||
+    if (!(kiln_gpu_op_named(def, "memref.expand_shape") ||
+          kiln_gpu_op_named(def, "memref.collapse_shape") ||
+          kiln_gpu_op_named(def, "memref.reshape") || kiln_gpu_op_named(def, "memref.cast") ||
           static_subview(def)))
       return -1;
     v = mlirOperationGetOperand(def, 0);
@@ -138,17 +134,6 @@ static int buffer_of(reader_t *r, MlirValue v) {
 
 static void sbuf_print(MlirStringRef str, void *user) {
   kiln_sbuf_append((kiln_sbuf_t *)user, str.data, str.length);
-}
-
-static bool constant_index(MlirValue v, int64_t *out) {
-  if (!mlirValueIsAOpResult(v)) return false;
-  MlirOperation def = mlirOpResultGetOwner(v);
-  if (!name_is(def, "arith.constant")) return false;
-  MlirAttribute a = mlirOperationGetAttributeByName(
-      def, mlirStringRefCreateFromCString("value"));
-  if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return false;
-  *out = mlirIntegerAttrGetValueInt(a);
-  return true;
 }
 
 static kiln_status_t push_step(kiln_gpu_program_t *p, const kiln_gpu_launch_t *l) {
@@ -183,7 +168,7 @@ static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
   memset(&l, 0, sizeof(l));
   for (int k = 0; k < 6; ++k) {
     int64_t v = 0;
-    if (!constant_index(mlirOperationGetOperand(op, k), &v) || v < 1 ||
+    if (!kiln_mlir_constant_index(mlirOperationGetOperand(op, k), &v) || v < 1 ||
         v > 0x7fffffff)
       return kiln_make_status(KILN_STATUS_UNSUPPORTED,
                               "cuda: a kernel launch size that is not a "
@@ -295,7 +280,7 @@ static kiln_status_t read_global(reader_t *r, MlirOperation op) {
   bool device_use = false;
   for (MlirOpOperand u = mlirValueGetFirstUse(mlirOperationGetResult(op, 0));
        !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u))
-    device_use |= !(name_is(mlirOpOperandGetOwner(u), "memref.reshape") &&
+    device_use |= !(kiln_gpu_op_named(mlirOpOperandGetOwner(u), "memref.reshape") &&
                     mlirOpOperandGetOperandNumber(u) == 1);
   if (!device_use) return NULL;
   MlirAttribute name = mlirOperationGetAttributeByName(
@@ -307,7 +292,7 @@ static kiln_status_t read_global(reader_t *r, MlirOperation op) {
   MlirBlock top = mlirRegionGetFirstBlock(mlirOperationGetRegion(r->module_op, 0));
   for (MlirOperation g = mlirBlockGetFirstOperation(top); !mlirOperationIsNull(g);
        g = mlirOperationGetNextInBlock(g)) {
-    if (!name_is(g, "memref.global")) continue;
+    if (!kiln_gpu_op_named(g, "memref.global")) continue;
     MlirAttribute sym = mlirOperationGetAttributeByName(
         g, mlirStringRefCreateFromCString("sym_name"));
     MlirStringRef have = mlirStringAttrGetValue(sym);
@@ -374,26 +359,26 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
                             "cuda: control flow left in the host function");
   for (MlirOperation op = mlirBlockGetFirstOperation(r->entry);
        !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
-    if (name_is(op, "arith.constant") || name_is(op, "memref.dealloc") ||
-        name_is(op, "func.return") || name_is(op, "memref.expand_shape") ||
-        name_is(op, "memref.collapse_shape") || name_is(op, "memref.cast") ||
-        name_is(op, "memref.reshape") || static_subview(op))
+    if (kiln_gpu_op_named(op, "arith.constant") || kiln_gpu_op_named(op, "memref.dealloc") ||
+        kiln_gpu_op_named(op, "func.return") || kiln_gpu_op_named(op, "memref.expand_shape") ||
+        kiln_gpu_op_named(op, "memref.collapse_shape") || kiln_gpu_op_named(op, "memref.cast") ||
+        kiln_gpu_op_named(op, "memref.reshape") || static_subview(op))
       continue;
     // Graph constants, and the constant shape operands of memref.reshape
     // (graph-level views; a reshape's operand is not a kernel argument).
-    if (name_is(op, "memref.get_global")) {
+    if (kiln_gpu_op_named(op, "memref.get_global")) {
       KILN_RETURN_IF_ERROR_PLAIN(read_global(r, op));
       continue;
     }
-    if (name_is(op, "gpu.launch_func")) {
+    if (kiln_gpu_op_named(op, "gpu.launch_func")) {
       KILN_RETURN_IF_ERROR_PLAIN(read_launch(r, op));
       continue;
     }
-    if (name_is(op, "memref.copy")) {
+    if (kiln_gpu_op_named(op, "memref.copy")) {
       KILN_RETURN_IF_ERROR_PLAIN(read_copy(r, op));
       continue;
     }
-    if (name_is(op, "memref.alloc") || name_is(op, "memref.alloca")) {
+    if (kiln_gpu_op_named(op, "memref.alloc") || kiln_gpu_op_named(op, "memref.alloca")) {
       int64_t bytes = memref_bytes(mlirValueGetType(mlirOperationGetResult(op, 0)));
       if (bytes < 0)
         return kiln_make_status(KILN_STATUS_UNSUPPORTED,
@@ -424,14 +409,14 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
 // Marks the float adds, subtractions, multiplies and add-reductions inside
 // GPU modules `contract`.
 static MlirWalkResult allow_contraction(MlirOperation op, void *user) {
-  if (!(name_is(op, "llvm.fmul") || name_is(op, "llvm.fadd") ||
-        name_is(op, "llvm.fsub") ||
-        name_is(op, "llvm.intr.vector.reduce.fadd")))
+  if (!(kiln_gpu_op_named(op, "llvm.fmul") || kiln_gpu_op_named(op, "llvm.fadd") ||
+        kiln_gpu_op_named(op, "llvm.fsub") ||
+        kiln_gpu_op_named(op, "llvm.intr.vector.reduce.fadd")))
     return MlirWalkResultAdvance;
   const MlirAttribute *contract = user;
   for (MlirOperation p = mlirOperationGetParentOperation(op);
        !mlirOperationIsNull(p); p = mlirOperationGetParentOperation(p))
-    if (name_is(p, "gpu.module")) {
+    if (kiln_gpu_op_named(p, "gpu.module")) {
       mlirOperationSetAttributeByName(
           op, mlirStringRefCreateFromCString("fastmathFlags"), *contract);
       break;
@@ -450,7 +435,7 @@ typedef struct {
 
 static MlirWalkResult find_parts(MlirOperation op, void *user) {
   finder_t *f = user;
-  if (name_is(op, "gpu.binary")) {
+  if (kiln_gpu_op_named(op, "gpu.binary")) {
     if (f->binary_count == f->binary_capacity) {
       int cap = f->binary_capacity ? 2 * f->binary_capacity : 64;
       MlirOperation *nb = realloc(f->binaries, sizeof(*nb) * (size_t)cap);
@@ -463,7 +448,7 @@ static MlirWalkResult find_parts(MlirOperation op, void *user) {
     }
     f->binaries[f->binary_count++] = op;
   }
-  if (name_is(op, "func.func")) {
+  if (kiln_gpu_op_named(op, "func.func")) {
     MlirAttribute n = mlirOperationGetAttributeByName(
         op, mlirStringRefCreateFromCString("sym_name"));
     MlirStringRef s = mlirStringAttrGetValue(n);
@@ -479,22 +464,12 @@ static MlirWalkResult find_parts(MlirOperation op, void *user) {
 // function moves into an scf.parallel of one iteration, which the
 // parallel-loop mapping turns into a kernel of one block.
 static kiln_status_t wrap_scalar_ops(MlirContext ctx, MlirModule module) {
-  MlirOperation main = mlirOperationIsNull(mlirModuleGetOperation(module))
-                           ? (MlirOperation){NULL}
-                           : mlirBlockGetFirstOperation(mlirModuleGetBody(module));
-  for (; !mlirOperationIsNull(main); main = mlirOperationGetNextInBlock(main)) {
-    MlirAttribute nm = mlirOperationGetAttributeByName(
-        main, mlirStringRefCreateFromCString("sym_name"));
-    if (name_is(main, "func.func") && !mlirAttributeIsNull(nm) &&
-        mlirStringRefEqual(mlirStringAttrGetValue(nm),
-                           mlirStringRefCreateFromCString(KILN_ENTRY_NAME)))
-      break;
-  }
+  MlirOperation main = kiln_mlir_find_symbol(
+      mlirModuleGetBody(module), mlirStringRefCreateFromCString(KILN_ENTRY_NAME));
   if (mlirOperationIsNull(main)) return NULL;
   MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(main, 0));
   MlirLocation loc = mlirLocationUnknownGet(ctx);
   MlirType index = mlirIndexTypeGet(ctx);
-  MlirIdentifier value = mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("value"));
   for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
     MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
@@ -509,16 +484,8 @@ static kiln_status_t wrap_scalar_ops(MlirContext ctx, MlirModule module) {
       continue;
     }
     MlirValue bounds[3];
-    for (int k = 0; k < 3; ++k) {
-      MlirOperationState c = mlirOperationStateGet(
-          mlirStringRefCreateFromCString("arith.constant"), loc);
-      MlirNamedAttribute v = mlirNamedAttributeGet(value, mlirIntegerAttrGet(index, k != 0));
-      mlirOperationStateAddAttributes(&c, 1, &v);
-      mlirOperationStateAddResults(&c, 1, &index);
-      MlirOperation cop = mlirOperationCreate(&c);
-      mlirBlockInsertOwnedOperationBefore(body, op, cop);
-      bounds[k] = mlirOperationGetResult(cop, 0);
-    }
+    for (int k = 0; k < 3; ++k)
+      bounds[k] = kiln_mlir_index_constant(ctx, body, op, k != 0);
     MlirRegion region = mlirRegionCreate();
     MlirBlock inner = mlirBlockCreate(1, &index, &loc);
     mlirRegionAppendOwnedBlock(region, inner);

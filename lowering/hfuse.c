@@ -42,6 +42,7 @@
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/IR.h>
 
+#include "kernels/gpu_splice.h"
 #include "lowering/lowering.h"
 
 enum { kMaxMembers = 64, kMaxLoopDims = 8 };
@@ -80,28 +81,31 @@ typedef struct {
   int counter;
 } hfuse_t;
 
-static bool is(MlirOperation op, const char *name) {
-  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
-  return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
-}
-
 static bool has_prefix(MlirOperation op, const char *prefix) {
   MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
   return n.length >= strlen(prefix) && memcmp(n.data, prefix, strlen(prefix)) == 0;
 }
 
+// Whether `op` is named one of `names` (NULL-terminated).
+static bool named_any(MlirOperation op, const char *const *names) {
+  for (; *names; ++names)
+    if (kiln_gpu_op_named(op, *names)) return true;
+  return false;
+}
+
 static bool is_view(MlirOperation op) {
-  return is(op, "memref.subview") || is(op, "memref.expand_shape") ||
-         is(op, "memref.collapse_shape") || is(op, "memref.cast") ||
-         is(op, "memref.reshape") || is(op, "memref.reinterpret_cast") ||
-         is(op, "memref.view") || is(op, "memref.assume_alignment") ||
-         is(op, "memref.memory_space_cast");
+  static const char *const kViews[] = {
+      "memref.subview", "memref.expand_shape", "memref.collapse_shape",
+      "memref.cast", "memref.reshape", "memref.reinterpret_cast", "memref.view",
+      "memref.assume_alignment", "memref.memory_space_cast", NULL};
+  return named_any(op, kViews);
 }
 
 // Host ops that stay in place: they neither read nor write buffers.
 static bool is_inert(MlirOperation op) {
-  return is(op, "arith.constant") || is(op, "ub.poison") || is(op, "memref.alloc") ||
-         is(op, "memref.alloca") || is(op, "memref.get_global") || is_view(op);
+  static const char *const kInert[] = {"arith.constant", "ub.poison", "memref.alloc",
+                                       "memref.alloca", "memref.get_global", NULL};
+  return named_any(op, kInert) || is_view(op);
 }
 
 static MlirValue root_of(MlirValue v) {
@@ -111,29 +115,6 @@ static MlirValue root_of(MlirValue v) {
     v = mlirOperationGetOperand(def, 0);
   }
   return v;
-}
-
-static bool constant_index(MlirValue v, int64_t *out) {
-  if (!mlirValueIsAOpResult(v)) return false;
-  MlirOperation def = mlirOpResultGetOwner(v);
-  if (!is(def, "arith.constant")) return false;
-  MlirAttribute a = mlirOperationGetAttributeByName(
-      def, mlirStringRefCreateFromCString("value"));
-  if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return false;
-  *out = mlirIntegerAttrGetValueInt(a);
-  return true;
-}
-
-static MlirOperation find_symbol(MlirBlock body, MlirStringRef name) {
-  for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);
-       op = mlirOperationGetNextInBlock(op)) {
-    MlirAttribute s = mlirOperationGetAttributeByName(
-        op, mlirStringRefCreateFromCString("sym_name"));
-    if (!mlirAttributeIsNull(s) && mlirAttributeIsAString(s) &&
-        mlirStringRefEqual(mlirStringAttrGetValue(s), name))
-      return op;
-  }
-  return (MlirOperation){NULL};
 }
 
 static kiln_status_t oom(void) {
@@ -218,15 +199,15 @@ static MlirWalkResult scan_uses(MlirOperation op, void *user) {
     vlist_add(&u->derived, mlirOperationGetResult(op, 0));
     return u->derived.oom ? MlirWalkResultInterrupt : MlirWalkResultAdvance;
   }
-  if (is(op, "memref.extract_strided_metadata")) {
+  if (kiln_gpu_op_named(op, "memref.extract_strided_metadata")) {
     // Its base buffer (result 0) is the buffer again.
     vlist_add(&u->derived, mlirOperationGetResult(op, 0));
     return u->derived.oom ? MlirWalkResultInterrupt : MlirWalkResultAdvance;
   }
-  if (is(op, "memref.load") || is(op, "vector.load") ||
-      is(op, "vector.transfer_read") || is(op, "vector.maskedload") ||
-      is(op, "vector.gather") || is(op, "memref.dim"))
-    return MlirWalkResultAdvance;
+  static const char *const kReads[] = {"memref.load", "vector.load",
+                                       "vector.transfer_read", "vector.maskedload",
+                                       "vector.gather", "memref.dim", NULL};
+  if (named_any(op, kReads)) return MlirWalkResultAdvance;
   u->written = true;  // stores, copies, and anything not known to only read
   return MlirWalkResultInterrupt;
 }
@@ -280,9 +261,10 @@ typedef struct {
 static MlirWalkResult check_plain(MlirOperation op, void *user) {
   // Symbol uses (globals, calls) would have to move with the body;
   // cluster and global ids depend on the launch's shape.
-  if (is(op, "memref.get_global") || is(op, "func.call") ||
-      is(op, "gpu.global_id") || has_prefix(op, "gpu.cluster") ||
-      is(op, "gpu.dynamic_shared_memory") || is(op, "gpu.printf")) {
+  static const char *const kMoving[] = {"memref.get_global", "func.call",
+                                        "gpu.global_id", "gpu.dynamic_shared_memory",
+                                        "gpu.printf", NULL};
+  if (named_any(op, kMoving) || has_prefix(op, "gpu.cluster")) {
     ((plain_t *)user)->plain = false;
     return MlirWalkResultInterrupt;
   }
@@ -290,7 +272,7 @@ static MlirWalkResult check_plain(MlirOperation op, void *user) {
 }
 
 static MlirWalkResult check_no_alloca(MlirOperation op, void *user) {
-  if (is(op, "memref.alloca")) {
+  if (kiln_gpu_op_named(op, "memref.alloca")) {
     ((plain_t *)user)->plain = false;
     return MlirWalkResultInterrupt;
   }
@@ -321,7 +303,7 @@ static int launches_of(MlirBlock host, MlirAttribute kernel) {
   int n = 0;
   for (MlirOperation op = mlirBlockGetFirstOperation(host); !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op)) {
-    if (!is(op, "gpu.launch_func")) continue;
+    if (!kiln_gpu_op_named(op, "gpu.launch_func")) continue;
     MlirAttribute k = mlirOperationGetAttributeByName(
         op, mlirStringRefCreateFromCString("kernel"));
     n += !mlirAttributeIsNull(k) && mlirAttributeEqual(k, kernel);
@@ -349,7 +331,7 @@ static void read_launch(hfuse_t *h, node_t *n) {
     if (k != 11) simple = e == (k >= 1 && k <= 6 ? 1 : 0);
   }
   for (int k = 0; simple && k < 6; ++k)
-    simple = constant_index(mlirOperationGetOperand(op, k),
+    simple = kiln_mlir_constant_index(mlirOperationGetOperand(op, k),
                             k < 3 ? &n->grid[k] : &n->block[k - 3]);
   if (!simple) return;
   n->nkargs = (int)(count - 6);
@@ -359,11 +341,11 @@ static void read_launch(hfuse_t *h, node_t *n) {
   if (mlirAttributeIsNull(kernel) || !mlirAttributeIsASymbolRef(kernel) ||
       mlirSymbolRefAttrGetNumNestedReferences(kernel) != 1)
     return;
-  n->module = find_symbol(h->module_body, mlirSymbolRefAttrGetRootReference(kernel));
-  if (mlirOperationIsNull(n->module) || !is(n->module, "gpu.module")) return;
-  n->func = find_symbol(mlirRegionGetFirstBlock(mlirOperationGetRegion(n->module, 0)),
+  n->module = kiln_mlir_find_symbol(h->module_body, mlirSymbolRefAttrGetRootReference(kernel));
+  if (mlirOperationIsNull(n->module) || !kiln_gpu_op_named(n->module, "gpu.module")) return;
+  n->func = kiln_mlir_find_symbol(mlirRegionGetFirstBlock(mlirOperationGetRegion(n->module, 0)),
                         mlirSymbolRefAttrGetLeafReference(kernel));
-  n->mergeable = !mlirOperationIsNull(n->func) && is(n->func, "gpu.func") &&
+  n->mergeable = !mlirOperationIsNull(n->func) && kiln_gpu_op_named(n->func, "gpu.func") &&
                  kernel_plain(n->func) && launches_of(h->host, kernel) == 1;
 }
 
@@ -383,9 +365,9 @@ static void read_loop(node_t *n) {
   n->size = 1;
   for (int d = 0; d < dims; ++d) {
     int64_t ub = 0;
-    if (!constant_index(mlirOperationGetOperand(op, d), &n->lb[d]) ||
-        !constant_index(mlirOperationGetOperand(op, dims + d), &ub) ||
-        !constant_index(mlirOperationGetOperand(op, 2 * dims + d), &n->step[d]) ||
+    if (!kiln_mlir_constant_index(mlirOperationGetOperand(op, d), &n->lb[d]) ||
+        !kiln_mlir_constant_index(mlirOperationGetOperand(op, dims + d), &ub) ||
+        !kiln_mlir_constant_index(mlirOperationGetOperand(op, 2 * dims + d), &n->step[d]) ||
         n->step[d] < 1 || ub <= n->lb[d])
       return;
     n->trips[d] = (ub - n->lb[d] + n->step[d] - 1) / n->step[d];
@@ -399,7 +381,7 @@ static void read_loop(node_t *n) {
   // scf.for (scf.parallel is an allocation scope, scf.for is not).
   plain_t p = {true};
   mlirOperationWalk(op, check_no_alloca, &p, MlirWalkPreOrder);
-  n->mergeable = !mlirOperationIsNull(term) && is(term, "scf.reduce") &&
+  n->mergeable = !mlirOperationIsNull(term) && kiln_gpu_op_named(term, "scf.reduce") &&
                  mlirOperationGetNumOperands(term) == 0 && p.plain;
 }
 
@@ -407,8 +389,8 @@ static kiln_status_t read_node(hfuse_t *h, MlirOperation op, node_t *n) {
   memset(n, 0, sizeof(*n));
   n->op = op;
   n->kind = NODE_OTHER;
-  if (h->gpu && is(op, "gpu.launch_func")) read_launch(h, n);
-  if (!h->gpu && is(op, "scf.parallel")) read_loop(n);
+  if (h->gpu && kiln_gpu_op_named(op, "gpu.launch_func")) read_launch(h, n);
+  if (!h->gpu && kiln_gpu_op_named(op, "scf.parallel")) read_loop(n);
   outside_t o = {h->host, op, {0}};
   mlirOperationWalk(op, collect_outside, &o, MlirWalkPreOrder);
   vlist_t bufs = {0};
@@ -533,7 +515,8 @@ static MlirWalkResult collect_markers(MlirOperation op, void *user) {
 }
 
 static MlirWalkResult collect_ids(MlirOperation op, void *user) {
-  if (is(op, "gpu.block_id") || is(op, "gpu.grid_dim")) oplist_push(user, op);
+  if (kiln_gpu_op_named(op, "gpu.block_id") || kiln_gpu_op_named(op, "gpu.grid_dim"))
+    oplist_push(user, op);
   return MlirWalkResultAdvance;
 }
 
@@ -547,21 +530,6 @@ static int dim_of(MlirOperation op) {
   if (s.data) dim = strstr(s.data, "x") ? 0 : strstr(s.data, "y") ? 1 : strstr(s.data, "z") ? 2 : -1;
   kiln_sbuf_free(&s);
   return dim;
-}
-
-static MlirValue index_constant(MlirContext ctx, MlirBlock block, MlirOperation before,
-                                int64_t v) {
-  MlirLocation loc = mlirLocationUnknownGet(ctx);
-  MlirType index = mlirIndexTypeGet(ctx);
-  MlirOperationState st = mlirOperationStateGet(mlirStringRefCreateFromCString("arith.constant"), loc);
-  MlirNamedAttribute value = mlirNamedAttributeGet(
-      mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("value")),
-      mlirIntegerAttrGet(index, v));
-  mlirOperationStateAddAttributes(&st, 1, &value);
-  mlirOperationStateAddResults(&st, 1, &index);
-  MlirOperation op = mlirOperationCreate(&st);
-  mlirBlockInsertOwnedOperationBefore(block, before, op);
-  return mlirOperationGetResult(op, 0);
 }
 
 // Moves the ops of `from` (all but its terminator) in front of `before`.
@@ -650,7 +618,8 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
   }
   int leaves = 0;
   for (int i = 0; i < ids.count; ++i)
-    if (is(ids.ops[i], "arith.subi") && leaves < count) leaf[leaves++] = ids.ops[i];
+    if (kiln_gpu_op_named(ids.ops[i], "arith.subi") && leaves < count)
+      leaf[leaves++] = ids.ops[i];
   if (leaves != count) {
     free(leaf);
     s = kiln_make_status(KILN_STATUS_INTERNAL, "cuda: launch fusion: %d leaves for "
@@ -688,8 +657,9 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
     for (int k = 0; k < found.count && !found.oom; ++k) {
       int d = dim_of(found.ops[k]);
       if (d < 0) continue;  // left as is: the verifier will name it
+      bool block = kiln_gpu_op_named(found.ops[k], "gpu.block_id");
       mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(found.ops[k], 0),
-                                    is(found.ops[k], "gpu.block_id") ? bid[d] : grid[d]);
+                                    block ? bid[d] : grid[d]);
       mlirOperationDestroy(found.ops[k]);
     }
     bool failed = found.oom;
@@ -703,8 +673,8 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
   free(leaf);
   // The host launch: the members' blocks end to end, their block size.
   MlirBlock host = mlirOperationGetBlock(before);
-  MlirValue grid = index_constant(ctx, host, before, blocks);
-  MlirValue one = index_constant(ctx, host, before, 1);
+  MlirValue grid = kiln_mlir_index_constant(ctx, host, before, blocks);
+  MlirValue one = kiln_mlir_index_constant(ctx, host, before, 1);
   MlirValue *operands = calloc((size_t)nargs + 6, sizeof(MlirValue));
   if (!operands) {
     s = oom();
@@ -802,9 +772,9 @@ static kiln_status_t merge_loops(hfuse_t *h, node_t *const *m, int count,
       mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0)));
   mlirOperationMoveBefore(loop, before);
   // The bounds stop using the skeleton's arguments before it goes.
-  mlirOperationSetOperand(loop, 0, index_constant(h->ctx, h->host, loop, 0));
-  mlirOperationSetOperand(loop, 1, index_constant(h->ctx, h->host, loop, threads));
-  mlirOperationSetOperand(loop, 2, index_constant(h->ctx, h->host, loop, 1));
+  mlirOperationSetOperand(loop, 0, kiln_mlir_index_constant(h->ctx, h->host, loop, 0));
+  mlirOperationSetOperand(loop, 1, kiln_mlir_index_constant(h->ctx, h->host, loop, threads));
+  mlirOperationSetOperand(loop, 2, kiln_mlir_index_constant(h->ctx, h->host, loop, 1));
   mlirOperationDestroy(func);
   mlirOperationWalk(loop, collect_markers, &marks, MlirWalkPreOrder);
   if (marks.oom) {
@@ -923,7 +893,7 @@ static kiln_status_t fuse(MlirContext ctx, MlirModule module, bool gpu, int thre
                           int *fused) {
   hfuse_t h = {ctx, mlirModuleGetBody(module), {NULL}, gpu, threads, 0, 0};
   *fused = 0;
-  MlirOperation main = find_symbol(h.module_body,
+  MlirOperation main = kiln_mlir_find_symbol(h.module_body,
                                    mlirStringRefCreateFromCString(KILN_ENTRY_NAME));
   if (mlirOperationIsNull(main)) return NULL;
   h.host = mlirRegionGetFirstBlock(mlirOperationGetRegion(main, 0));
@@ -939,7 +909,7 @@ static kiln_status_t fuse(MlirContext ctx, MlirModule module, bool gpu, int thre
     MlirOperation next = mlirOperationGetNextInBlock(op);
     // A run ends at the return, at a call (effects unknown), and before an
     // op that stays in place but uses a result of the run.
-    bool ends = mlirOperationEqual(op, term) || is(op, "func.call") ||
+    bool ends = mlirOperationEqual(op, term) || kiln_gpu_op_named(op, "func.call") ||
                 (is_inert(op) && uses_any_result(op, run, n));
     if (ends) {
       if (n > 1) s = fuse_run(&h, run, n, op);

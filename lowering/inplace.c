@@ -22,15 +22,11 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/IR.h>
 
+#include "kernels/gpu_splice.h"
 #include "lowering.h"
 
-static bool op_named(MlirOperation op, const char *name) {
-  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
-  return n.length == strlen(name) && memcmp(n.data, name, n.length) == 0;
-}
-
 static MlirWalkResult find_tensor_store(MlirOperation op, void *user) {
-  if (!op_named(op, "bufferization.materialize_in_destination") ||
+  if (!kiln_gpu_op_named(op, "bufferization.materialize_in_destination") ||
       mlirOperationGetNumResults(op) == 0)
     return MlirWalkResultAdvance;
   *(bool *)user = true;
@@ -58,7 +54,7 @@ static bool all_parallel(MlirOperation op, MlirAttribute parallel) {
 
 static MlirWalkResult read_init(MlirOperation op, void *user) {
   MlirAttribute parallel = *(MlirAttribute *)user;
-  if (!op_named(op, "linalg.generic")) return MlirWalkResultAdvance;
+  if (!kiln_gpu_op_named(op, "linalg.generic")) return MlirWalkResultAdvance;
   intptr_t nres = mlirOperationGetNumResults(op);
   intptr_t nin = mlirOperationGetNumOperands(op) - nres;
   MlirAttribute maps = mlirOperationGetAttributeByName(

@@ -76,6 +76,13 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
                                 const kiln_pipeline_options_t *opts);
 // Prints a module (caller frees with free()).
 kiln_status_t kiln_mlir_print(MlirModule module, char **out_text);
+// C API helpers the lowering's IR rewrites share (op names:
+// kiln_gpu_op_named, kernels/gpu_splice.h): the value of an index
+// arith.constant; a new one before `before`; a symbol of a block.
+bool kiln_mlir_constant_index(MlirValue v, int64_t *out);
+MlirValue kiln_mlir_index_constant(MlirContext ctx, MlirBlock block,
+                                   MlirOperation before, int64_t v);
+MlirOperation kiln_mlir_find_symbol(MlirBlock body, MlirStringRef name);
 // Writes `text` to dump_dir/<tag>-<NN>-<stage>.mlir when dumping is on.
 void kiln_pipeline_dump(const kiln_pipeline_options_t *opts, kiln_stage_t stage,
                         const char *text);

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Diagnostics.h>
 #include <mlir-c/Pass.h>
 #include <mlir-c/RegisterEverything.h>
@@ -99,6 +101,47 @@ kiln_status_t kiln_mlir_parse(kiln_mlir_t *m, const char *text,
   kiln_sbuf_free(&m->diags);
   *out_module = mod;
   return NULL;
+}
+
+bool kiln_mlir_constant_index(MlirValue v, int64_t *out) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation def = mlirOpResultGetOwner(v);
+  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(def));
+  if (!mlirStringRefEqual(n, mlirStringRefCreateFromCString("arith.constant")))
+    return false;
+  MlirAttribute a = mlirOperationGetAttributeByName(
+      def, mlirStringRefCreateFromCString("value"));
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return false;
+  *out = mlirIntegerAttrGetValueInt(a);
+  return true;
+}
+
+MlirValue kiln_mlir_index_constant(MlirContext ctx, MlirBlock block,
+                                   MlirOperation before, int64_t v) {
+  MlirLocation loc = mlirLocationUnknownGet(ctx);
+  MlirType index = mlirIndexTypeGet(ctx);
+  MlirOperationState st =
+      mlirOperationStateGet(mlirStringRefCreateFromCString("arith.constant"), loc);
+  MlirNamedAttribute value = mlirNamedAttributeGet(
+      mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("value")),
+      mlirIntegerAttrGet(index, v));
+  mlirOperationStateAddAttributes(&st, 1, &value);
+  mlirOperationStateAddResults(&st, 1, &index);
+  MlirOperation op = mlirOperationCreate(&st);
+  mlirBlockInsertOwnedOperationBefore(block, before, op);
+  return mlirOperationGetResult(op, 0);
+}
+
+MlirOperation kiln_mlir_find_symbol(MlirBlock body, MlirStringRef name) {
+  for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op)) {
+    MlirAttribute s = mlirOperationGetAttributeByName(
+        op, mlirStringRefCreateFromCString("sym_name"));
+    if (!mlirAttributeIsNull(s) && mlirAttributeIsAString(s) &&
+        mlirStringRefEqual(mlirStringAttrGetValue(s), name))
+      return op;
+  }
+  return (MlirOperation){NULL};
 }
 
 kiln_status_t kiln_mlir_print(MlirModule module, char **out_text) {

@@ -25,6 +25,21 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+// Compares kiln's tensor with the reference interpreter's and prints one
+// line (MISMATCH and the first differing element when they differ).
+static bool report(const char *what, size_t i, const char *note, kt_tensor_t *got,
+                   kt_tensor_t *want, DLDataType dtype) {
+  kt_compare_t c;
+  bool ok = kt_compare(got, want, kt_tolerance_for(dtype), &c);
+  printf("%s %zu%s: max abs err %.3g, max rel err %.3g%s\n", what, i, note,
+         c.max_abs_err, c.max_rel_err, ok ? "" : "  MISMATCH");
+  if (!ok)
+    printf("  %lld elements differ; first at %lld: kiln %.9g, reference %.9g\n",
+           (long long)c.mismatches, (long long)c.first_bad, kt_get(got, c.first_bad),
+           kt_get(want, c.first_bad));
+  return ok;
+}
+
 int main(int argc, char **argv) {
   const char *path = NULL;
   int iters = 20;
@@ -211,32 +226,13 @@ int main(int argc, char **argv) {
   if (s) return fail("reference", s);
 
   int bad = 0;
-  for (size_t i = 0; i < nout; ++i) {
-    kt_compare_t c;
-    bool ok = kt_compare(&got[i], &want[i], kt_tolerance_for(otypes[i].dtype), &c);
-    printf("output %zu: max abs err %.3g, max rel err %.3g%s\n", i,
-           c.max_abs_err, c.max_rel_err, ok ? "" : "  MISMATCH");
-    if (!ok) {
-      printf("  %lld elements differ; first at %lld: kiln %.9g, reference %.9g\n",
-             (long long)c.mismatches, (long long)c.first_bad,
-             kt_get(&got[i], c.first_bad), kt_get(&want[i], c.first_bad));
-      bad = 1;
-    }
-  }
+  for (size_t i = 0; i < nout; ++i)
+    bad |= !report("output", i, "", &got[i], &want[i], otypes[i].dtype);
   for (size_t i = 0; i < nin; ++i) {
     if (!ref_in[i].base) continue;
     kiln_tensor_type_t t;
     kiln_graph_input_type(g, i, &t);
-    kt_compare_t c;
-    bool ok = kt_compare(&in[i], &ref_in[i], kt_tolerance_for(t.dtype), &c);
-    printf("input %zu (written): max abs err %.3g, max rel err %.3g%s\n", i,
-           c.max_abs_err, c.max_rel_err, ok ? "" : "  MISMATCH");
-    if (!ok) {
-      printf("  %lld elements differ; first at %lld: kiln %.9g, reference %.9g\n",
-             (long long)c.mismatches, (long long)c.first_bad,
-             kt_get(&in[i], c.first_bad), kt_get(&ref_in[i], c.first_bad));
-      bad = 1;
-    }
+    bad |= !report("input", i, " (written)", &in[i], &ref_in[i], t.dtype);
   }
   printf("compile: %.1f ms\n", compile_s * 1e3);
   printf("run:     %.3f ms (median of %d)\n", times[iters / 2] * 1e3, iters);

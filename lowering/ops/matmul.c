@@ -291,11 +291,25 @@ static void emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int64_t lo_w
   x->type = pt;
 }
 
-// The body of a multiply-accumulate generic with block arguments %wa<id>,
-// %xb<id> (dtype `el`) and %acc<id> (`ael`); operands widen to the
-// accumulator (f16/bf16 in f32), as linalg.conv's own body does.
-static void emit_mac_body(kiln_sbuf_t *b, int id, const char *el,
-                          const char *ael, const char *result_type) {
+// `res` = `acc` + the contraction of weights `w` [G, F, K] and columns `x`
+// [N, G, K, P] over k (out[n, g, f, p], the contraction schedule's form);
+// block arguments %wa<id>, %xb<id> (dtype `el`) and %acc<id> (`ael`);
+// operands widen to the accumulator (f16/bf16 in f32), as linalg.conv's own
+// body does.
+static void emit_mac_generic(kiln_sbuf_t *b, const char *res, const char *w,
+                             const char *x, const char *wty, const char *xty,
+                             const char *acc, int id, const char *el,
+                             const char *ael, const char *result_type) {
+  kiln_sbuf_printf(b,
+                   "    %s = linalg.generic {indexing_maps = ["
+                   "affine_map<(n, g, f, p, k) -> (g, f, k)>, "
+                   "affine_map<(n, g, f, p, k) -> (n, g, k, p)>, "
+                   "affine_map<(n, g, f, p, k) -> (n, g, f, p)>], "
+                   "iterator_types = [\"parallel\", \"parallel\", \"parallel\", "
+                   "\"parallel\", \"reduction\"]} "
+                   "ins(%s, %s : %s, %s) outs(%s : %s) {\n"
+                   "    ^bb0(%%wa%d: %s, %%xb%d: %s, %%acc%d: %s):\n",
+                   res, w, x, wty, xty, acc, result_type, id, el, id, el, id, ael);
   const char *wa = "wa", *xb = "xb";
   if (strcmp(el, ael) != 0) {
     kiln_sbuf_printf(b, "      %%wx%d = arith.extf %%wa%d : %s to %s\n"
@@ -427,18 +441,7 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
     char next[24];
     kiln_emit_fresh(e, next);
     id = e->next_id++;
-    kiln_sbuf_printf(b,
-                     "    %s = linalg.generic {indexing_maps = ["
-                     "affine_map<(n, g, f, p, k) -> (g, f, k)>, "
-                     "affine_map<(n, g, f, p, k) -> (n, g, k, p)>, "
-                     "affine_map<(n, g, f, p, k) -> (n, g, f, p)>], "
-                     "iterator_types = [\"parallel\", \"parallel\", \"parallel\", "
-                     "\"parallel\", \"reduction\"]} "
-                     "ins(%s, %s : %s, %s) outs(%s : %s) {\n"
-                     "    ^bb0(%%wa%d: %s, %%xb%d: %s, %%acc%d: %s):\n",
-                     next, wkv.ssa, colv.ssa, wkty, kty, acc.ssa, aty, id, el, id, el,
-                     id, ael);
-    emit_mac_body(b, id, el, ael, aty);
+    emit_mac_generic(b, next, wkv.ssa, colv.ssa, wkty, kty, acc.ssa, id, el, ael, aty);
     snprintf(acc.ssa, sizeof(acc.ssa), "%s", next);
   }
   for (int64_t kh = 0; !flat && kh < KH; ++kh)
@@ -467,17 +470,7 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
                        (long long)F, (long long)C, wty, tty);
       kiln_emit_fresh(e, next);
       int id = e->next_id++;
-      kiln_sbuf_printf(b,
-                       "    %s = linalg.generic {indexing_maps = ["
-                       "affine_map<(n, g, f, p, k) -> (g, f, k)>, "
-                       "affine_map<(n, g, f, p, k) -> (n, g, k, p)>, "
-                       "affine_map<(n, g, f, p, k) -> (n, g, f, p)>], "
-                       "iterator_types = [\"parallel\", \"parallel\", \"parallel\", "
-                       "\"parallel\", \"reduction\"]} "
-                       "ins(%s, %s : %s, %s) outs(%s : %s) {\n"
-                       "    ^bb0(%%wa%d: %s, %%xb%d: %s, %%acc%d: %s):\n",
-                       next, wt, xt, tty, bty, acc.ssa, aty, id, el, id, el, id, ael);
-      emit_mac_body(b, id, el, ael, aty);
+      emit_mac_generic(b, next, wt, xt, tty, bty, acc.ssa, id, el, ael, aty);
       snprintf(acc.ssa, sizeof(acc.ssa), "%s", next);
     }
   // [N, G, F, P] -> [N, G*F, OH, OW]; with stride 1 the Wp - OW extra
