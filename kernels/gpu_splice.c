@@ -91,7 +91,7 @@ kiln_status_t kiln_gpu_splice(MlirContext ctx, const char *text, MlirOperation m
   MlirModule km = mlirModuleCreateParse(ctx, mlirStringRefCreateFromCString(text));
   if (mlirModuleIsNull(km))
     return kiln_make_status(KILN_STATUS_INTERNAL,
-                            "kernels: the %s kernel does not parse (cuda)", what);
+                            "kernels: the %s kernel does not parse", what);
   MlirOperation func = mlirBlockGetFirstOperation(mlirModuleGetBody(km));
   MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   for (int i = 0; i < nargs; ++i)

@@ -164,6 +164,13 @@ kiln_status_t kiln_gpu_fuse_launches(MlirContext ctx, MlirModule module, int *fu
 // each running its thread's share of every member.
 kiln_status_t kiln_cpu_fuse_loops(MlirContext ctx, MlirModule module, int threads,
                                   int *fused);
+// Stores into entry-function arguments larger than the caches, which the
+// function only writes, become non-temporal where the address is aligned
+// (lowering/streaming.c); `*count` counts them. CPU, in the LLVM stage after
+// convert-vector-to-scf. KILN_STREAM_STORES=0 turns it off (part of the
+// cache key: lib/api).
+kiln_status_t kiln_cpu_streaming_stores(MlirContext ctx, MlirModule module, int *count);
+bool kiln_streaming_stores_enabled(void);
 // A program as bytes (the compile cache's payload for a CUDA variant) and
 // back; deserializing checks every count and index.
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *program,

@@ -188,9 +188,10 @@ static const char *const kStagePipelines[KILN_STAGE_COUNT] = {
     // stage_pipeline): forall loops become OpenMP work-sharing loops.
     [KILN_STAGE_LOOPS] =
         "func.func(convert-linalg-to-loops),canonicalize)",
+    // (kiln_pipeline_run runs convert-vector-to-scf{full-unroll=true} and
+    // the streaming stores, lowering/streaming.c, before this.)
     [KILN_STAGE_LLVM] =
-        "builtin.module(convert-vector-to-scf{full-unroll=true},"
-        "convert-linalg-to-loops,"
+        "builtin.module(convert-linalg-to-loops,"
         "lower-affine,expand-strided-metadata,lower-affine,"
         "finalize-memref-to-llvm{use-generic-functions=true},convert-scf-to-cf,convert-math-to-funcs,"
         "convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{enable-x86vector},"
@@ -300,6 +301,18 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
             kiln_status_free(d);
             return s;
           }
+        }
+      }
+      if (stage == KILN_STAGE_LLVM) {
+        // n-D transfers to 1-D ones, then stores into outputs larger than
+        // the caches made non-temporal (KILN_STREAM_STORES=0: never).
+        KILN_RETURN_IF_ERROR_PLAIN(run_pipeline(
+            m, module, "builtin.module(convert-vector-to-scf{full-unroll=true})", what));
+        if (kiln_streaming_stores_enabled()) {
+          int streamed = 0;
+          kiln_sbuf_free(&m->diags);
+          kiln_status_t s = kiln_cpu_streaming_stores(m->ctx, module, &streamed);
+          if (s) return kiln_mlir_with_diagnostics(m, s);
         }
       }
       char text[2048];

@@ -159,6 +159,7 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
   // the target: one AVX-512 register, two AVX2 ones (LLVM splits them, which
   // unrolls by two), so the IR does not depend on the host.
   const int64_t vec[] = {16, 8, 4, 2, 1};
+  const int64_t acc4[] = {64, 32, 16, 8, 4, 2, 1};
   switch (d->kind) {
   case KILN_KERNEL_CONTRACTION:
     heuristic_contraction(d, t, c);
@@ -172,13 +173,14 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
     break;
   }
   case KILN_KERNEL_ROW_REDUCTION:
-    // Rows one at a time, the row split by the vector width into a vector
-    // accumulator.
+    // Rows one at a time, the row split into a vector accumulator of four
+    // vector registers where the row allows: four independent add (or max)
+    // chains instead of one, whose latency bound a row held in cache.
     for (int i = 0; i < r - 1; ++i) c->reg[i] = 1;
     c->reg[r - 1] = 0;
     // (A row of symbolic length is reduced in scalar: its split would end
     // in a partial vector.)
-    c->reduction_tile = is_dynamic(d, r - 1) ? 1 : pick(d->range[r - 1], vec, 5);
+    c->reduction_tile = is_dynamic(d, r - 1) ? 1 : pick(d->range[r - 1], acc4, 7);
     c->reduction_dim = c->reduction_tile > 1 ? r - 1 : -1;
     if (c->reduction_dim < 0) c->reduction_tile = 0;
     break;

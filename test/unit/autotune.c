@@ -138,10 +138,14 @@ static void test_heuristic_matmul(void) {
   d = batch_matmul(8, 64, 64, 64);
   kiln_autotune_heuristic(&d, &kAvx512x2, &c);
   CHECK(c.forall[0] == 1 && c.forall[1] == 0 && c.forall[2] == 0);
-  // Row reductions: a vector accumulator, rows over threads.
+  // Row reductions: an accumulator of four vectors, rows over threads; a
+  // row of 24 takes the largest split that divides it.
   d = rows(KILN_KERNEL_ROW_REDUCTION, 4096, 4096);
   kiln_autotune_heuristic(&d, &kAvx512x2, &c);
-  CHECK(c.reduction_dim == 1 && c.reduction_tile == 16 && c.forall[0] > 0);
+  CHECK(c.reduction_dim == 1 && c.reduction_tile == 64 && c.forall[0] > 0);
+  d = rows(KILN_KERNEL_ROW_REDUCTION, 4096, 24);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reduction_dim == 1 && c.reduction_tile == 8);
 }
 
 static void test_validity_rejects(void) {
@@ -209,7 +213,7 @@ static void test_symbolic_loops(void) {
   r = rows(KILN_KERNEL_ROW_REDUCTION, any, 4096);
   r.dynamic_mask = 1u << 0;  // a symbolic number of rows keeps the split
   kiln_autotune_heuristic(&r, &kAvx512x2, &c);
-  CHECK(c.reduction_dim == 1 && c.reduction_tile == 16);
+  CHECK(c.reduction_dim == 1 && c.reduction_tile == 64);
   char text[160];
   kiln_autotune_desc_format(&r, text, sizeof(text));
   CHECK(strcmp(text, "row-reduction ?x4096r") == 0);
