@@ -50,7 +50,7 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                  "module attributes {transform.with_named_sequence} {\n"
                  "  transform.named_sequence @__transform_main(%root: "
                  "!transform.any_op {transform.readonly}) {\n");
-  bool peeled = false;
+  bool peeled = false, folded = false;
   for (int32_t i = 0; i < count; ++i) {
     const kiln_tile_config_t *t = &configs[i];
     int64_t sz[KILN_TILE_MAX_LOOPS];
@@ -107,11 +107,16 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
       else
         snprintf(scope, sizeof(scope), "loop%d_%d_0", i,
                  level_sizes(&descs[i], t, 1, scratch) ? 1 : 2);
+      // The scope is marked for the leading-unit-dim cleanup after
+      // vectorization (below).
       kiln_sbuf_printf(&b,
                        "    transform.apply_patterns to %%%s {\n"
                        "      transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices\n"
-                       "    } : !transform.any_op\n",
-                       scope);
+                       "    } : !transform.any_op\n"
+                       "    transform.annotate %%%s \"kiln.unit_folded\" : "
+                       "!transform.any_op\n",
+                       scope, scope);
+      folded = true;
     }
     if (t->reduction_dim >= 0) {
       for (int k = 0; k < t->loop_count; ++k)
@@ -164,13 +169,42 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                  "      transform.apply_patterns.vector.lower_shape_cast\n"
                  "      transform.apply_patterns.vector.lower_broadcast\n"
                  "      transform.apply_patterns.vector.lower_outerproduct\n"
-                 "    } : !transform.any_op\n"
-                 // Loop-carried accumulators (matmul tiles, reduction
-                 // partials) move out of memory into registers.
+                 "    } : !transform.any_op\n");
+  // A folded register tile's accumulator is read as vector<8x32> but
+  // written back as vector<1x1x8x32>: with the leading unit dims cast away
+  // the pair has one shape and is hoisted below. Only where unit dims were
+  // folded: elsewhere the cast turns 1x1 vectors of strided memrefs into
+  // 1-D transfers the LLVM lowering rejects.
+  if (folded)
+    kiln_sbuf_puts(&b,
+                   "    %folded = transform.structured.match attributes "
+                   "{kiln.unit_folded} in %vec : (!transform.any_op) -> "
+                   "!transform.any_op\n"
+                   "    transform.apply_patterns to %folded {\n"
+                   "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
+                   "    } : !transform.any_op\n");
+  // Loop-carried accumulators (matmul tiles, reduction partials) move out
+  // of memory into registers. One application hoists a read/write pair out
+  // of its innermost loop only (the walk visits outer loops first), so it
+  // runs once per reduction loop of the deepest register nest (three for a
+  // direct convolution's c, kh, kw).
+  int depth = 1;
+  for (int32_t i = 0; i < count; ++i) {
+    int n = 0;
+    for (int k = 0; k < descs[i].loop_count; ++k)
+      n += (descs[i].reduction_mask >> k) & 1u;
+    if (n > depth) depth = n;
+  }
+  for (int r = 0; r < depth; ++r)
+    kiln_sbuf_printf(&b,
+                     "    %%hoist%d = transform.structured.match ops{[\"scf.for\"]} "
+                     "in %%root : (!transform.any_op) -> !transform.any_op\n"
+                     "    transform.loop.hoist_loop_invariant_subsets %%hoist%d : "
+                     "!transform.any_op\n",
+                     r, r);
+  kiln_sbuf_puts(&b,
                  "    %fors = transform.structured.match ops{[\"scf.for\"]} in "
                  "%root : (!transform.any_op) -> !transform.any_op\n"
-                 "    transform.loop.hoist_loop_invariant_subsets %fors : "
-                 "!transform.any_op\n"
                  // Loop-invariant values (a row's broadcast reciprocal sum)
                  // are computed once per row, not per vector.
                  "    transform.apply_licm to %fors : !transform.any_op\n"

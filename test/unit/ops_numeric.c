@@ -123,6 +123,11 @@ static const op_case_t kCases[] = {
                      " %y = aten.convolution(%x, %w, %b) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 f64", "graph @t(%x: $T[3,6,10,11], %w: $T[9,2,3,2]) {\n"
                         " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [2, 1], dilation = [2, 3], groups = 3}\n return %y\n}"},
+    // Full 8x32 register tiles over two rows of filters and seven column
+    // tiles (14 x 16 wide grid), accumulated across 16 channels x 9 taps;
+    // the [2,4,7,9] case above has 16-wide ones (P = 7 x 16 = 112).
+    {"conv", FLOATS, "graph @t(%x: $T[1,16,14,14], %w: $T[16,16,3,3]) {\n"
+                     " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 bf16", "graph @t(%x: $T[2,16,5,5], %w: $T[8,16,1,1]) {\n"
                          " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1}\n return %y\n}"},
     // Data movement.
