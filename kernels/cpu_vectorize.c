@@ -43,6 +43,7 @@ static void put_sizes(kiln_sbuf_t *b, const int64_t *s, int n) {
 
 kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                                         const kiln_tile_config_t *configs,
+                                        const kiln_kernel_fusion_t *fusion,
                                         int32_t count, char **out_text) {
   kiln_sbuf_t b;
   kiln_sbuf_init(&b);
@@ -54,13 +55,27 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
   for (int32_t i = 0; i < count; ++i) {
     const kiln_tile_config_t *t = &configs[i];
     int64_t sz[KILN_TILE_MAX_LOOPS];
+    if (fusion && fusion[i].fused) continue;  // tiled inside its consumer
+    int32_t fill = fusion ? fusion[i].fill : -1;
     kiln_sbuf_printf(&b,
                      "    %%op%d = transform.structured.match attributes "
                      "{kiln.tile_id = %d : i64} in %%root : (!transform.any_op) "
                      "-> !transform.any_op\n",
                      i, i);
+    if (fill >= 0)
+      kiln_sbuf_printf(&b, "    %%fill%d = transform.get_producer_of_operand "
+                           "%%op%d[%d] : (!transform.any_op) -> !transform.any_op\n",
+                       i, i, fusion[i].operand);
     char target[32];
     snprintf(target, sizeof(target), "op%d", i);
+    // A fused fill goes down to the register tile when each register tile
+    // is accumulated once (no cache blocks of K around it): its zero write
+    // then forwards to the accumulator's first read, which starts from
+    // zero in registers. (level_sizes leaves the forall level to the code
+    // below; plan_fill_fusion fuses only distributed contractions.)
+    int64_t scratch[KILN_TILE_MAX_LOOPS];
+    bool regfuse = fill >= 0 && !level_sizes(&descs[i], t, 1, scratch) &&
+                   descs[i].dynamic_mask == 0;
     // Threads first: one forall over the distributed loops.
     if (level_sizes(&descs[i], t, 0, sz)) {
       kiln_sbuf_printf(&b, "    %%par%d, %%forall%d = transform.structured."
@@ -69,6 +84,30 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
       kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op, "
                          "!transform.any_op)\n");
       snprintf(target, sizeof(target), "par%d", i);
+      if (fill >= 0) {
+        // The fill of this thread's output tile, inside the thread's loop.
+        kiln_sbuf_printf(&b, "    %%ffill%d, %%fforall%d = transform.structured."
+                             "fuse_into_containing_op %%fill%d into %%forall%d : "
+                             "(!transform.any_op, !transform.any_op) -> "
+                             "(!transform.any_op, !transform.any_op)\n",
+                         i, i, i, i);
+      }
+      if (fill >= 0 && !regfuse) {
+        // With cache blocks of K (or symbolic loops to peel) the register
+        // tiles run once per block: the fill stays at the thread tile,
+        // tiled into vector writes of the fill's own register tile.
+        const int64_t *fs = configs[fill].reg;
+        int loops = 0;
+        for (int k = 0; k < configs[fill].loop_count; ++k) loops += fs[k] > 0;
+        kiln_sbuf_printf(&b, "    %%tfill%d", i);
+        for (int k = 0; k < loops; ++k) kiln_sbuf_printf(&b, ", %%lfill%d_%d", i, k);
+        kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%ffill%d "
+                             "tile_sizes ", i);
+        put_sizes(&b, fs, configs[fill].loop_count);
+        kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op");
+        for (int k = 0; k < loops; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
+        kiln_sbuf_puts(&b, ")\n");
+      }
     }
     // Then cache blocks, then the register tile, each a nest of scf.for.
     // Loops over symbolic sizes are remembered (level, loop) for peeling.
@@ -84,6 +123,41 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
           peel[npeel++][1] = j;
         }
         ++j;
+      }
+      if (level == 2 && regfuse) {
+        // The output loops with the fill fused into them, then the
+        // reduction loops inside.
+        int64_t par[KILN_TILE_MAX_LOOPS], red[KILN_TILE_MAX_LOOPS];
+        int npar = 0, nred = 0;
+        for (int k = 0; k < t->loop_count; ++k) {
+          bool r = (descs[i].reduction_mask >> k) & 1u;
+          par[k] = r ? 0 : sz[k];
+          red[k] = r ? sz[k] : 0;
+          npar += par[k] != 0;
+          nred += red[k] != 0;
+        }
+        if (npar) {
+          kiln_sbuf_printf(&b, "    %%rfused%d", i);
+          for (int k = 0; k < npar; ++k) kiln_sbuf_printf(&b, ", %%ploop%d_%d", i, k);
+          kiln_sbuf_printf(&b, " = transform.structured.fuse %%%s tile_sizes ", target);
+          put_sizes(&b, par, t->loop_count);
+          kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op");
+          for (int k = 0; k < npar; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
+          kiln_sbuf_puts(&b, ")\n");
+          snprintf(target, sizeof(target), "rfused%d", i);
+        }
+        if (nred) {
+          kiln_sbuf_printf(&b, "    %%tiled%d_2", i);
+          for (int k = 0; k < nred; ++k) kiln_sbuf_printf(&b, ", %%rloop%d_%d", i, k);
+          kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%%s tile_sizes ",
+                           target);
+          put_sizes(&b, red, t->loop_count);
+          kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op");
+          for (int k = 0; k < nred; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
+          kiln_sbuf_puts(&b, ")\n");
+          snprintf(target, sizeof(target), "tiled%d_2", i);
+        }
+        continue;
       }
       kiln_sbuf_printf(&b, "    %%tiled%d_%d", i, level);
       for (int k = 0; k < loops; ++k)
@@ -228,6 +302,7 @@ typedef struct {
   const kiln_kernel_tiling_t *tiling;
   kiln_kernel_desc_t *descs;
   kiln_tile_config_t *configs;
+  MlirOperation *ops;
   int32_t count, capacity;
   MlirContext ctx;
   kiln_status_t error;
@@ -535,7 +610,9 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
     if (nd) c->descs = nd;
     kiln_tile_config_t *nc = realloc(c->configs, sizeof(*nc) * (size_t)cap);
     if (nc) c->configs = nc;
-    if (!nd || !nc) {
+    MlirOperation *no = realloc(c->ops, sizeof(*no) * (size_t)cap);
+    if (no) c->ops = no;
+    if (!nd || !nc || !no) {
       c->error = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "tile sizes");
       return MlirWalkResultInterrupt;
     }
@@ -543,11 +620,42 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
   }
   c->descs[c->count] = d;
   c->configs[c->count] = t;
+  c->ops[c->count] = op;
   mlirOperationSetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.tile_id"),
       mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), c->count));
   c->count++;
   return MlirWalkResultAdvance;
+}
+
+// Which contractions take their zero fill into their thread tiles: a
+// contraction distributed over threads whose init is a tagged linalg.fill
+// used by nothing else (a fill with other users stays a kernel of its own).
+static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
+  for (int32_t i = 0; i < c->count; ++i) fusion[i].fill = -1;
+  for (int32_t i = 0; i < c->count; ++i) {
+    if (c->descs[i].kind != KILN_KERNEL_CONTRACTION) continue;
+    int64_t scratch[KILN_TILE_MAX_LOOPS];
+    if (!level_sizes(&c->descs[i], &c->configs[i], 0, scratch)) continue;
+    MlirOperation op = c->ops[i];
+    if (mlirOperationGetNumResults(op) != 1) continue;
+    intptr_t init = mlirOperationGetNumOperands(op) - 1;
+    MlirValue v = mlirOperationGetOperand(op, init);
+    if (!mlirValueIsAOpResult(v)) continue;
+    MlirOperation producer = mlirOpResultGetOwner(v);
+    if (!equals(mlirIdentifierStr(mlirOperationGetName(producer)), "linalg.fill"))
+      continue;
+    MlirOpOperand use = mlirValueGetFirstUse(v);
+    if (mlirOpOperandIsNull(use) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(use)))
+      continue;
+    for (int32_t j = 0; j < c->count; ++j) {
+      if (!mlirOperationEqual(c->ops[j], producer)) continue;
+      fusion[i].fill = j;
+      fusion[i].operand = (int32_t)init;
+      fusion[j].fused = true;
+      break;
+    }
+  }
 }
 
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
@@ -562,7 +670,15 @@ kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
   mlirOperationWalk(root, collect_op, &c, MlirWalkPreOrder);
   char *text = NULL;
   kiln_status_t s = c.error;
-  if (!s) s = kiln_kernels_cpu_schedule(c.descs, c.configs, c.count, &text);
+  kiln_kernel_fusion_t *fusion = NULL;
+  if (!s && c.count > 0) {
+    fusion = calloc((size_t)c.count, sizeof(*fusion));
+    if (!fusion) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "fusion");
+  }
+  if (fusion) plan_fill_fusion(&c, fusion);
+  if (!s) s = kiln_kernels_cpu_schedule(c.descs, c.configs, fusion, c.count, &text);
+  free(fusion);
+  free(c.ops);
   free(c.descs);
   free(c.configs);
   if (s) return s;

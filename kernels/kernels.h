@@ -23,13 +23,24 @@ typedef struct kiln_kernel_tiling {
   void *user;
 } kiln_kernel_tiling_t;
 
+// Producer fusion of one tagged op: a contraction's zero fill computed
+// inside the contraction's thread tiles rather than by a parallel loop of
+// its own (one fork/join and one pass over memory fewer per contraction).
+typedef struct kiln_kernel_fusion {
+  int32_t fill;     // for a contraction: tile_id of its fused fill, or -1
+  int32_t operand;  // the contraction's operand the fill initializes
+  bool fused;       // for a fill: tiled with its consumer, not on its own
+} kiln_kernel_fusion_t;
+
 // The schedule text for `count` tagged ops: each op tagged with
 // `kiln.tile_id = i` is distributed over threads by configs[i].forall
 // (scf.forall), tiled by its cache then register tiles (scf.for), its
 // reduction split into a vector accumulator, then every function is
-// vectorized (vectorize_children_and_apply_patterns). Caller frees.
+// vectorized (vectorize_children_and_apply_patterns). `fusion` (NULL: none)
+// has one entry per op. Caller frees.
 kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                                         const kiln_tile_config_t *configs,
+                                        const kiln_kernel_fusion_t *fusion,
                                         int32_t count, char **out_text);
 
 // Describes every linalg op of `module` it can tile (static shapes; not

@@ -102,6 +102,9 @@ static const op_case_t kCases[] = {
                         " %e = aten.addmm(%c, %at, %bt)\n return %d, %e, %bt\n}"},
     {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[128,96]) {\n %bt = aten.permute(%b) {dims = [1, 0]}\n %c = aten.mm(%a, %bt)\n return %c\n}"},
     {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    // K in cache blocks of 256 (the [1024, 512] slab of B outgrows L2): the
+    // zero fill stays at the thread tile, ahead of the blocks.
+    {"matmul", "f32", "graph @t(%a: $T[16,1024], %b: $T[1024,512]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     // bf16 shapes the AVX512-BF16 microkernel takes (K even, N a multiple
     // of 32; M of 8, 4 and 2 rows per register tile), strided A included,
     // and an addmm epilogue; on other CPUs the f32-FMA path.
