@@ -628,9 +628,10 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
-// Which contractions take their zero fill into their thread tiles: a
-// contraction distributed over threads whose init is a tagged linalg.fill
-// used by nothing else (a fill with other users stays a kernel of its own).
+// Which contractions take their init's producer into their thread tiles: a
+// contraction distributed over threads whose init is made by a tagged
+// elementwise op used by nothing else (a zero fill, an addmm's broadcast
+// bias); a producer with other users stays a kernel of its own.
 static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
   for (int32_t i = 0; i < c->count; ++i) fusion[i].fill = -1;
   for (int32_t i = 0; i < c->count; ++i) {
@@ -643,13 +644,12 @@ static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
     MlirValue v = mlirOperationGetOperand(op, init);
     if (!mlirValueIsAOpResult(v)) continue;
     MlirOperation producer = mlirOpResultGetOwner(v);
-    if (!equals(mlirIdentifierStr(mlirOperationGetName(producer)), "linalg.fill"))
-      continue;
     MlirOpOperand use = mlirValueGetFirstUse(v);
     if (mlirOpOperandIsNull(use) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(use)))
       continue;
     for (int32_t j = 0; j < c->count; ++j) {
       if (!mlirOperationEqual(c->ops[j], producer)) continue;
+      if (c->descs[j].kind != KILN_KERNEL_ELEMENTWISE) break;
       fusion[i].fill = j;
       fusion[i].operand = (int32_t)init;
       fusion[j].fused = true;

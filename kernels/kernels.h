@@ -23,13 +23,14 @@ typedef struct kiln_kernel_tiling {
   void *user;
 } kiln_kernel_tiling_t;
 
-// Producer fusion of one tagged op: a contraction's zero fill computed
+// Producer fusion of one tagged op: the elementwise op making a
+// contraction's init (a zero fill, an addmm's broadcast bias) computed
 // inside the contraction's thread tiles rather than by a parallel loop of
 // its own (one fork/join and one pass over memory fewer per contraction).
 typedef struct kiln_kernel_fusion {
-  int32_t fill;     // for a contraction: tile_id of its fused fill, or -1
-  int32_t operand;  // the contraction's operand the fill initializes
-  bool fused;       // for a fill: tiled with its consumer, not on its own
+  int32_t fill;     // for a contraction: tile_id of its fused init, or -1
+  int32_t operand;  // the contraction's operand that init is
+  bool fused;       // for an init: tiled with its consumer, not on its own
 } kiln_kernel_fusion_t;
 
 // The schedule text for `count` tagged ops: each op tagged with

@@ -24,8 +24,9 @@ typedef struct kiln_lower_options {
   // reciprocal sum. Off for CUDA, whose row kernels (kernels/gpu_rows.c)
   // recognize the forms they were written for.
   bool cpu_rows;
-  // CPU: convolutions as one contraction per kernel tap
-  // (lowering/ops/matmul.c); CUDA keeps linalg.conv_2d.
+  // CPU: convolutions as contractions (lowering/ops/matmul.c: direct over
+  // the flattened input at stride 1, one per kernel tap otherwise); CUDA
+  // keeps linalg.conv_2d.
   bool conv_taps;
   // CPU: a matmul whose lhs is a transpose reads the untransposed source
   // through its indexing map (the outer-product contraction loads A^T's
@@ -33,6 +34,11 @@ typedef struct kiln_lower_options {
   // matmul keeps default maps and takes the SGEMM kernel
   // (kernels/gpu_sgemm.c), which reads row-major operands.
   bool lhs_transpose_map;
+  // CPU: addmm (alpha = 1) accumulates into its broadcast bias instead of
+  // zeros: the bias add is no pass of its own, and the schedule fuses the
+  // broadcast into the register tiles (accumulators start as bias vectors).
+  // CUDA's matmul kernels start from a zero fill.
+  bool matmul_bias_init;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

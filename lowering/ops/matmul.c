@@ -211,12 +211,28 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     kiln_emit_set_result(e, n, 0, &out);
     return NULL;
   }
-  if (n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b)) {
+  // addmm: beta * bias + alpha * (a @ b); beta = 0 ignores the bias
+  // entirely. With alpha = 1 the product accumulates into beta * bias.
+  double beta = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "beta", 1) : 0;
+  double alpha = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "alpha", 1) : 1;
+  bool bf16_dot = n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b);
+  bool bias_init = e->options.matmul_bias_init && n->op == KILN_OP_ADDMM &&
+                   n->operands[0].kind == KILN_OPERAND_VALUE && beta != 0 &&
+                   alpha == 1 && !bf16_dot;
+  if (bf16_dot) {
     // Every element is written by the kernel: no fill.
     kiln_emit_empty(e, &at, init.ssa);
     emit_bf16_dot(e, a, b, init.ssa, oty, false, mm.ssa);
   } else {
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &init));
+    if (bias_init) {
+      // init = beta * bias, broadcast to [M, N] in the accumulator type.
+      kiln_arg_t args[2] = {kiln_arg_operand(e, 0), kiln_arg_float(beta)};
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_ew(e, beta == 1 ? KILN_OP_CLONE : KILN_OP_MUL,
+                                              NULL, beta == 1 ? 1 : 2, args, &at,
+                                              acc, acc, &init));
+    } else {
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &init));
+    }
     kiln_emit_fresh(e, mm.ssa);
     const kiln_tv_t *at_src = n->op != KILN_OP_BMM && e->options.lhs_transpose_map
                                   ? transposed_source(e, n->operands[base].value)
@@ -237,10 +253,8 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     }
   }
   kiln_tv_t r = mm;
-  if (n->op == KILN_OP_ADDMM) {
+  if (n->op == KILN_OP_ADDMM && !bias_init) {
     // beta * bias + alpha * (a @ b); beta = 0 ignores the bias entirely.
-    double beta = kiln_node_attr_float(n, "beta", 1);
-    double alpha = kiln_node_attr_float(n, "alpha", 1);
     kiln_tv_t scaled = mm;
     if (alpha != 1)
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(

@@ -102,6 +102,11 @@ static const op_case_t kCases[] = {
                         " %e = aten.addmm(%c, %at, %bt)\n return %d, %e, %bt\n}"},
     {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[128,96]) {\n %bt = aten.permute(%b) {dims = [1, 0]}\n %c = aten.mm(%a, %bt)\n return %c\n}"},
     {"matmul", "f32", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    // addmm accumulating into its broadcast bias (alpha = 1), fused into
+    // the register tiles of a distributed contraction; beta scales the
+    // bias first.
+    {"matmul", FLOATS, "graph @t(%c: $T[128], %a: $T[64,96], %b: $T[96,128]) {\n %d = aten.addmm(%c, %a, %b)\n"
+                       " %e = aten.addmm(%c, %a, %b) {beta = 0.5}\n return %d, %e\n}"},
     // K in cache blocks of 256 (the [1024, 512] slab of B outgrows L2): the
     // zero fill stays at the thread tile, ahead of the blocks.
     {"matmul", "f32", "graph @t(%a: $T[16,1024], %b: $T[1024,512]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
