@@ -41,6 +41,22 @@ static void put_sizes(kiln_sbuf_t *b, const int64_t *s, int n) {
   kiln_sbuf_puts(b, "]");
 }
 
+// A fused producer's tile (handle %<what><id>) tiled by its own register
+// tile: vector loops inside the consumer's thread tile.
+static void emit_inner_tiles(kiln_sbuf_t *b, const char *what, int id,
+                             const kiln_tile_config_t *c) {
+  int loops = 0;
+  for (int k = 0; k < c->loop_count; ++k) loops += c->reg[k] > 0;
+  kiln_sbuf_printf(b, "    %%t%s%d", what, id);
+  for (int k = 0; k < loops; ++k) kiln_sbuf_printf(b, ", %%l%s%d_%d", what, id, k);
+  kiln_sbuf_printf(b, " = transform.structured.tile_using_for %%%s%d tile_sizes ",
+                   what, id);
+  put_sizes(b, c->reg, c->loop_count);
+  kiln_sbuf_puts(b, " : (!transform.any_op) -> (!transform.any_op");
+  for (int k = 0; k < loops; ++k) kiln_sbuf_puts(b, ", !transform.any_op");
+  kiln_sbuf_puts(b, ")\n");
+}
+
 kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                                         const kiln_tile_config_t *configs,
                                         const kiln_kernel_fusion_t *fusion,
@@ -92,21 +108,30 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                              "(!transform.any_op, !transform.any_op)\n",
                          i, i, i, i);
       }
+      // Elementwise producers fused into this op's thread tiles; each
+      // fusion rebuilds the forall with one more result (the producer's
+      // tile, still written out), so the handle moves on.
+      char forall[32];
+      snprintf(forall, sizeof(forall), "forall%d", i);
+      for (int32_t p = count - 1; fusion && p >= 0; --p) {
+        if (fusion[p].consumer != i) continue;
+        kiln_sbuf_printf(&b,
+                         "    %%prod%d = transform.structured.match attributes "
+                         "{kiln.tile_id = %d : i64} in %%root : (!transform.any_op) "
+                         "-> !transform.any_op\n"
+                         "    %%fprod%d, %%pforall%d = transform.structured."
+                         "fuse_into_containing_op %%prod%d into %%%s : "
+                         "(!transform.any_op, !transform.any_op) -> "
+                         "(!transform.any_op, !transform.any_op)\n",
+                         p, p, p, p, p, forall);
+        snprintf(forall, sizeof(forall), "pforall%d", p);
+        emit_inner_tiles(&b, "fprod", p, &configs[p]);
+      }
       if (fill >= 0 && !regfuse) {
         // With cache blocks of K (or symbolic loops to peel) the register
         // tiles run once per block: the fill stays at the thread tile,
         // tiled into vector writes of the fill's own register tile.
-        const int64_t *fs = configs[fill].reg;
-        int loops = 0;
-        for (int k = 0; k < configs[fill].loop_count; ++k) loops += fs[k] > 0;
-        kiln_sbuf_printf(&b, "    %%tfill%d", i);
-        for (int k = 0; k < loops; ++k) kiln_sbuf_printf(&b, ", %%lfill%d_%d", i, k);
-        kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%ffill%d "
-                             "tile_sizes ", i);
-        put_sizes(&b, fs, configs[fill].loop_count);
-        kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op");
-        for (int k = 0; k < loops; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
-        kiln_sbuf_puts(&b, ")\n");
+        emit_inner_tiles(&b, "ffill", i, &configs[fill]);
       }
     }
     // Then cache blocks, then the register tile, each a nest of scf.for.
@@ -633,7 +658,7 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
 // elementwise op used by nothing else (a zero fill, an addmm's broadcast
 // bias); a producer with other users stays a kernel of its own.
 static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
-  for (int32_t i = 0; i < c->count; ++i) fusion[i].fill = -1;
+  for (int32_t i = 0; i < c->count; ++i) fusion[i].fill = fusion[i].consumer = -1;
   for (int32_t i = 0; i < c->count; ++i) {
     if (c->descs[i].kind != KILN_KERNEL_CONTRACTION) continue;
     int64_t scratch[KILN_TILE_MAX_LOOPS];
@@ -658,6 +683,94 @@ static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
   }
 }
 
+// The ancestor of `op` in `block` (`op` itself, or the op whose region
+// holds it); null when `op` is not inside `block`.
+static MlirOperation ancestor_in(MlirBlock block, MlirOperation op) {
+  while (!mlirOperationIsNull(op) &&
+         !mlirBlockEqual(mlirOperationGetBlock(op), block))
+    op = mlirOperationGetParentOperation(op);
+  return op;
+}
+
+// True when `op` comes after `first` in `first`'s block (or is nested in
+// an op that does).
+static bool comes_after(MlirOperation first, MlirOperation op) {
+  MlirOperation a = ancestor_in(mlirOperationGetBlock(first), op);
+  if (mlirOperationIsNull(a)) return false;
+  for (MlirOperation o = mlirOperationGetNextInBlock(first); !mlirOperationIsNull(o);
+       o = mlirOperationGetNextInBlock(o))
+    if (mlirOperationEqual(o, a)) return true;
+  return false;
+}
+
+static bool same_space(const kiln_kernel_desc_t *a, const kiln_kernel_desc_t *b) {
+  if (a->loop_count != b->loop_count || a->dynamic_mask || b->dynamic_mask ||
+      a->reduction_mask || b->reduction_mask)
+    return false;
+  for (int k = 0; k < a->loop_count; ++k)
+    if (a->range[k] != b->range[k]) return false;
+  return true;
+}
+
+// True when operand `k` of `op` is read through the identity map.
+static bool identity_operand(MlirOperation op, intptr_t k) {
+  MlirAttribute maps = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("indexing_maps"));
+  if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps) ||
+      k >= mlirArrayAttrGetNumElements(maps))
+    return false;
+  return mlirAffineMapIsIdentity(
+      mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, k)));
+}
+
+// Which elementwise ops are computed inside the thread tiles of the
+// elementwise op that reads them (multi-output fusion): a distributed
+// linalg.generic consumer; a producer over the same static iteration space,
+// read through the identity map, both outside any parallel loop, whose
+// other users all come after the consumer (the fused forall then yields the
+// producer's result for them). One level: a fused producer's own producers
+// stay kernels of their own. Consumers are visited last first, so an op
+// fused into a later consumer takes no producers itself.
+static void plan_producer_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
+  bool *has_producers = calloc((size_t)c->count, sizeof(bool));
+  if (!has_producers) return;  // (an optimization only)
+  for (int32_t j = c->count - 1; j >= 0; --j) {
+    const kiln_kernel_desc_t *dj = &c->descs[j];
+    MlirOperation cj = c->ops[j];
+    int64_t scratch[KILN_TILE_MAX_LOOPS];
+    if (fusion[j].fused || dj->kind != KILN_KERNEL_ELEMENTWISE || dj->nested ||
+        dj->sum_maps || !level_sizes(dj, &c->configs[j], 0, scratch) ||
+        !equals(mlirIdentifierStr(mlirOperationGetName(cj)), "linalg.generic"))
+      continue;
+    intptr_t ninputs = mlirOperationGetNumOperands(cj) - mlirOperationGetNumResults(cj);
+    for (intptr_t k = 0; k < ninputs; ++k) {
+      MlirValue v = mlirOperationGetOperand(cj, k);
+      if (!mlirValueIsAOpResult(v) || !identity_operand(cj, k)) continue;
+      MlirOperation pi = mlirOpResultGetOwner(v);
+      int32_t i = -1;
+      for (int32_t q = 0; q < j && i < 0; ++q)
+        if (mlirOperationEqual(c->ops[q], pi)) i = q;
+      if (i < 0 || fusion[i].fused || has_producers[i] ||
+          c->descs[i].kind != KILN_KERNEL_ELEMENTWISE || c->descs[i].nested ||
+          c->descs[i].sum_maps || mlirOperationGetNumResults(pi) != 1 ||
+          !same_space(&c->descs[i], dj) ||
+          !equals(mlirIdentifierStr(mlirOperationGetName(pi)), "linalg.generic"))
+        continue;
+      bool ok = true;
+      for (MlirOpOperand u = mlirValueGetFirstUse(v); ok && !mlirOpOperandIsNull(u);
+           u = mlirOpOperandGetNextUse(u)) {
+        MlirOperation owner = mlirOpOperandGetOwner(u);
+        ok = mlirOperationEqual(owner, cj) || comes_after(cj, owner);
+      }
+      if (!ok) continue;
+      fusion[i].fused = true;
+      fusion[i].consumer = j;
+      has_producers[j] = true;
+    }
+  }
+  free(has_producers);
+}
+
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
                                          const kiln_kernel_tiling_t *tiling) {
   // Without a target: AVX2-class registers, one thread.
@@ -675,7 +788,10 @@ kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
     fusion = calloc((size_t)c.count, sizeof(*fusion));
     if (!fusion) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "fusion");
   }
-  if (fusion) plan_fill_fusion(&c, fusion);
+  if (fusion) {
+    plan_fill_fusion(&c, fusion);
+    plan_producer_fusion(&c, fusion);
+  }
   if (!s) s = kiln_kernels_cpu_schedule(c.descs, c.configs, fusion, c.count, &text);
   free(fusion);
   free(c.ops);

@@ -27,10 +27,14 @@ typedef struct kiln_kernel_tiling {
 // contraction's init (a zero fill, an addmm's broadcast bias) computed
 // inside the contraction's thread tiles rather than by a parallel loop of
 // its own (one fork/join and one pass over memory fewer per contraction).
+// Or an elementwise op computed inside the thread tiles of the elementwise
+// op that reads its result (multi-output fusion: an optimizer step's moment
+// updates inside the parameter update), its result still written out.
 typedef struct kiln_kernel_fusion {
-  int32_t fill;     // for a contraction: tile_id of its fused init, or -1
-  int32_t operand;  // the contraction's operand that init is
-  bool fused;       // for an init: tiled with its consumer, not on its own
+  int32_t fill;      // for a contraction: tile_id of its fused init, or -1
+  int32_t operand;   // the contraction's operand that init is
+  int32_t consumer;  // for an elementwise producer: its consumer's tile_id, or -1
+  bool fused;        // tiled with its consumer, not on its own
 } kiln_kernel_fusion_t;
 
 // The schedule text for `count` tagged ops: each op tagged with

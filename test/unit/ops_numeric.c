@@ -138,6 +138,21 @@ static const op_case_t kCases[] = {
                      " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 bf16", "graph @t(%x: $T[2,16,5,5], %w: $T[8,16,1,1]) {\n"
                          " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1}\n return %y\n}"},
+    // Multi-output fusion (kernels/cpu_vectorize.c): an Adam-like step,
+    // whose moment updates are computed inside the parameter update's
+    // thread tiles and still returned; a producer read by an op before its
+    // consumer (not fused); a producer with two consumers (fused into the
+    // first, which yields it to the second).
+    {"fusion", FLOATS, "graph @t(%g: $T[256,512], %m: $T[256,512], %v: $T[256,512], %p: $T[256,512]) {\n"
+                       " %a = aten.mul(%m, 0.9)\n %b = aten.mul(%g, 0.1)\n %m1 = aten.add(%a, %b)\n"
+                       " %g2 = aten.mul(%g, %g)\n %c = aten.mul(%v, 0.999)\n %d = aten.mul(%g2, 0.001)\n"
+                       " %v1 = aten.add(%c, %d)\n %s = aten.sqrt(%v1)\n %e = aten.add(%s, 1e-3)\n"
+                       " %u = aten.div(%m1, %e)\n %p1 = aten.sub(%p, %u)\n return %m1, %v1, %p1\n}"},
+    {"fusion", "f32 bf16", "graph @t(%x: $T[256,512]) {\n %m = aten.mul(%x, 2.0)\n"
+                           " %r = aten.sum(%m) {dims = [1]}\n %y = aten.add(%m, %x)\n return %r, %y\n}"},
+    {"fusion", "f32 bf16", "graph @t(%x: $T[256,512], %z: $T[256,512]) {\n %m = aten.mul(%x, 2.0)\n"
+                           " %y1 = aten.add(%m, %z)\n %y2 = aten.sub(%m, %z)\n %w = aten.mul(%y2, %y2)\n"
+                           " return %y1, %w\n}"},
     // Data movement.
     {"shape", ALL, "graph @t(%x: $T[3,4,5]) {\n %a = aten.permute(%x) {dims = [2, 0, 1]}\n %b = aten.transpose(%x) {dim0 = 0, dim1 = -1}\n"
                    " %c = aten.view(%x) {shape = [12, -1]}\n %d = aten.reshape(%x) {shape = [5, 2, 6]}\n return %a, %b, %c, %d\n}"},
