@@ -57,6 +57,82 @@ static void emit_inner_tiles(kiln_sbuf_t *b, const char *what, int id,
   kiln_sbuf_puts(b, ")\n");
 }
 
+static void emit_tile_for(kiln_sbuf_t *b, const char *result, const char *target,
+                          const int64_t *sz, int n, const char *op) {
+  int loops = 0;
+  for (int k = 0; k < n; ++k) loops += sz[k] != 0;
+  kiln_sbuf_printf(b, "    %%%s", result);
+  for (int k = 0; k < loops; ++k) kiln_sbuf_printf(b, ", %%%s_l%d", result, k);
+  kiln_sbuf_printf(b, " = transform.structured.%s %%%s tile_sizes ", op, target);
+  put_sizes(b, sz, n);
+  kiln_sbuf_puts(b, " : (!transform.any_op) -> (!transform.any_op");
+  for (int k = 0; k < loops; ++k) kiln_sbuf_puts(b, ", !transform.any_op");
+  kiln_sbuf_puts(b, ")\n");
+}
+
+// Elementwise op `j` with matmul `i` (and `i`'s fused init) inside: `j` is
+// tiled by the matmul's thread and register tiles over the output, the
+// matmul and its init fused into the thread tile and then into the register
+// tile (transform.structured.fuse), where the matmul's reduction loop is
+// tiled by one. The accumulators start from the init in registers and go
+// through `j`'s body before the one store.
+static void emit_epilogue(kiln_sbuf_t *b, const kiln_kernel_desc_t *descs,
+                          const kiln_tile_config_t *configs,
+                          const kiln_kernel_fusion_t *fusion, int32_t j) {
+  int32_t i = fusion[j].epilogue, fill = fusion[i].fill;
+  const kiln_kernel_desc_t *di = &descs[i];
+  int64_t f[KILN_TILE_MAX_LOOPS], r[KILN_TILE_MAX_LOOPS];
+  int64_t jf[KILN_TILE_MAX_LOOPS], jr[KILN_TILE_MAX_LOOPS], red[KILN_TILE_MAX_LOOPS];
+  level_sizes(di, &configs[i], 0, f);
+  level_sizes(di, &configs[i], 2, r);
+  int n = 0;
+  for (int k = 0; k < di->loop_count; ++k) {
+    bool is_red = (di->reduction_mask >> k) & 1u;
+    red[k] = is_red ? r[k] : 0;
+    if (is_red) continue;
+    jf[n] = f[k];
+    jr[n++] = r[k];
+  }
+  kiln_sbuf_printf(b,
+                   "    %%op%d = transform.structured.match attributes "
+                   "{kiln.tile_id = %d : i64} in %%root : (!transform.any_op) "
+                   "-> !transform.any_op\n"
+                   "    %%epi%d = transform.structured.match attributes "
+                   "{kiln.tile_id = %d : i64} in %%root : (!transform.any_op) "
+                   "-> !transform.any_op\n",
+                   j, j, j, i);
+  if (fill >= 0)
+    kiln_sbuf_printf(b, "    %%efill%d = transform.get_producer_of_operand "
+                        "%%epi%d[%d] : (!transform.any_op) -> !transform.any_op\n",
+                     j, j, fusion[i].operand);
+  kiln_sbuf_printf(b, "    %%par%d, %%forall%d = transform.structured."
+                      "tile_using_forall %%op%d tile_sizes ", j, j, j);
+  put_sizes(b, jf, n);
+  kiln_sbuf_printf(b, " : (!transform.any_op) -> (!transform.any_op, "
+                      "!transform.any_op)\n"
+                      "    %%fepi%d, %%eforall%d = transform.structured."
+                      "fuse_into_containing_op %%epi%d into %%forall%d : "
+                      "(!transform.any_op, !transform.any_op) -> "
+                      "(!transform.any_op, !transform.any_op)\n",
+                   j, j, j, j);
+  if (fill >= 0)
+    kiln_sbuf_printf(b, "    %%fefill%d, %%eforall2_%d = transform.structured."
+                        "fuse_into_containing_op %%efill%d into %%eforall%d : "
+                        "(!transform.any_op, !transform.any_op) -> "
+                        "(!transform.any_op, !transform.any_op)\n",
+                     j, j, j, j);
+  char res[32], tgt[32];
+  snprintf(res, sizeof(res), "ereg%d", j);
+  snprintf(tgt, sizeof(tgt), "par%d", j);
+  emit_tile_for(b, res, tgt, jr, n, "fuse");
+  kiln_sbuf_printf(b, "    %%emm%d = transform.get_producer_of_operand %%ereg%d[%d] : "
+                      "(!transform.any_op) -> !transform.any_op\n",
+                   j, j, fusion[j].epilogue_operand);
+  snprintf(res, sizeof(res), "ered%d", j);
+  snprintf(tgt, sizeof(tgt), "emm%d", j);
+  emit_tile_for(b, res, tgt, red, di->loop_count, "tile_using_for");
+}
+
 kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                                         const kiln_tile_config_t *configs,
                                         const kiln_kernel_fusion_t *fusion,
@@ -72,6 +148,10 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
     const kiln_tile_config_t *t = &configs[i];
     int64_t sz[KILN_TILE_MAX_LOOPS];
     if (fusion && fusion[i].fused) continue;  // tiled inside its consumer
+    if (fusion && fusion[i].epilogue >= 0) {
+      emit_epilogue(&b, descs, configs, fusion, i);
+      continue;
+    }
     int32_t fill = fusion ? fusion[i].fill : -1;
     kiln_sbuf_printf(&b,
                      "    %%op%d = transform.structured.match attributes "
@@ -658,7 +738,8 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
 // elementwise op used by nothing else (a zero fill, an addmm's broadcast
 // bias); a producer with other users stays a kernel of its own.
 static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
-  for (int32_t i = 0; i < c->count; ++i) fusion[i].fill = fusion[i].consumer = -1;
+  for (int32_t i = 0; i < c->count; ++i)
+    fusion[i].fill = fusion[i].consumer = fusion[i].epilogue = -1;
   for (int32_t i = 0; i < c->count; ++i) {
     if (c->descs[i].kind != KILN_KERNEL_CONTRACTION) continue;
     int64_t scratch[KILN_TILE_MAX_LOOPS];
@@ -738,7 +819,8 @@ static void plan_producer_fusion(const collect_t *c, kiln_kernel_fusion_t *fusio
     const kiln_kernel_desc_t *dj = &c->descs[j];
     MlirOperation cj = c->ops[j];
     int64_t scratch[KILN_TILE_MAX_LOOPS];
-    if (fusion[j].fused || dj->kind != KILN_KERNEL_ELEMENTWISE || dj->nested ||
+    if (fusion[j].fused || fusion[j].epilogue >= 0 ||
+        dj->kind != KILN_KERNEL_ELEMENTWISE || dj->nested ||
         dj->sum_maps || !level_sizes(dj, &c->configs[j], 0, scratch) ||
         !equals(mlirIdentifierStr(mlirOperationGetName(cj)), "linalg.generic"))
       continue;
@@ -750,7 +832,7 @@ static void plan_producer_fusion(const collect_t *c, kiln_kernel_fusion_t *fusio
       int32_t i = -1;
       for (int32_t q = 0; q < j && i < 0; ++q)
         if (mlirOperationEqual(c->ops[q], pi)) i = q;
-      if (i < 0 || fusion[i].fused || has_producers[i] ||
+      if (i < 0 || fusion[i].fused || has_producers[i] || fusion[i].epilogue >= 0 ||
           c->descs[i].kind != KILN_KERNEL_ELEMENTWISE || c->descs[i].nested ||
           c->descs[i].sum_maps || mlirOperationGetNumResults(pi) != 1 ||
           !same_space(&c->descs[i], dj) ||
@@ -769,6 +851,52 @@ static void plan_producer_fusion(const collect_t *c, kiln_kernel_fusion_t *fusio
     }
   }
   free(has_producers);
+}
+
+// Which matmuls run inside the register tiles of their elementwise
+// consumer (epilogue fusion): a distributed linalg.matmul or batch_matmul
+// whose init is fused (plan_fill_fusion) and whose register tiles cover K
+// once (no cache blocks; static sizes), read by one linalg.generic over its
+// output's iteration space through the identity map, its only user.
+static void plan_epilogue_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
+  for (int32_t i = 0; i < c->count; ++i) {
+    const kiln_kernel_desc_t *di = &c->descs[i];
+    MlirOperation op = c->ops[i];
+    MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
+    int64_t scratch[KILN_TILE_MAX_LOOPS];
+    if (fusion[i].fill < 0 || di->dynamic_mask ||
+        level_sizes(di, &c->configs[i], 1, scratch) ||
+        !(equals(name, "linalg.matmul") || equals(name, "linalg.batch_matmul")))
+      continue;
+    MlirValue v = mlirOperationGetResult(op, 0);
+    MlirOpOperand use = mlirValueGetFirstUse(v);
+    if (mlirOpOperandIsNull(use) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(use)))
+      continue;
+    MlirOperation cj = mlirOpOperandGetOwner(use);
+    intptr_t k = (intptr_t)mlirOpOperandGetOperandNumber(use);
+    int32_t j = -1;
+    for (int32_t q = i + 1; q < c->count && j < 0; ++q)
+      if (mlirOperationEqual(c->ops[q], cj)) j = q;
+    if (j < 0) continue;
+    const kiln_kernel_desc_t *dj = &c->descs[j];
+    intptr_t ninputs = mlirOperationGetNumOperands(cj) - mlirOperationGetNumResults(cj);
+    if (fusion[j].fused || fusion[j].epilogue >= 0 || dj->kind != KILN_KERNEL_ELEMENTWISE ||
+        dj->nested || dj->sum_maps || dj->dynamic_mask || k >= ninputs ||
+        mlirOperationGetNumResults(cj) != 1 ||
+        !equals(mlirIdentifierStr(mlirOperationGetName(cj)), "linalg.generic") ||
+        !identity_operand(cj, k) || !identity_operand(cj, ninputs))
+      continue;
+    // The consumer's loops are the matmul's parallel loops, in order.
+    int n = 0;
+    bool same = true;
+    for (int q = 0; q < di->loop_count; ++q)
+      if (!((di->reduction_mask >> q) & 1u))
+        same &= n < dj->loop_count && dj->range[n++] == di->range[q];
+    if (!same || n != dj->loop_count) continue;
+    fusion[i].fused = true;
+    fusion[j].epilogue = i;
+    fusion[j].epilogue_operand = (int32_t)k;
+  }
 }
 
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
@@ -790,6 +918,7 @@ kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
   }
   if (fusion) {
     plan_fill_fusion(&c, fusion);
+    plan_epilogue_fusion(&c, fusion);
     plan_producer_fusion(&c, fusion);
   }
   if (!s) s = kiln_kernels_cpu_schedule(c.descs, c.configs, fusion, c.count, &text);

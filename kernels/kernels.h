@@ -28,12 +28,18 @@ typedef struct kiln_kernel_tiling {
 // inside the contraction's thread tiles rather than by a parallel loop of
 // its own (one fork/join and one pass over memory fewer per contraction).
 // Or an elementwise op computed inside the thread tiles of the elementwise
-// op that reads its result (multi-output fusion: an optimizer step's moment
+// op that reads its result (below). Or a matmul computed inside the tiles of
+// the elementwise op that reads its result (`epilogue`) (multi-output fusion: an optimizer step's moment
 // updates inside the parameter update), its result still written out.
 typedef struct kiln_kernel_fusion {
   int32_t fill;      // for a contraction: tile_id of its fused init, or -1
   int32_t operand;   // the contraction's operand that init is
   int32_t consumer;  // for an elementwise producer: its consumer's tile_id, or -1
+  // For an elementwise op: tile_id of the matmul whose result it reads and
+  // that is computed inside its register tiles (an epilogue: the matmul's
+  // accumulators go through the op before they are stored), or -1.
+  int32_t epilogue;
+  int32_t epilogue_operand;  // the op's operand that is the matmul's result
   bool fused;        // tiled with its consumer, not on its own
 } kiln_kernel_fusion_t;
 

@@ -153,6 +153,14 @@ static const op_case_t kCases[] = {
     {"fusion", "f32 bf16", "graph @t(%x: $T[256,512], %z: $T[256,512]) {\n %m = aten.mul(%x, 2.0)\n"
                            " %y1 = aten.add(%m, %z)\n %y2 = aten.sub(%m, %z)\n %w = aten.mul(%y2, %y2)\n"
                            " return %y1, %w\n}"},
+    // Epilogue fusion: a matmul inside its elementwise consumer's register
+    // tiles (relu; addmm's bias init then GELU; a batched matmul scaled).
+    {"fusion", FLOATS, "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n"
+                       " %r = aten.relu(%c)\n return %r\n}"},
+    {"fusion", "f32 bf16", "graph @t(%c: $T[128], %a: $T[64,96], %b: $T[96,128]) {\n"
+                           " %d = aten.addmm(%c, %a, %b)\n %g = aten.gelu(%d)\n return %g\n}"},
+    {"fusion", "f32", "graph @t(%a: $T[4,32,64], %b: $T[4,64,96]) {\n %c = aten.bmm(%a, %b)\n"
+                      " %s = aten.mul(%c, 0.125)\n return %s\n}"},
     // Data movement.
     {"shape", ALL, "graph @t(%x: $T[3,4,5]) {\n %a = aten.permute(%x) {dims = [2, 0, 1]}\n %b = aten.transpose(%x) {dim0 = 0, dim1 = -1}\n"
                    " %c = aten.view(%x) {shape = [12, -1]}\n %d = aten.reshape(%x) {shape = [5, 2, 6]}\n return %a, %b, %c, %d\n}"},
