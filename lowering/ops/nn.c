@@ -128,7 +128,13 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
   } else {
     bool red[KILN_MAX_RANK] = {0};
     if (rank) red[d] = true;
-    KILN_RETURN_IF_ERROR_PLAIN(softmax_core(e, n->op, x0, red, mt, rt->dtype, false, &out));
+    // On the CPU a tensor that fits in the caches (the 2 MB scores of an
+    // attention block) keeps exp(x - max) rather than recomputing it in the
+    // output pass: reading it back from cache is cheaper than the
+    // polynomial (attention's q @ k^T, softmax, @ v: 0.55 -> 0.49 ms).
+    bool cached = e->options.cpu_rows && kiln_type_is_static(&x0->type) &&
+                  kiln_type_numel(&x0->type) * 4 <= (8 << 20);
+    KILN_RETURN_IF_ERROR_PLAIN(softmax_core(e, n->op, x0, red, mt, rt->dtype, cached, &out));
   }
   kiln_emit_set_result(e, n, 0, &out);
   return NULL;
