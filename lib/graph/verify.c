@@ -801,11 +801,60 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
   }
 }
 
+// The attributes each op takes (docs/graph-format.md), space-separated.
+static const char *known_attrs(kiln_op_id_t op) {
+  switch (op) {
+    case KILN_OP_GELU: return "approximate";
+    case KILN_OP_CONVERT: return "dtype";
+    case KILN_OP_ADD: case KILN_OP_SUB: return "alpha";
+    case KILN_OP_DIV: return "rounding_mode";
+    case KILN_OP_SUM: case KILN_OP_PROD: case KILN_OP_AMAX: case KILN_OP_AMIN:
+    case KILN_OP_MEAN:
+      return "dims keepdim dtype";
+    case KILN_OP_VAR: return "dims keepdim dtype correction";
+    case KILN_OP_ADDMM: return "beta alpha";
+    // (transposed: accepted so that its own error explains it.)
+    case KILN_OP_CONVOLUTION: return "stride padding dilation groups transposed";
+    case KILN_OP_PERMUTE: case KILN_OP_SQUEEZE: return "dims";
+    case KILN_OP_TRANSPOSE: return "dim0 dim1";
+    case KILN_OP_VIEW: case KILN_OP_RESHAPE: case KILN_OP_EXPAND: return "shape";
+    case KILN_OP_UNSQUEEZE: case KILN_OP_CAT: return "dim";
+    case KILN_OP_SLICE: return "dim start end step";
+    case KILN_OP_FULL: return "shape value dtype";
+    case KILN_OP_CONSTANT: return "value";
+    case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX: return "dim half_to_float";
+    case KILN_OP_LAYER_NORM: return "normalized_shape eps";
+    default: return "";
+  }
+}
+
+// An attribute the op does not take is an error, not ignored: `dim` where
+// a reduction takes `dims` would otherwise reduce over every dim.
+static kiln_status_t check_attr_names(const vctx_t *c) {
+  const char *known = known_attrs(c->node->op);
+  for (int32_t k = 0; k < c->node->attr_count; ++k) {
+    const char *name = c->node->attrs[k].name;
+    size_t len = strlen(name);
+    bool found = false;
+    for (const char *p = known; *p && !found;) {
+      size_t w = strcspn(p, " ");
+      found = w == len && strncmp(p, name, len) == 0;
+      p += w;
+      p += strspn(p, " ");
+    }
+    if (!found)
+      return *known ? verr(c, "unknown attribute '%s'; expected one of: %s", name, known)
+                    : verr(c, "unknown attribute '%s'; the op takes no attributes", name);
+  }
+  return NULL;
+}
+
 kiln_status_t kiln_graph_verify(kiln_graph_t *g, const char *filename) {
   vctx_t c = {g, filename ? filename : "<graph>", NULL};
   for (int32_t i = 0; i < g->node_count; ++i) {
     kiln_node_t *n = &g->nodes[i];
     c.node = n;
+    KILN_RETURN_IF_ERROR_PLAIN(check_attr_names(&c));
     kiln_type_t res[KILN_MAX_RESULTS];
     memset(res, 0, sizeof(res));
     int nres = 1;

@@ -25,6 +25,14 @@ static void test_parser_errors(void) {
                      KILN_STATUS_PARSE_ERROR, "1:14: expected a dtype");
   expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.frobnicate(%x)\n return %y\n}",
                      KILN_STATUS_PARSE_ERROR, "2:8: unknown op");
+  // An attribute the op does not take is reported, not ignored (`dim`
+  // where a reduction takes `dims` would reduce over every dim).
+  expect_parse_error("graph @g(%x: f32[4,8]) {\n  %y = aten.amax(%x) {dim = [1]}\n return %y\n}",
+                     KILN_STATUS_VERIFY_ERROR,
+                     "t.kiln:2:8: aten.amax: unknown attribute 'dim'; expected one of: dims keepdim dtype");
+  expect_parse_error("graph @g(%x: f32[4,8]) {\n  %y = aten.relu(%x) {inplace = true}\n return %y\n}",
+                     KILN_STATUS_VERIFY_ERROR,
+                     "aten.relu: unknown attribute 'inplace'; the op takes no attributes");
   expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.neg(%z)\n return %y\n}",
                      KILN_STATUS_PARSE_ERROR, "2:17: use of undefined value");
   expect_parse_error("graph @g(%x: f32[2]) {\n  %y = aten.neg(%x\n return %y\n}",
