@@ -741,7 +741,11 @@ static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
   for (int32_t i = 0; i < c->count; ++i)
     fusion[i].fill = fusion[i].consumer = fusion[i].epilogue = -1;
   for (int32_t i = 0; i < c->count; ++i) {
-    if (c->descs[i].kind != KILN_KERNEL_CONTRACTION) continue;
+    // (A symbolic output dim would leave the fused init's vector tiles
+    // unpeeled, partial and scalar: such an init stays a kernel of its own.)
+    if (c->descs[i].kind != KILN_KERNEL_CONTRACTION ||
+        (c->descs[i].dynamic_mask & ~c->descs[i].reduction_mask))
+      continue;
     int64_t scratch[KILN_TILE_MAX_LOOPS];
     if (!level_sizes(&c->descs[i], &c->configs[i], 0, scratch)) continue;
     MlirOperation op = c->ops[i];
@@ -809,12 +813,12 @@ static bool identity_operand(MlirOperation op, intptr_t k) {
 // linalg.generic consumer; a producer over the same static iteration space,
 // read through the identity map, both outside any parallel loop, whose
 // other users all come after the consumer (the fused forall then yields the
-// producer's result for them). One level: a fused producer's own producers
-// stay kernels of their own. Consumers are visited last first, so an op
-// fused into a later consumer takes no producers itself.
+// producer's result for them), and which the consumer reads only through
+// the identity map (the forall yields the tile of the first slice it
+// fuses: a permuted read would leave part of the result unwritten). One
+// level: consumers are visited last first, so an op already fused into a
+// later consumer (`fused`) takes no producers itself.
 static void plan_producer_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
-  bool *has_producers = calloc((size_t)c->count, sizeof(bool));
-  if (!has_producers) return;  // (an optimization only)
   for (int32_t j = c->count - 1; j >= 0; --j) {
     const kiln_kernel_desc_t *dj = &c->descs[j];
     MlirOperation cj = c->ops[j];
@@ -832,7 +836,7 @@ static void plan_producer_fusion(const collect_t *c, kiln_kernel_fusion_t *fusio
       int32_t i = -1;
       for (int32_t q = 0; q < j && i < 0; ++q)
         if (mlirOperationEqual(c->ops[q], pi)) i = q;
-      if (i < 0 || fusion[i].fused || has_producers[i] || fusion[i].epilogue >= 0 ||
+      if (i < 0 || fusion[i].fused || fusion[i].epilogue >= 0 ||
           c->descs[i].kind != KILN_KERNEL_ELEMENTWISE || c->descs[i].nested ||
           c->descs[i].sum_maps || mlirOperationGetNumResults(pi) != 1 ||
           !same_space(&c->descs[i], dj) ||
@@ -842,15 +846,16 @@ static void plan_producer_fusion(const collect_t *c, kiln_kernel_fusion_t *fusio
       for (MlirOpOperand u = mlirValueGetFirstUse(v); ok && !mlirOpOperandIsNull(u);
            u = mlirOpOperandGetNextUse(u)) {
         MlirOperation owner = mlirOpOperandGetOwner(u);
-        ok = mlirOperationEqual(owner, cj) || comes_after(cj, owner);
+        intptr_t at = (intptr_t)mlirOpOperandGetOperandNumber(u);
+        ok = mlirOperationEqual(owner, cj)
+                 ? at < ninputs && identity_operand(cj, at)
+                 : comes_after(cj, owner);
       }
       if (!ok) continue;
       fusion[i].fused = true;
       fusion[i].consumer = j;
-      has_producers[j] = true;
     }
   }
-  free(has_producers);
 }
 
 // Which matmuls run inside the register tiles of their elementwise

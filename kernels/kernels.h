@@ -23,14 +23,17 @@ typedef struct kiln_kernel_tiling {
   void *user;
 } kiln_kernel_tiling_t;
 
-// Producer fusion of one tagged op: the elementwise op making a
-// contraction's init (a zero fill, an addmm's broadcast bias) computed
-// inside the contraction's thread tiles rather than by a parallel loop of
-// its own (one fork/join and one pass over memory fewer per contraction).
-// Or an elementwise op computed inside the thread tiles of the elementwise
-// op that reads its result (below). Or a matmul computed inside the tiles of
-// the elementwise op that reads its result (`epilogue`) (multi-output fusion: an optimizer step's moment
-// updates inside the parameter update), its result still written out.
+// Producer fusion of one tagged op, three kinds (kernels/cpu_vectorize.c):
+//   - the elementwise op making a contraction's init (a zero fill, an
+//     addmm's broadcast bias), computed inside the contraction's thread
+//     tiles rather than by a parallel loop of its own (one fork/join and
+//     one pass over memory fewer per contraction): `fill`, `operand`;
+//   - an elementwise op computed inside the thread tiles of a later
+//     elementwise op that reads it, its result still written out
+//     (multi-output fusion: an optimizer step's moment updates inside the
+//     parameter update): `consumer`;
+//   - a matmul computed inside the register tiles of the elementwise op
+//     that is its only user (epilogue fusion): `epilogue`.
 typedef struct kiln_kernel_fusion {
   int32_t fill;      // for a contraction: tile_id of its fused init, or -1
   int32_t operand;   // the contraction's operand that init is

@@ -20,8 +20,9 @@ typedef struct kiln_lower_options {
   // its single reduction loop across threads.
   bool collapse_reductions;
   // CPU row kernels (lowering/ops/nn.c): a large layer norm runs on blocks
-  // of rows that stay in cache, and a block softmax multiplies by its
-  // reciprocal sum. Off for CUDA, whose row kernels (kernels/gpu_rows.c)
+  // of rows that stay in cache, and a softmax held in cache (a block of
+  // rows, or a whole tensor under 8 MB) keeps its exponentials and
+  // multiplies by the reciprocal sum. Off for CUDA, whose row kernels (kernels/gpu_rows.c)
   // recognize the forms they were written for.
   bool cpu_rows;
   // CPU: convolutions as contractions (lowering/ops/matmul.c: direct over

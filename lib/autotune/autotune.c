@@ -125,7 +125,9 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
   // blocks (below) so the K x 512 slab of B it streams stays in L2 while
   // its rows go by in register tiles. Batched contractions (a convolution's
   // batch) get column blocks too: a whole [K, N] slab per batch (576 x 3136
-  // for a 3x3 layer) was streamed from memory once per register row.
+  // for a 3x3 layer) was streamed from memory once per register row. (A
+  // direct convolution reduces over three loops, c, kh and kw, and gets no
+  // K blocks: a thread's block of input rows stays in L2 as it is.)
   int64_t nc = block_divisor(d->range[n], rn, 512);
   int64_t mc = d->range[m];
   int64_t col_tiles = d->range[n] / nc;

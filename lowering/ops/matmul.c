@@ -356,7 +356,8 @@ static void emit_mac_generic(kiln_sbuf_t *b, const char *res, const mac_form_t *
 // is computed on a grid OW -> Wp columns wide, so tap (kh, kw) of channel c
 // is the contiguous run of the input starting at kh*d*Wp + kw*d (one extra
 // zero row at the bottom keeps the last tap in bounds; a few extra zero
-// columns make OH * Wp a multiple of the register tile); the Wp - OW extra
+// columns make OH * Wp divisible by the widest register tile they can, up
+// to 32 columns); the Wp - OW extra
 // columns are dropped at the end. Other strides: one contraction per tap
 // over its strided window, which bufferization copies contiguous.
 // linalg.conv_2d left to the loop lowering ran scalar, ~50x slower than

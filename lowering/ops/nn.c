@@ -10,9 +10,9 @@
 // as three passes: the max; the sum of exp(x - max), its exp fused into the
 // reduction; the output, which recomputes exp(x - max) rather than reading
 // it back. Operands convert to `mt` inside each body.
-// With `cached` (a block of rows that stays in cache), exp(x - max) is
-// computed once and kept: the block is small, and re-reading it is cheaper
-// than recomputing it.
+// With `cached` (a block of rows, or a whole tensor, that stays in cache),
+// exp(x - max) is computed once and kept: re-reading it from cache is
+// cheaper than recomputing it.
 static kiln_status_t softmax_core(kiln_emitter_t *e, kiln_op_id_t op,
                                   const kiln_tv_t *x, const bool *red,
                                   kiln_dtype_t mt, kiln_dtype_t out_dtype,
@@ -133,7 +133,8 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
     // output pass: reading it back from cache is cheaper than the
     // polynomial (attention's q @ k^T, softmax, @ v: 0.55 -> 0.49 ms).
     bool cached = e->options.cpu_rows && kiln_type_is_static(&x0->type) &&
-                  kiln_type_numel(&x0->type) * 4 <= (8 << 20);
+                  kiln_type_numel(&x0->type) * (int64_t)kiln_dtype_size(x0->type.dtype) <=
+                      (8 << 20);
     KILN_RETURN_IF_ERROR_PLAIN(softmax_core(e, n->op, x0, red, mt, rt->dtype, cached, &out));
   }
   kiln_emit_set_result(e, n, 0, &out);
