@@ -41,22 +41,8 @@ static void put_sizes(kiln_sbuf_t *b, const int64_t *s, int n) {
   kiln_sbuf_puts(b, "]");
 }
 
-// A fused producer's tile (handle %<what><id>) tiled by its own register
-// tile: vector loops inside the consumer's thread tile.
-static void emit_inner_tiles(kiln_sbuf_t *b, const char *what, int id,
-                             const kiln_tile_config_t *c) {
-  int loops = 0;
-  for (int k = 0; k < c->loop_count; ++k) loops += c->reg[k] > 0;
-  kiln_sbuf_printf(b, "    %%t%s%d", what, id);
-  for (int k = 0; k < loops; ++k) kiln_sbuf_printf(b, ", %%l%s%d_%d", what, id, k);
-  kiln_sbuf_printf(b, " = transform.structured.tile_using_for %%%s%d tile_sizes ",
-                   what, id);
-  put_sizes(b, c->reg, c->loop_count);
-  kiln_sbuf_puts(b, " : (!transform.any_op) -> (!transform.any_op");
-  for (int k = 0; k < loops; ++k) kiln_sbuf_puts(b, ", !transform.any_op");
-  kiln_sbuf_puts(b, ")\n");
-}
-
+// `%<result>, %<result>_l0, ... = transform.structured.<op> %<target>
+// tile_sizes <sz>` (tile_using_for or fuse: one loop per nonzero size).
 static void emit_tile_for(kiln_sbuf_t *b, const char *result, const char *target,
                           const int64_t *sz, int n, const char *op) {
   int loops = 0;
@@ -68,6 +54,26 @@ static void emit_tile_for(kiln_sbuf_t *b, const char *result, const char *target
   kiln_sbuf_puts(b, " : (!transform.any_op) -> (!transform.any_op");
   for (int k = 0; k < loops; ++k) kiln_sbuf_puts(b, ", !transform.any_op");
   kiln_sbuf_puts(b, ")\n");
+}
+
+// A fused producer's tile (handle %<what><id>) tiled by its own register
+// tile: vector loops inside the consumer's thread tile.
+static void emit_inner_tiles(kiln_sbuf_t *b, const char *what, int id,
+                             const kiln_tile_config_t *c) {
+  char res[32], tgt[32];
+  snprintf(res, sizeof(res), "t%s%d", what, id);
+  snprintf(tgt, sizeof(tgt), "%s%d", what, id);
+  emit_tile_for(b, res, tgt, c->reg, c->loop_count, "tile_using_for");
+}
+
+// `%<fused>, %<containing_out> = fuse_into_containing_op %<producer> into
+// %<containing>`.
+static void emit_fuse_into(kiln_sbuf_t *b, const char *fused, const char *containing_out,
+                           const char *producer, const char *containing) {
+  kiln_sbuf_printf(b, "    %%%s, %%%s = transform.structured.fuse_into_containing_op "
+                      "%%%s into %%%s : (!transform.any_op, !transform.any_op) -> "
+                      "(!transform.any_op, !transform.any_op)\n",
+                   fused, containing_out, producer, containing);
 }
 
 // Elementwise op `j` with matmul `i` (and `i`'s fused init) inside: `j` is
@@ -108,20 +114,20 @@ static void emit_epilogue(kiln_sbuf_t *b, const kiln_kernel_desc_t *descs,
   kiln_sbuf_printf(b, "    %%par%d, %%forall%d = transform.structured."
                       "tile_using_forall %%op%d tile_sizes ", j, j, j);
   put_sizes(b, jf, n);
-  kiln_sbuf_printf(b, " : (!transform.any_op) -> (!transform.any_op, "
-                      "!transform.any_op)\n"
-                      "    %%fepi%d, %%eforall%d = transform.structured."
-                      "fuse_into_containing_op %%epi%d into %%forall%d : "
-                      "(!transform.any_op, !transform.any_op) -> "
-                      "(!transform.any_op, !transform.any_op)\n",
-                   j, j, j, j);
-  if (fill >= 0)
-    kiln_sbuf_printf(b, "    %%fefill%d, %%eforall2_%d = transform.structured."
-                        "fuse_into_containing_op %%efill%d into %%eforall%d : "
-                        "(!transform.any_op, !transform.any_op) -> "
-                        "(!transform.any_op, !transform.any_op)\n",
-                     j, j, j, j);
-  char res[32], tgt[32];
+  kiln_sbuf_puts(b, " : (!transform.any_op) -> (!transform.any_op, "
+                   "!transform.any_op)\n");
+  char res[32], tgt[32], h1[32], h2[32];
+  snprintf(res, sizeof(res), "fepi%d", j);
+  snprintf(h1, sizeof(h1), "eforall%d", j);
+  snprintf(tgt, sizeof(tgt), "epi%d", j);
+  snprintf(h2, sizeof(h2), "forall%d", j);
+  emit_fuse_into(b, res, h1, tgt, h2);
+  if (fill >= 0) {
+    snprintf(res, sizeof(res), "fefill%d", j);
+    snprintf(h2, sizeof(h2), "eforall2_%d", j);
+    snprintf(tgt, sizeof(tgt), "efill%d", j);
+    emit_fuse_into(b, res, h2, tgt, h1);
+  }
   snprintf(res, sizeof(res), "ereg%d", j);
   snprintf(tgt, sizeof(tgt), "par%d", j);
   emit_tile_for(b, res, tgt, jr, n, "fuse");
@@ -180,30 +186,29 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
       kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op, "
                          "!transform.any_op)\n");
       snprintf(target, sizeof(target), "par%d", i);
+      char forall[32], fused[32], out[32], producer[32];
+      snprintf(forall, sizeof(forall), "forall%d", i);
       if (fill >= 0) {
         // The fill of this thread's output tile, inside the thread's loop.
-        kiln_sbuf_printf(&b, "    %%ffill%d, %%fforall%d = transform.structured."
-                             "fuse_into_containing_op %%fill%d into %%forall%d : "
-                             "(!transform.any_op, !transform.any_op) -> "
-                             "(!transform.any_op, !transform.any_op)\n",
-                         i, i, i, i);
+        snprintf(fused, sizeof(fused), "ffill%d", i);
+        snprintf(out, sizeof(out), "fforall%d", i);
+        snprintf(producer, sizeof(producer), "fill%d", i);
+        emit_fuse_into(&b, fused, out, producer, forall);
       }
       // Elementwise producers fused into this op's thread tiles; each
       // fusion rebuilds the forall with one more result (the producer's
       // tile, still written out), so the handle moves on.
-      char forall[32];
-      snprintf(forall, sizeof(forall), "forall%d", i);
       for (int32_t p = count - 1; fusion && p >= 0; --p) {
         if (fusion[p].consumer != i) continue;
         kiln_sbuf_printf(&b,
                          "    %%prod%d = transform.structured.match attributes "
                          "{kiln.tile_id = %d : i64} in %%root : (!transform.any_op) "
-                         "-> !transform.any_op\n"
-                         "    %%fprod%d, %%pforall%d = transform.structured."
-                         "fuse_into_containing_op %%prod%d into %%%s : "
-                         "(!transform.any_op, !transform.any_op) -> "
-                         "(!transform.any_op, !transform.any_op)\n",
-                         p, p, p, p, p, forall);
+                         "-> !transform.any_op\n",
+                         p, p);
+        snprintf(fused, sizeof(fused), "fprod%d", p);
+        snprintf(out, sizeof(out), "pforall%d", p);
+        snprintf(producer, sizeof(producer), "prod%d", p);
+        emit_fuse_into(&b, fused, out, producer, forall);
         snprintf(forall, sizeof(forall), "pforall%d", p);
         emit_inner_tiles(&b, "fprod", p, &configs[p]);
       }
@@ -241,26 +246,16 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
           npar += par[k] != 0;
           nred += red[k] != 0;
         }
+        char res[32];
         if (npar) {
-          kiln_sbuf_printf(&b, "    %%rfused%d", i);
-          for (int k = 0; k < npar; ++k) kiln_sbuf_printf(&b, ", %%ploop%d_%d", i, k);
-          kiln_sbuf_printf(&b, " = transform.structured.fuse %%%s tile_sizes ", target);
-          put_sizes(&b, par, t->loop_count);
-          kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op");
-          for (int k = 0; k < npar; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
-          kiln_sbuf_puts(&b, ")\n");
-          snprintf(target, sizeof(target), "rfused%d", i);
+          snprintf(res, sizeof(res), "rfused%d", i);
+          emit_tile_for(&b, res, target, par, t->loop_count, "fuse");
+          snprintf(target, sizeof(target), "%s", res);
         }
         if (nred) {
-          kiln_sbuf_printf(&b, "    %%tiled%d_2", i);
-          for (int k = 0; k < nred; ++k) kiln_sbuf_printf(&b, ", %%rloop%d_%d", i, k);
-          kiln_sbuf_printf(&b, " = transform.structured.tile_using_for %%%s tile_sizes ",
-                           target);
-          put_sizes(&b, red, t->loop_count);
-          kiln_sbuf_puts(&b, " : (!transform.any_op) -> (!transform.any_op");
-          for (int k = 0; k < nred; ++k) kiln_sbuf_puts(&b, ", !transform.any_op");
-          kiln_sbuf_puts(&b, ")\n");
-          snprintf(target, sizeof(target), "tiled%d_2", i);
+          snprintf(res, sizeof(res), "tiled%d_2", i);
+          emit_tile_for(&b, res, target, red, t->loop_count, "tile_using_for");
+          snprintf(target, sizeof(target), "%s", res);
         }
         continue;
       }
