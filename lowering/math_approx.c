@@ -26,23 +26,31 @@ static void op2(kiln_emitter_t *e, kiln_sbuf_t *b, const char *op,
   kiln_sbuf_printf(b, "    %s = %s %s, %s : f32\n", out, op, x, y);
 }
 
-// Horner: coef[0] * x^(n-1) + ... + coef[n-1].
-static void horner(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
-                   const double *coef, int n, char out[24]) {
-  char acc[24], k[24], t[24];
-  c(e, b, coef[0], acc);
-  for (int i = 1; i < n; ++i) {
-    c(e, b, coef[i], k);
-    op2(e, b, "arith.mulf", acc, x, t);
-    op2(e, b, "arith.addf", t, k, acc);
-  }
-  memcpy(out, acc, 24);
-}
-
 static void fma3(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
                  const char *y, const char *z, char out[24]) {
   kiln_emit_fresh(e, out);
   kiln_sbuf_printf(b, "    %s = math.fma %s, %s, %s : f32\n", out, x, y, z);
+}
+
+// Horner: scale * (coef[0] * x^(n-1) + ... + coef[n-1]), each step one
+// fused multiply-add (`fused`, exp's chain) or a multiply then an add.
+static void horner(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
+                   const double *coef, int n, double scale, bool fused,
+                   char out[24]) {
+  char acc[24], k[24], t[24];
+  c(e, b, scale * coef[0], acc);
+  for (int i = 1; i < n; ++i) {
+    c(e, b, scale * coef[i], k);
+    if (fused) {
+      fma3(e, b, acc, x, k, t);
+    } else {
+      char m[24];
+      op2(e, b, "arith.mulf", acc, x, m);
+      op2(e, b, "arith.addf", m, k, t);
+    }
+    memcpy(acc, t, 24);
+  }
+  memcpy(out, acc, 24);
 }
 
 // min(x, c) and max(x, c) that pass a NaN x through: a compare and a select
@@ -78,7 +86,7 @@ static void emit_exp(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
                              4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1,
                              1.0, 1.0};
   char hi[24], lo[24], t[24], xc[24], log2e[24], magic[24], fn[24], c1[24],
-      c2[24], r1[24], r[24], p[24], k[24], bits[24], bias[24], sh[24], eb[24],
+      c2[24], r1[24], r[24], p[24], bits[24], bias[24], sh[24], eb[24],
       pow2[24];
   c(e, b, 89.0, hi);
   c(e, b, -87.33654475055310, lo);
@@ -92,13 +100,7 @@ static void emit_exp(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   c(e, b, 2.12194440e-4, c2);
   fma3(e, b, fn, c1, xc, r1);
   fma3(e, b, fn, c2, r1, r);
-  c(e, b, 2.0 * P[0], p);
-  for (size_t i = 1; i < sizeof(P) / sizeof(P[0]); ++i) {
-    char acc[24];
-    c(e, b, 2.0 * P[i], k);
-    fma3(e, b, p, r, k, acc);
-    memcpy(p, acc, 24);
-  }
+  horner(e, b, r, P, (int)(sizeof(P) / sizeof(P[0])), 2.0, true, p);
   // bits(t) = bits(1.5 * 2^23) + n; 2^(n-1) = (n + 126) << 23.
   kiln_emit_fresh(e, bits);
   kiln_sbuf_printf(b, "    %s = arith.bitcast %s : f32 to i32\n", bits, t);
@@ -148,7 +150,7 @@ static void emit_tanh(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
       d[24], q[24], big_r[24];
   // |x| < 0.625: x + x z P(z), z = x^2
   op2(e, b, "arith.mulf", x, x, z);
-  horner(e, b, z, P, 5, p);
+  horner(e, b, z, P, 5, 1.0, false, p);
   op2(e, b, "arith.mulf", p, z, t);
   char t2[24];
   op2(e, b, "arith.mulf", t, x, t2);
@@ -177,7 +179,7 @@ static void emit_erf(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   char z[24], s[24], k[24], ser[24], ax[24], p[24], one[24], t[24], tt[24],
       poly[24], nz[24], ex[24], m[24], big[24], t2[24];
   op2(e, b, "arith.mulf", x, x, z);
-  horner(e, b, z, S, 6, s);
+  horner(e, b, z, S, 6, 1.0, false, s);
   c(e, b, 1.1283791670955126, k);  // 2/sqrt(pi)
   op2(e, b, "arith.mulf", s, x, t2);
   op2(e, b, "arith.mulf", t2, k, ser);
@@ -189,7 +191,7 @@ static void emit_erf(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   op2(e, b, "arith.addf", t, one, tt);
   char tinv[24];
   op2(e, b, "arith.divf", one, tt, tinv);
-  horner(e, b, tinv, A, 6, poly);  // t (a1 + t (a2 + ...)) form via trailing 0
+  horner(e, b, tinv, A, 6, 1.0, false, poly);  // t (a1 + t (a2 + ...)) form via trailing 0
   kiln_emit_fresh(e, nz);
   kiln_sbuf_printf(b, "    %s = arith.negf %s : f32\n", nz, z);
   emit_exp(e, b, nz, ex);
