@@ -1,8 +1,9 @@
 // Cooperative row reductions for the CUDA target (softmax, log_softmax,
 // layer norm): a group of linalg ops over the rows of an f32[M,N] tensor
-// becomes one kernel in which L lanes (a warp or part of one) own a row,
-// each lane holding V 16-byte vectors of it in registers, reductions being
-// vector.reduction then a gpu.shuffle xor butterfly across the lanes.
+// becomes one kernel in which L lanes (part of a warp, a warp, or a whole
+// block) own a row, each lane holding V 16-byte vectors of it in
+// registers, reductions being vector.reduction then a gpu.shuffle xor
+// butterfly across the lanes (gpu.all_reduce across a block).
 //
 // The replacement is written as MLIR text (a block scf.forall over rows and
 // a thread scf.forall inside, on tensors, tagged for kiln_kernels_map_gpu),
@@ -11,9 +12,14 @@
 // block to [R,V,L,4] and one rectangular parallel_insert_slice per lane
 // keep bufferization in place (no allocations in the kernel).
 //
-// Rows longer than the register budget (32 lanes, N a multiple of 128) are
-// streamed instead: each reduction is an scf.for over chunks of Vc vectors
-// per lane with a vector accumulator, then the butterfly, and the outputs
+// Rows longer than a warp's register budget are a block's: up to 1024
+// lanes of at least 2 vectors each (N = 4096: 512 lanes of 8 floats), one
+// row per block, read once; each reduction goes across the warps by
+// gpu.all_reduce (shared memory and barriers, from convert-gpu-to-nvvm).
+// Long rows that do not split so (N a multiple of 128 but not of 256, or
+// more than 1024 lanes of 16 vectors) are streamed by a warp instead: each
+// reduction is an scf.for over chunks of Vc vectors per lane with a vector
+// accumulator, then the butterfly, and the outputs
 // are written by a last loop over the chunks. Row values are not kept
 // between these passes but recomputed from the inputs in each: a member
 // over the rows is emitted where a pass first needs it. At large M the
@@ -55,6 +61,13 @@
 // registers at 8, log_softmax 63; layer norm with weight and bias 98 at
 // 16, without them 64 at 8; no spills.
 #define ROWS_CHUNK_VECTORS 8
+// Rows of a whole block: up to this many lanes, each holding at least this
+// many 16-byte vectors of the row (N = 4096: 512 lanes of 8 floats). On the
+// H100, f32[16384,4096] in two alternating runs: softmax 0.246 / 0.228 ms
+// at 2 vectors a lane, 0.272 / 0.233 at 4, 0.294 / 0.235 at 8; layer norm
+// 0.244 / 0.238, 0.249 / 0.269, 0.275 / 0.245.
+#define ROWS_BLOCK_MAX_LANES 1024
+#define ROWS_BLOCK_MIN_VECTORS 2
 #define ROWS_CHUNK_VECTORS_MULTI 16
 
 #define MAX_OPS 32
@@ -379,21 +392,26 @@ static const char *load_input(group_t *g, input_t *in) {
   int idx = (int)(in - g->in);
   char prev[NAME];
   fresh(g, prev);
-  kiln_sbuf_printf(&g->body, "        %s = arith.constant dense<0.0> : vector<%lldxf32>\n",
+  // A row of a whole block loads its inputs at the kernel's start, so that
+  // all of them are in flight before the first reduction's barriers (on
+  // the H100, layer norm of f32[16384,4096] with weight and bias: 0.243
+  // and 0.238 ms loaded where needed, 0.231 and 0.226 at the start).
+  kiln_sbuf_t *b = !g->chunked && g->L > 32 ? &g->pre : &g->body;
+  kiln_sbuf_printf(b, "        %s = arith.constant dense<0.0> : vector<%lldxf32>\n",
                    prev, (long long)g->K);
   for (int64_t j = 0; j < g->K / 4; ++j) {
     char l[NAME], acc[NAME];
     fresh(g, l);
     fresh(g, acc);
-    kiln_sbuf_printf(&g->body, "        %s = vector.transfer_read %%a%d[", l, idx);
-    if (in->kind == K_ROW) kiln_sbuf_puts(&g->body, "%row, ");
+    kiln_sbuf_printf(b, "        %s = vector.transfer_read %%a%d[", l, idx);
+    if (in->kind == K_ROW) kiln_sbuf_puts(b, "%row, ");
     if (g->chunked)
-      kiln_sbuf_printf(&g->body, "%%p%dc%lld], %%pad {in_bounds = [true]} : ", g->pass,
+      kiln_sbuf_printf(b, "%%p%dc%lld], %%pad {in_bounds = [true]} : ", g->pass,
                        (long long)j);
     else
-      kiln_sbuf_printf(&g->body, "%%cc%lld], %%pad {in_bounds = [true]} : ", (long long)j);
-    put_type(&g->body, mlirValueGetType(in->v));
-    kiln_sbuf_printf(&g->body,
+      kiln_sbuf_printf(b, "%%cc%lld], %%pad {in_bounds = [true]} : ", (long long)j);
+    put_type(b, mlirValueGetType(in->v));
+    kiln_sbuf_printf(b,
                      ", vector<4xf32>\n"
                      "        %s = vector.insert_strided_slice %s, %s {offsets = [%lld], "
                      "strides = [1]} : vector<4xf32> into vector<%lldxf32>\n",
@@ -743,8 +761,27 @@ static bool emit_elem(group_t *g, MlirOperation op, const ginfo_t *gi, MlirOpera
 }
 
 // The butterfly: after log2(L) steps of `op` every lane of the row holds
-// the combination of all of them.
+// the combination of all of them. A row of a whole block (L > 32) is
+// combined by a gpu.all_reduce over the block instead, which
+// convert-gpu-to-nvvm lowers to a butterfly per warp and the warps'
+// partials through shared memory. gpu.all_reduce declares no memory
+// effects, which bufferization's deallocation rejects, so the kernel
+// carries a pure stand-in until then: a gpu.shuffle tagged
+// kiln.block_reduce = "<kind>" (kiln_kernels_rows_gpu_finish).
 static void butterfly(group_t *g, const char *cur, const char *op, char *out) {
+  if (g->L > 32) {
+    char r[NAME], ok[NAME];
+    fresh(g, r);
+    fresh(g, ok);
+    const char *kind = strncmp(op, "arith.", 6) == 0 ? op + 6 : op;
+    kiln_sbuf_printf(&g->body,
+                     "        %s, %s = gpu.shuffle idx %s, %%zi32, %%width "
+                     "{kiln.block_reduce = \"%s\"} : f32\n",
+                     r, ok, cur,
+                     !strcmp(kind, "addf") ? "add" : !strcmp(kind, "mulf") ? "mul" : kind);
+    memcpy(out, r, NAME);
+    return;
+  }
   char c[NAME];
   memcpy(c, cur, NAME);
   for (int64_t off = g->L / 2; off >= 1; off /= 2) {
@@ -1382,6 +1419,13 @@ static bool emit_generic(group_t *g, MlirOperation op, const ginfo_t *gi) {
 
 //===--- the kernel text --------------------------------------------------===//
 
+// KILN_GPU_BLOCK_ROWS=0 streams long rows by a warp as before block-wide
+// rows (for A/B timings; the compile cache's key does not include it).
+static bool block_rows_enabled(void) {
+  const char *v = getenv("KILN_GPU_BLOCK_ROWS");
+  return !v || strcmp(v, "0") != 0;
+}
+
 // Lanes per row, vectors per lane, rows and threads per block (and the
 // chunks of streamed rows, from the count of `inputs` read); false when
 // the rows do not fit this scheme.
@@ -1402,6 +1446,23 @@ static bool choose_sizes(group_t *g, int inputs) {
     g->Vc = Vc;
     g->C = g->V / Vc;
     g->K = 4 * Vc;
+  }
+  if (g->chunked && block_rows_enabled()) {
+    // A row per block instead, if the row splits into whole warps of lanes
+    // holding at least ROWS_BLOCK_MIN_VECTORS vectors each.
+    int64_t Lb = 32;
+    while (Lb * 2 <= ROWS_BLOCK_MAX_LANES && q % (Lb * 2) == 0 &&
+           q / (Lb * 2) >= ROWS_BLOCK_MIN_VECTORS)
+      Lb *= 2;
+    if (Lb > 32 && q % Lb == 0 && 4 * (q / Lb) <= ROWS_MAX_PER_LANE) {
+      g->chunked = false;
+      g->L = Lb;
+      g->V = q / Lb;
+      g->K = 4 * g->V;
+      g->R = 1;
+      g->T = Lb;
+      return true;
+    }
   }
   int64_t R = 1;
   while (R * 2 * L <= ROWS_MAX_THREADS && g->M % (R * 2) == 0) R *= 2;
@@ -1534,6 +1595,7 @@ static char *kernel_text(group_t *g, int64_t id) {
                    "        %%cL = arith.constant %lld : index\n"
                    "        %%pad = arith.constant 0.0 : f32\n"
                    "        %%width = arith.constant 32 : i32\n"
+                   "        %%zi32 = arith.constant 0 : i32\n"
                    "        %%lane = arith.remui %%tx, %%cL : index\n"
                    "        %%rloc = arith.divui %%tx, %%cL : index\n"
                    "        %%row = arith.addi %%r0, %%rloc : index\n"
@@ -2117,4 +2179,52 @@ kiln_status_t kiln_kernels_rows_gpu(MlirContext ctx, MlirModule module) {
   }
   free(g);
   return s;
+}
+
+// Each stand-in left by butterfly() becomes the gpu.all_reduce it stands
+// for, on the value it takes: found one at a time (a walk must not see the
+// ops it erases); a kernel has a few.
+static MlirWalkResult find_stand_in(MlirOperation op, void *user) {
+  if (!is(op, "gpu.shuffle") || mlirAttributeIsNull(attr(op, "kiln.block_reduce")))
+    return MlirWalkResultAdvance;
+  *(MlirOperation *)user = op;
+  return MlirWalkResultInterrupt;
+}
+
+kiln_status_t kiln_kernels_rows_gpu_finish(MlirContext ctx, MlirModule module) {
+  for (;;) {
+    MlirOperation sh = {NULL};
+    mlirOperationWalk(mlirModuleGetOperation(module), find_stand_in, &sh, MlirWalkPreOrder);
+    if (mlirOperationIsNull(sh)) return NULL;
+    MlirAttribute k = attr(sh, "kiln.block_reduce");
+    MlirAttribute opattr = {NULL};
+    if (mlirAttributeIsAString(k)) {
+      char text[64];
+      MlirStringRef ks = mlirStringAttrGetValue(k);
+      snprintf(text, sizeof(text), "#gpu<all_reduce_op %.*s>", (int)ks.length, ks.data);
+      opattr = mlirAttributeParseGet(ctx, mlirStringRefCreateFromCString(text));
+    }
+    if (mlirAttributeIsNull(opattr))
+      return kiln_make_status(KILN_STATUS_INTERNAL, "row kernel: a block reduction's kind");
+    MlirValue x = mlirOperationGetOperand(sh, 0);
+    MlirType t = mlirValueGetType(x);
+    MlirNamedAttribute attrs[2] = {
+        mlirNamedAttributeGet(mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("op")),
+                              opattr),
+        mlirNamedAttributeGet(mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("uniform")),
+                              mlirUnitAttrGet(ctx))};
+    MlirRegion region = mlirRegionCreate();
+    MlirOperationState st = mlirOperationStateGet(
+        mlirStringRefCreateFromCString("gpu.all_reduce"), mlirOperationGetLocation(sh));
+    mlirOperationStateAddOperands(&st, 1, &x);
+    mlirOperationStateAddResults(&st, 1, &t);
+    mlirOperationStateAddAttributes(&st, 2, attrs);
+    mlirOperationStateAddOwnedRegions(&st, 1, &region);
+    MlirOperation ar = mlirOperationCreate(&st);
+    if (mlirOperationIsNull(ar))
+      return kiln_make_status(KILN_STATUS_INTERNAL, "row kernel: gpu.all_reduce");
+    mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(sh), sh, ar);
+    mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(sh, 0), mlirOperationGetResult(ar, 0));
+    mlirOperationDestroy(sh);
+  }
 }

@@ -122,13 +122,18 @@ char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k);
 // over the rows of an f32[M,N] (softmax, log_softmax, layer norm: row
 // reductions and the elementwise ops around them, in kiln's row forall or at
 // function level) becomes one kernel, a row per L <= 32 lanes held in
-// registers (16-byte loads and stores) -- longer rows (N > 2048, a multiple
-// of 128) streamed in chunks, one pass per reduction -- reduced by
-// gpu.shuffle xor butterflies; block foralls tagged kiln.gpu_block >=
+// registers (16-byte loads and stores), reduced by gpu.shuffle xor
+// butterflies -- longer rows (N > 2048) held by a whole block and reduced
+// by gpu.all_reduce, or, when they do not split into whole warps, streamed
+// by a warp in chunks --; block foralls tagged kiln.gpu_block >=
 // 1000000. Groups it cannot do exactly (N not a multiple of 4, other
 // element types, dynamic shapes, unknown ops) are left unchanged, as is a
 // group whose generated kernel does not parse (a bug; KILN_LOG=cuda).
 kiln_status_t kiln_kernels_rows_gpu(MlirContext ctx, MlirModule module);
+// After bufferization: the row kernels' block-wide reductions (rows of
+// whole blocks) become gpu.all_reduce ops; until then they are pure
+// stand-ins, as deallocation rejects ops of undeclared memory effects.
+kiln_status_t kiln_kernels_rows_gpu_finish(MlirContext ctx, MlirModule module);
 // After bufferization: each tagged block forall becomes a gpu.launch
 // (transform.gpu.map_forall_to_blocks) with its threads mapped
 // (map_nested_forall_to_threads, the block's own dims).

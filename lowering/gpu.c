@@ -551,8 +551,10 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   if (sgemm)
     KILN_RETURN_IF_ERROR_PLAIN(
         kiln_kernels_sgemm_gpu(kiln_mlir_context(m), module, &sgemm));
-  if (schedules)
+  if (schedules) {
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_rows_gpu_finish(kiln_mlir_context(m), module));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_map_gpu(kiln_mlir_context(m), module));
+  }
   const char *ld = libdevice_path();
   char link[512] = "";
   if (ld) snprintf(link, sizeof(link), " l=%s", ld);

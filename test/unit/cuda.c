@@ -61,13 +61,23 @@ static const char *kGraphs[] = {
     "  %s = aten.add(%x, %r)\n"
     "  %n, %mean, %rstd = aten.native_layer_norm(%s, %w, %b) "
     "{normalized_shape = [768], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
-    // Rows longer than the registers hold: streamed in chunks, a pass per
-    // reduction (odd row counts: blocks of one warp).
+    // Rows longer than a warp's registers: a row per block of 512 lanes
+    // (4096) or 1024 (8192), gpu.all_reduce across the block.
     "graph @sml(%x: f32[999,4096]) {\n"
     "  %y = aten._softmax(%x) {dim = -1}\n  return %y\n}\n",
     "graph @lnl(%x: f32[255,4096], %w: f32[4096], %b: f32[4096]) {\n"
     "  %n, %mean, %rstd = aten.native_layer_norm(%x, %w, %b) "
     "{normalized_shape = [4096], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
+    "graph @lsml(%x: f32[33,8192]) {\n"
+    "  %y = aten._log_softmax(%x) {dim = -1}\n  return %y\n}\n",
+    // Long rows that do not split into whole warps (2176 floats: 544
+    // vectors): streamed by a warp in chunks, online max and sum, layer
+    // norm's mean and M2 in one pass (odd row counts: blocks of one warp).
+    "graph @sms(%x: f32[37,2176]) {\n"
+    "  %y = aten._softmax(%x) {dim = -1}\n  return %y\n}\n",
+    "graph @lns(%x: f32[19,2176], %w: f32[2176], %b: f32[2176]) {\n"
+    "  %n, %mean, %rstd = aten.native_layer_norm(%x, %w, %b) "
+    "{normalized_shape = [2176], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
     // Views inside a temporary (q, k, v split off one projection): a copy
     // from a contiguous run at an offset, a kernel reading a static view.
     "graph @views(%x: f32[3,64,8,64]) {\n"
