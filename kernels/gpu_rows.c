@@ -1454,7 +1454,7 @@ static bool choose_sizes(group_t *g, int inputs) {
     while (Lb * 2 <= ROWS_BLOCK_MAX_LANES && q % (Lb * 2) == 0 &&
            q / (Lb * 2) >= ROWS_BLOCK_MIN_VECTORS)
       Lb *= 2;
-    if (Lb > 32 && q % Lb == 0 && 4 * (q / Lb) <= ROWS_MAX_PER_LANE) {
+    if (Lb > 32 && 4 * (q / Lb) <= ROWS_MAX_PER_LANE) {  // Lb divides q
       g->chunked = false;
       g->L = Lb;
       g->V = q / Lb;
