@@ -28,6 +28,7 @@
     (CUmodule *, const void *, unsigned int, CUjit_option *, void **))        \
   X(cuModuleUnload, CUresult, (CUmodule))                                     \
   X(cuModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *))    \
+  X(cuFuncSetAttribute, CUresult, (CUfunction, CUfunction_attribute, int))    \
   X(cuLaunchKernel, CUresult,                                                 \
     (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,  \
      unsigned, CUstream, void **, void **))                                   \
@@ -235,6 +236,15 @@ kiln_status_t kiln_cuda_module_function(kiln_cuda_module_t *module,
     return kiln_status_annotate(cuda_error(r, "cuModuleGetFunction"),
                                 "kernel '%s'", name);
   *out_fn = f;
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_function_reserve_shared(void *fn, uint32_t bytes) {
+  if (bytes <= 48 * 1024) return NULL;  // what every kernel may have
+  CU_CHECK(cu.cuFuncSetAttribute((CUfunction)fn,
+                                 CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 (int)bytes),
+           "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
   return NULL;
 }
 
@@ -630,6 +640,7 @@ kiln_status_t kiln_cuda_module_load_ptx(const char *p, kiln_cuda_module_t **m) {
 void kiln_cuda_module_unload(kiln_cuda_module_t *m) {}
 kiln_status_t kiln_cuda_module_function(kiln_cuda_module_t *m, const char *n,
                                         void **f) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_function_reserve_shared(void *f, uint32_t b) { KILN_NO_CUDA; }
 kiln_status_t kiln_cuda_launch(void *f, const uint32_t g[3], const uint32_t b[3],
                                uint32_t s, void *st, void **p) { KILN_NO_CUDA; }
 kiln_status_t kiln_cuda_alloc(size_t n, void *s, void **p) { KILN_NO_CUDA; }

@@ -37,6 +37,10 @@ void kiln_cuda_module_unload(kiln_cuda_module_t *module);
 kiln_status_t kiln_cuda_module_function(kiln_cuda_module_t *module,
                                         const char *name, void **out_fn);
 
+// Lets `fn` launch with `bytes` of dynamic shared memory (above 48 KB a
+// kernel must opt in: cuFuncSetAttribute); nothing to do at or below.
+kiln_status_t kiln_cuda_function_reserve_shared(void *fn, uint32_t bytes);
+
 // Launches `fn` on `stream` (NULL: the legacy default stream) with
 // `params` (one pointer per kernel parameter).
 kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],

@@ -25,6 +25,9 @@
 //
 // Checked on the H200 with exact data (A[i,k] = (i%7)(k%3)/8, B[k,j] =
 // (j%5)(k%4)/4): 0.311 ms at 4096^3 (442 TFLOP/s; cuBLAS 0.186 ms).
+//
+// On sm_90 a second kernel (below) replaces ldmatrix and mma.sync by
+// warpgroup MMA (wgmma) reading both operands from shared memory.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -366,6 +369,313 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
   return kiln_sbuf_take(&b);
 }
 
+//===--- sm_90: warpgroup MMA (wgmma) --------------------------------------===//
+//
+// The same pipeline of cp.async copies into shared memory, but operands are
+// read by the tensor cores themselves: per block of 64 WG x BN outputs, WG
+// warpgroups (4 warps each) issue wgmma.mma_async m64nBNk16 from shared
+// memory descriptors, accumulating into BN / 2 f32 registers per thread
+// that stay in flight across K steps (one wgmma group outstanding).
+//
+// Shared memory (dynamic, aligned at run time to 1024 bytes, the period of
+// the 128-byte swizzle) holds STAGES tiles of
+//   A: 64 WG rows x 64 k (128 bytes a row; K-major): the descriptor's
+//      stride byte offset is 1024 (8 rows to the next 8), a k16 step moves
+//      the start address by 32 bytes;
+//   B: BN / 64 chunks of 64 k rows x 64 n (N-major, imm-trans-b = 1): the
+//      leading byte offset is a chunk (8192 bytes: 64 n to the next 64), the
+//      stride byte offset 1024 (8 k rows to the next 8), a k16 step moves
+//      the start by 16 rows (2048 bytes).
+// Within each 1024-byte atom, 16-byte unit u of row r sits at u ^ (r % 8):
+// the 128-byte swizzle wgmma reads (descriptor bits 62-63 = 1); the copies
+// write it that way. cp.async writes shared memory through the generic
+// proxy, wgmma reads it through the async proxy: a fence.proxy.async
+// between them, before the barrier.
+//
+// Per K step kt: wait for tile kt's copies, fence, barrier (every warpgroup
+// has also retired its wgmma group of tile kt - 2), refill that stage with
+// tile kt + STAGES - 2 (clamped to the last tile), issue tile kt's wgmmas,
+// keep one group outstanding.
+typedef struct {
+  int64_t m, n, k;
+  int wg;      // warpgroups: blocks of 64 wg rows
+  int bn;      // 128 or 256 columns: one m64nBNk16 per k16 step
+  int stages;  // at least 3
+  int group;   // block rows per L2 group
+} wg_shape_t;
+
+enum { WG_BK = 64 };
+
+// The pipeline's stages, reused for the output tile (f32 at most, rows
+// padded by 16 bytes), and the 1024 bytes that alignment may skip.
+static int64_t wgmma_shared_bytes(const wg_shape_t *s) {
+  int64_t pipe = (int64_t)s->stages * (64 * s->wg + s->bn) * WG_BK * 2;
+  int64_t out = (int64_t)64 * s->wg * (s->bn * 4 + 16);
+  return 1024 + (pipe > out ? pipe : out);
+}
+
+// Copies of k-tile `kt` into stage `st` and their group.
+static void wg_issue(emitter_t *e, const wg_shape_t *s, const name_t *row0,
+                     const name_t *col0, const char *kt, const char *st,
+                     const char *ta, const char *tb, const char *tsa,
+                     const char *tsb, char group[16]) {
+  int nt = 128 * s->wg, bm = 64 * s->wg;
+  name_t toks[64];
+  int ntok = 0;
+  name_t ktk = keep(mulc(e, kt, WG_BK));
+  for (int which = 0; which < 2; ++which) {
+    int rows = which == 0 ? bm : WG_BK, chunks = which == 0 ? WG_BK / 8 : s->bn / 8;
+    for (int i = 0; i < rows * chunks / nt && ntok < 64; ++i) {
+      name_t q = keep(addc(e, "%tx", (int64_t)i * nt));
+      name_t r = keep(divc(e, q.s, chunks));
+      name_t ch = keep(remc(e, q.s, chunks));
+      name_t gi, gj;
+      if (which == 0) {
+        gi = keep(bin(e, "addi", row0->s, r.s));
+        gj = keep(bin(e, "addi", ktk.s, mulc(e, ch.s, 8)));
+      } else {
+        gi = keep(bin(e, "addi", ktk.s, r.s));
+        gj = keep(bin(e, "addi", col0->s, mulc(e, ch.s, 8)));
+      }
+      // The unit within the row's 128 bytes, swizzled; B's 64-column chunk.
+      name_t u = keep(which == 0 ? ch.s : remc(e, ch.s, 8));
+      name_t sw = keep(mulc(e, bin(e, "xori", u.s, remc(e, r.s, 8)), 8));
+      snprintf(toks[ntok].s, sizeof(toks[0].s), "%%t%d", e->next++);
+      if (which == 0)
+        kiln_sbuf_printf(e->out,
+                         "%s%s = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], 8 "
+                         "{bypassL1} : %s to %s\n",
+                         e->indent, toks[ntok].s, gi.s, gj.s, st, r.s, sw.s, ta, tsa);
+      else {
+        name_t c = keep(divc(e, ch.s, 8));
+        kiln_sbuf_printf(e->out,
+                         "%s%s = nvgpu.device_async_copy %%B[%s, %s], %%sB[%s, %s, %s, %s], "
+                         "8 {bypassL1} : %s to %s\n",
+                         e->indent, toks[ntok].s, gi.s, gj.s, st, c.s, r.s, sw.s, tb, tsb);
+      }
+      ++ntok;
+    }
+  }
+  snprintf(group, 16, "%%g%d", e->next++);
+  kiln_sbuf_printf(e->out, "%s%s = nvgpu.device_async_create_group ", e->indent, group);
+  for (int i = 0; i < ntok; ++i)
+    kiln_sbuf_printf(e->out, "%s%s", i ? ", " : "", toks[i].s);
+  kiln_sbuf_puts(e->out, "\n");
+}
+
+// A wgmma descriptor (i64) for the shared byte address `addr` (index):
+// start address >> 4 in bits 0-13, `high` the byte offsets and swizzle.
+static name_t wg_desc(emitter_t *e, const char *addr, uint64_t high) {
+  name_t d;
+  int v = e->next++;
+  kiln_sbuf_printf(e->out,
+                   "%s%%da%d = arith.index_cast %s : index to i64\n"
+                   "%s%%ds%d = arith.shrui %%da%d, %%i4 : i64\n"
+                   "%s%%dl%d = arith.andi %%ds%d, %%i16383 : i64\n"
+                   "%s%%dh%d = arith.constant %llu : i64\n"
+                   "%s%%d%d = arith.ori %%dl%d, %%dh%d : i64\n",
+                   e->indent, v, addr, e->indent, v, v, e->indent, v, v, e->indent, v,
+                   (unsigned long long)high, e->indent, v, v, v);
+  snprintf(d.s, sizeof(d.s), "%%d%d", v);
+  return d;
+}
+
+static uint64_t wg_desc_bits(uint64_t lead_bytes, uint64_t stride_bytes) {
+  return ((lead_bytes >> 4) << 16) | ((stride_bytes >> 4) << 32) | (1ull << 62);
+}
+
+static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
+  kiln_sbuf_t b;
+  kiln_sbuf_init(&b);
+  emitter_t *e = calloc(1, sizeof(*e));
+  if (!e) return NULL;
+  e->out = &b;
+  e->indent = "      ";
+  const char *ws = "#gpu.address_space<workgroup>";
+  int bm = 64 * s->wg, nt = 128 * s->wg, chunks = s->bn / 64;
+  char ta[96], tb[96], tc[96], tsa[128], tsb[128], tsm[96];
+  snprintf(ta, sizeof(ta), "memref<%lldx%lldxbf16>", (long long)s->m, (long long)s->k);
+  snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->k, (long long)s->n);
+  snprintf(tc, sizeof(tc), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->n,
+           bf16_out ? "bf16" : "f32");
+  snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxbf16, %s>", s->stages, bm, WG_BK, ws);
+  snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx64xbf16, %s>", s->stages, chunks, WG_BK,
+           ws);
+  snprintf(tsm, sizeof(tsm), "memref<?xi8, %s>", ws);
+  // The accumulator: BN / 2 floats per thread.
+  kiln_sbuf_t acc;
+  kiln_sbuf_init(&acc);
+  kiln_sbuf_puts(&acc, "!llvm.struct<(");
+  for (int i = 0; i < s->bn / 2; ++i) kiln_sbuf_puts(&acc, i ? ", f32" : "f32");
+  kiln_sbuf_puts(&acc, ")>");
+  const char *ty = acc.data;
+  int64_t blocks = (s->m / bm) * (s->n / s->bn), kt_count = s->k / WG_BK;
+  int64_t a_stage = (int64_t)bm * WG_BK * 2, b_stage = (int64_t)s->bn * WG_BK * 2;
+  kiln_sbuf_printf(&b,
+                   "func.func @kiln_mma(%%A: %s, %%B: %s, %%C: %s) {\n"
+                   "  %%one = arith.constant 1 : index\n"
+                   "  %%gx = arith.constant %lld : index\n"
+                   "  %%nt = arith.constant %d : index\n"
+                   "  %%smem = arith.constant %lld : i32\n"
+                   "  gpu.launch blocks(%%bx, %%by, %%bz) in (%%sgx = %%gx, %%sgy = "
+                   "%%one, %%sgz = %%one)\n"
+                   "             threads(%%tx, %%ty, %%tz) in (%%stx = %%nt, %%sty = "
+                   "%%one, %%stz = %%one)\n"
+                   "             dynamic_shared_memory_size %%smem {\n"
+                   "      %%i4 = arith.constant 4 : i64\n"
+                   "      %%i16383 = arith.constant 16383 : i64\n"
+                   "      %%dsm = gpu.dynamic_shared_memory : %s\n"
+                   "      %%base = memref.extract_aligned_pointer_as_index %%dsm : %s -> "
+                   "index\n",
+                   ta, tb, tc, (long long)blocks, nt, (long long)wgmma_shared_bytes(s),
+                   tsm, tsm);
+  name_t c1024 = keep(cst(e, 1024));
+  name_t pad = keep(remc(e, bin(e, "subi", c1024.s, remc(e, "%base", 1024)), 1024));
+  name_t a0 = keep(bin(e, "addi", "%base", pad.s));  // shared address of sA
+  name_t padb = keep(addc(e, pad.s, s->stages * a_stage));
+  name_t b0 = keep(bin(e, "addi", "%base", padb.s));
+  kiln_sbuf_printf(&b,
+                   "%s%%sA = memref.view %%dsm[%s][] : %s to %s\n"
+                   "%s%%sB = memref.view %%dsm[%s][] : %s to %s\n",
+                   e->indent, pad.s, tsm, tsa, e->indent, padb.s, tsm, tsb);
+  // Blocks in groups of `group` block rows (as coords() orders them).
+  int64_t tn = s->n / s->bn, per_group = (int64_t)s->group * tn;
+  name_t grp = keep(divc(e, "%bx", per_group));
+  name_t rr = keep(remc(e, "%bx", per_group));
+  name_t rowt = keep(bin(e, "addi", mulc(e, grp.s, s->group), remc(e, rr.s, s->group)));
+  name_t row0 = keep(mulc(e, rowt.s, bm));
+  name_t col0 = keep(mulc(e, divc(e, rr.s, s->group), s->bn));
+  name_t wgi = keep(divc(e, "%tx", 128));
+  // This warpgroup's rows of A in every stage: 64 rows of 128 bytes.
+  name_t a_wg = keep(bin(e, "addi", a0.s, mulc(e, wgi.s, 64 * WG_BK * 2)));
+  char g0[16] = "", g[16];
+  for (int p = 0; p < s->stages - 2; ++p) {
+    name_t kt = keep(cst(e, p < kt_count ? p : kt_count - 1));
+    name_t st = keep(cst(e, p));
+    wg_issue(e, s, &row0, &col0, kt.s, st.s, ta, tb, tsa, tsb, g);
+    if (!g0[0]) memcpy(g0, g, sizeof(g0));
+  }
+  name_t c0 = keep(cst(e, 0)), c1 = keep(cst(e, 1)), ckt = keep(cst(e, kt_count));
+  kiln_sbuf_printf(&b,
+                   "%s%%zacc = llvm.mlir.zero : %s\n"
+                   "%s%%res = scf.for %%kt = %s to %s step %s iter_args(%%acc = %%zacc) -> "
+                   "(%s) {\n",
+                   e->indent, ty, e->indent, c0.s, ckt.s, c1.s, ty);
+  int outer = e->count;
+  e->indent = "        ";
+  kiln_sbuf_printf(&b,
+                   "%snvgpu.device_async_wait %s {numGroups = %d : i32}\n"
+                   "%snvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = "
+                   "#nvvm.shared_space<cta>}\n"
+                   "%sgpu.barrier\n",
+                   e->indent, g0, s->stages - 3, e->indent, e->indent);
+  name_t st = keep(remc(e, "%kt", s->stages));
+  name_t aaddr = keep(bin(e, "addi", a_wg.s, mulc(e, st.s, a_stage)));
+  name_t baddr = keep(bin(e, "addi", b0.s, mulc(e, st.s, b_stage)));
+  kiln_sbuf_printf(&b, "%snvvm.wgmma.fence.aligned\n", e->indent);
+  char cur[16];
+  snprintf(cur, sizeof(cur), "%%acc");
+  for (int kk = 0; kk < WG_BK / 16; ++kk) {
+    // k16 step kk: 32 bytes along A's rows, 16 rows (2048 bytes) of B.
+    name_t da = wg_desc(e, addc(e, aaddr.s, kk * 32), wg_desc_bits(16, 1024));
+    name_t db = wg_desc(e, addc(e, baddr.s, kk * 2048),
+                        wg_desc_bits((uint64_t)WG_BK * 128, 1024));
+    char d[16];
+    snprintf(d, sizeof(d), "%%w%d", e->next++);
+    kiln_sbuf_printf(&b,
+                     "%s%s = nvvm.wgmma.mma_async %s, %s, %s, #nvvm.shape<m = 64, n = %d, "
+                     "k = 16>, D [<f32>, #nvvm.wgmma_scale_out<one>], A [<bf16>, "
+                     "#nvvm.wgmma_scale_in<one>, <row>], B [<bf16>, "
+                     "#nvvm.wgmma_scale_in<one>, <row>] : %s -> %s\n",
+                     e->indent, d, da.s, db.s, cur, s->bn, ty, ty);
+    memcpy(cur, d, sizeof(cur));
+  }
+  kiln_sbuf_printf(&b, "%snvvm.wgmma.commit.group.sync.aligned\n", e->indent);
+  // The refill, while the tensor cores work.
+  name_t ahead = keep(addc(e, "%kt", s->stages - 2));
+  name_t ld_tile = keep(bin(e, "minui", ahead.s, cst(e, kt_count - 1)));
+  name_t ld_stage = keep(remc(e, ahead.s, s->stages));
+  wg_issue(e, s, &row0, &col0, ld_tile.s, ld_stage.s, ta, tb, tsa, tsb, g);
+  kiln_sbuf_printf(&b,
+                   "%snvvm.wgmma.wait.group.sync.aligned 1\n"
+                   "%sscf.yield %s : %s\n      }\n",
+                   e->indent, e->indent, cur, ty);
+  e->indent = "      ";
+  e->count = outer;
+  kiln_sbuf_printf(&b,
+                   "%snvvm.wgmma.wait.group.sync.aligned 0\n"
+                   "%snvgpu.device_async_wait %s {numGroups = 0 : i32}\n",
+                   e->indent, e->indent, g0);
+  // The outputs go through shared memory (the pipeline's, now idle) so
+  // that global stores are whole 16-byte vectors along rows. Accumulator i
+  // of a thread: row 16 w + lane / 4 (+ 8 for i % 4 >= 2) of its
+  // warpgroup's 64, column 8 (i / 4) + 2 (lane % 4) + (i % 2). Rows are
+  // padded by 16 bytes: a warp's pairs fall in 32 distinct banks.
+  const char *et = bf16_out ? "bf16" : "f32";
+  int esz = bf16_out ? 2 : 4, per16 = 16 / esz, ld = s->bn + per16;
+  char tso[96];
+  snprintf(tso, sizeof(tso), "memref<%dx%dx%s, %s>", bm, ld, et, ws);
+  kiln_sbuf_printf(&b, "%sgpu.barrier\n%s%%sO = memref.view %%dsm[%s][] : %s to %s\n",
+                   e->indent, e->indent, pad.s, tsm, tso);
+  name_t wl = keep(remc(e, "%tx", 128));
+  name_t warp = keep(divc(e, wl.s, 32)), lane = keep(remc(e, wl.s, 32));
+  name_t wrow = keep(bin(e, "addi", mulc(e, wgi.s, 64),
+                         bin(e, "addi", mulc(e, warp.s, 16), divc(e, lane.s, 4))));
+  name_t tcol = keep(mulc(e, remc(e, lane.s, 4), 2));
+  for (int i = 0; i < s->bn / 8; ++i)
+    for (int h = 0; h < 2; ++h) {
+      name_t row = keep(addc(e, wrow.s, 8 * h));
+      name_t col = keep(addc(e, tcol.s, 8 * i));
+      int v = e->next++, x = 4 * i + 2 * h;
+      kiln_sbuf_printf(&b,
+                       "%s%%e%da = llvm.extractvalue %%res[%d] : %s\n"
+                       "%s%%e%db = llvm.extractvalue %%res[%d] : %s\n"
+                       "%s%%e%d = vector.from_elements %%e%da, %%e%db : vector<2xf32>\n",
+                       e->indent, v, x, ty, e->indent, v, x + 1, ty, e->indent, v, v, v);
+      if (bf16_out)
+        kiln_sbuf_printf(&b,
+                         "%s%%r%d = arith.truncf %%e%d : vector<2xf32> to vector<2xbf16>\n"
+                         "%svector.store %%r%d, %%sO[%s, %s] : %s, vector<2xbf16>\n",
+                         e->indent, v, v, e->indent, v, row.s, col.s, tso);
+      else
+        kiln_sbuf_printf(&b, "%svector.store %%e%d, %%sO[%s, %s] : %s, vector<2xf32>\n",
+                         e->indent, v, row.s, col.s, tso);
+    }
+  kiln_sbuf_printf(&b, "%sgpu.barrier\n", e->indent);
+  int per_row = s->bn / per16;  // 16-byte vectors in a row
+  for (int i = 0; i < bm * per_row / nt; ++i) {
+    name_t q = keep(addc(e, "%tx", (int64_t)i * nt));
+    name_t r = keep(divc(e, q.s, per_row));
+    name_t c = keep(mulc(e, remc(e, q.s, per_row), per16));
+    name_t gr = keep(bin(e, "addi", row0.s, r.s));
+    name_t gc = keep(bin(e, "addi", col0.s, c.s));
+    int v = e->next++;
+    kiln_sbuf_printf(&b,
+                     "%s%%o%d = vector.load %%sO[%s, %s] : %s, vector<%dx%s>\n"
+                     "%svector.store %%o%d, %%C[%s, %s] : %s, vector<%dx%s>\n",
+                     e->indent, v, r.s, c.s, tso, per16, et, e->indent, v, gr.s, gc.s,
+                     tc, per16, et);
+  }
+  kiln_sbuf_printf(&b, "%sgpu.terminator\n    }\n  return\n}\n", e->indent);
+  kiln_sbuf_free(&acc);
+  free(e);
+  return kiln_sbuf_take(&b);
+}
+
+// sm_90's shape for M x N x K (M a multiple of 128, N of 128, K of 64):
+// 2 warpgroups of 64 x BN, BN 256 where N allows (128 accumulators a
+// thread, 199 registers, no spills), 4 stages (193 KB of shared memory at
+// BN 256). Measured on the H100 at 4096^3 (docs/gpu.md): 128 x 256 blocks
+// in 4 stages 0.296 ms, 128 x 128 in 4 stages 0.386 ms, in 5 stages
+// 0.331 ms, 128 x 256 in 3 stages 0.429 ms (before the refill moved
+// behind the wgmma issue and the stores through shared memory: 0.25 ms).
+static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k) {
+  wg_shape_t s = {m, n, k, 2, n % 256 == 0 ? 256 : 128, 4, 1};
+  int64_t rows = m / (64 * s.wg);
+  while (s.group < 8 && rows % (s.group * 2) == 0) s.group *= 2;
+  return s;
+}
+
 // The block shape for M x N x K (whole 128 x 128 x 32 tiles): blocks of
 // 128 x 128 outputs, 4 warps of 64 x 64, K steps of 32 in 3 stages (48 KB of
 // shared memory, 234 registers, no spills); groups of up to 8 block rows.
@@ -423,8 +733,9 @@ static void erase_if_dead(MlirValue buf) {
 // `round` (its kiln.gpu_mma_round generic reading C and writing a bf16
 // buffer), the kernel stores bf16 there and C is gone.
 static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation round,
-                             bool *done) {
+                             int sm, bool *done, bool *wgmma) {
   *done = false;
+  *wgmma = false;
   if (mlirOperationGetNumOperands(mm) != 3) return NULL;
   MlirValue a = mlirOperationGetOperand(mm, 0), bv = mlirOperationGetOperand(mm, 1),
             cv = mlirOperationGetOperand(mm, 2);
@@ -456,8 +767,18 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
     out = mlirOperationGetOperand(round, 1);
     bf16_out = true;
   }
-  mma_shape_t s = choose(m, n, k);
-  char *text = kernel_text(&s, bf16_out);
+  // wgmma is sm_90a's (not later architectures'); KILN_GPU_WGMMA=0 keeps
+  // mma.sync there.
+  const char *env = getenv("KILN_GPU_WGMMA");
+  *wgmma = sm == 90 && k % WG_BK == 0 && !(env && strcmp(env, "0") == 0);
+  char *text;
+  if (*wgmma) {
+    wg_shape_t w = wg_choose(m, n, k);
+    text = wgmma_text(&w, bf16_out);
+  } else {
+    mma_shape_t s = choose(m, n, k);
+    text = kernel_text(&s, bf16_out);
+  }
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "mma kernel");
   MlirValue args[3] = {a, bv, out};
   kiln_status_t st = kiln_gpu_splice(ctx, text, mm, args, 3, "tensor-core GEMM");
@@ -472,9 +793,10 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
   return NULL;
 }
 
-kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module,
-                                   int *out_count) {
+kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
+                                   int *out_count, int *out_wgmma) {
   *out_count = 0;
+  *out_wgmma = 0;
   finder_t *f = calloc(1, sizeof(*f));
   if (!f) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "mma kernels");
   f->ctx = ctx;
@@ -485,9 +807,10 @@ kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module,
     for (int j = 0; j < f->round_count; ++j)
       if (tag(f->round[j], "kiln.gpu_mma_round") == tag(f->found[i], "kiln.gpu_mma"))
         round = f->round[j];
-    bool done = false;
-    s = replace(ctx, f->found[i], round, &done);
-    *out_count += done;
+    bool done = false, wgmma = false;
+    s = replace(ctx, f->found[i], round, sm, &done, &wgmma);
+    *out_count += done && !wgmma;
+    *out_wgmma += done && wgmma;
   }
   free(f);
   return s;

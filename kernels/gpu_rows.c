@@ -1420,7 +1420,7 @@ static bool emit_generic(group_t *g, MlirOperation op, const ginfo_t *gi) {
 //===--- the kernel text --------------------------------------------------===//
 
 // KILN_GPU_BLOCK_ROWS=0 streams long rows by a warp as before block-wide
-// rows (for A/B timings; the compile cache's key does not include it).
+// rows (for A/B timings; part of the compile cache's key, lib/api/api.c).
 static bool block_rows_enabled(void) {
   const char *v = getenv("KILN_GPU_BLOCK_ROWS");
   return !v || strcmp(v, "0") != 0;

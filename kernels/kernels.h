@@ -97,10 +97,12 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
                                     int *out_sgemm);
 // After bufferization: each kiln.gpu_mma matmul on whole row-major buffers
 // becomes kernels/gpu_mma.c's hand-scheduled tensor-core kernel (a
-// gpu.launch: cp.async pipeline into shared memory, ldmatrix, mma.sync);
-// *out_count counts those replaced.
-kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module,
-                                   int *out_count);
+// gpu.launch: cp.async pipeline into shared memory, then on `sm` 90 with K
+// a multiple of 64 warpgroup MMA from shared memory (wgmma, dynamic shared
+// memory: the module needs sm_90a), else ldmatrix and mma.sync);
+// *out_count counts the mma.sync kernels, *out_wgmma the wgmma ones.
+kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
+                                   int *out_count, int *out_wgmma);
 // The K step of kernels/gpu_sgemm.c's f32 GEMM: K must be a multiple.
 #define KILN_SGEMM_BK 8
 // After bufferization: each kiln.gpu_sgemm matmul on whole row-major f32

@@ -148,24 +148,43 @@ static kiln_status_t push_step(kiln_gpu_program_t *p, const kiln_gpu_launch_t *l
 static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
   kiln_gpu_program_t *p = r->p;
   intptr_t n = mlirOperationGetNumOperands(op);
-  // Operands: grid x/y/z, block x/y/z, then the kernel's (no async tokens,
-  // clusters or dynamic shared memory in what kiln generates).
+  // Operands: grid x/y/z, block x/y/z, the dynamic shared memory size if
+  // any (a constant), then the kernel's (no async tokens or clusters in
+  // what kiln generates).
   MlirAttribute seg = mlirOperationGetAttributeByName(
       op, mlirStringRefCreateFromCString("operandSegmentSizes"));
+  int32_t smem = 0;
   if (!mlirAttributeIsNull(seg) && mlirAttributeIsADenseI32Array(seg) &&
       mlirDenseArrayGetNumElements(seg) >= 11) {
     int32_t async = mlirDenseI32ArrayGetElement(seg, 0);
     int32_t cluster = mlirDenseI32ArrayGetElement(seg, 7);
-    int32_t smem = mlirDenseI32ArrayGetElement(seg, 10);
-    if (async || cluster || smem)
+    smem = mlirDenseI32ArrayGetElement(seg, 10);
+    if (async || cluster)
       return kiln_make_status(KILN_STATUS_UNSUPPORTED,
-                              "cuda: a kernel launch with async tokens, "
-                              "clusters or dynamic shared memory");
+                              "cuda: a kernel launch with async tokens or clusters");
   }
-  if (n < 6)
+  if (n < 6 + smem)
     return kiln_make_status(KILN_STATUS_INTERNAL, "cuda: malformed launch");
   kiln_gpu_launch_t l;
   memset(&l, 0, sizeof(l));
+  if (smem) {
+    int64_t bytes = 0;
+    MlirValue v = mlirOperationGetOperand(op, 6);
+    MlirOperation def = mlirValueIsAOpResult(v) ? mlirOpResultGetOwner(v)
+                                                : (MlirOperation){NULL};
+    MlirAttribute a = mlirOperationIsNull(def) || !kiln_gpu_op_named(def, "arith.constant")
+                          ? (MlirAttribute){NULL}
+                          : mlirOperationGetAttributeByName(
+                                def, mlirStringRefCreateFromCString("value"));
+    if (!mlirAttributeIsNull(a) && mlirAttributeIsAInteger(a))
+      bytes = mlirIntegerAttrGetValueInt(a);
+    if (bytes <= 0 || bytes > KILN_GPU_MAX_SHARED_BYTES)
+      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                              "cuda: a kernel launch with dynamic shared memory "
+                              "that is not a constant of 1 to %d bytes",
+                              KILN_GPU_MAX_SHARED_BYTES);
+    l.shared_bytes = (uint32_t)bytes;
+  }
   for (int k = 0; k < 6; ++k) {
     int64_t v = 0;
     if (!kiln_mlir_constant_index(mlirOperationGetOperand(op, k), &v) || v < 1 ||
@@ -175,13 +194,13 @@ static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
                               "constant (dynamic shapes)");
     (k < 3 ? l.grid : l.block)[k % 3] = (uint32_t)v;
   }
-  l.arg_count = (int32_t)(n - 6);
+  l.arg_count = (int32_t)(n - 6 - smem);
   if (l.arg_count > KILN_GPU_MAX_ARGS)
     return kiln_make_status(KILN_STATUS_UNSUPPORTED,
                             "cuda: a kernel with %d arguments; at most %d",
                             l.arg_count, KILN_GPU_MAX_ARGS);
   for (int k = 0; k < l.arg_count; ++k) {
-    MlirValue v = mlirOperationGetOperand(op, 6 + k);
+    MlirValue v = mlirOperationGetOperand(op, 6 + smem + k);
     int b = buffer_of(r, v);
     if (b < 0) {
       kiln_sbuf_t what;
@@ -531,7 +550,8 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   // Tensor cores (kernels/gpu_mma.c: cp.async, ldmatrix, mma.sync) from
   // sm_80 on; the f32 GEMM kernel (kernels/gpu_sgemm.c) needs cp.async too.
   bool tensor_cores = atoi(chip + (strncmp(chip, "sm_", 3) == 0 ? 3 : 0)) >= 80;
-  int mma = 0;    // matmuls on tensor cores
+  int mma = 0;    // matmuls on tensor cores (mma.sync)
+  int wgmma = 0;  // matmuls on tensor cores (sm_90's wgmma)
   int sgemm = 0;  // f32 matmuls by kernels/gpu_sgemm.c
   if (schedules) {
     kiln_mlir_clear_diagnostics(m);
@@ -546,8 +566,9 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   // A tagged matmul the kernel does not take (not on whole row-major
   // buffers) stays a linalg.matmul: the parallel-loop mapping computes it.
   if (mma)
-    KILN_RETURN_IF_ERROR_PLAIN(
-        kiln_kernels_mma_gpu(kiln_mlir_context(m), module, &mma));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_mma_gpu(
+        kiln_mlir_context(m), module, atoi(chip + (strncmp(chip, "sm_", 3) == 0 ? 3 : 0)),
+        &mma, &wgmma));
   if (sgemm)
     KILN_RETURN_IF_ERROR_PLAIN(
         kiln_kernels_sgemm_gpu(kiln_mlir_context(m), module, &sgemm));
@@ -560,7 +581,15 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   if (ld) snprintf(link, sizeof(link), " l=%s", ld);
   // The mma and f32 GEMM kernels' nvgpu ops (cp.async, ldmatrix,
   // mma.sync) to NVVM.
-  const char *mma_nvvm = mma || sgemm ? "convert-nvgpu-to-nvvm," : "";
+  // wgmma.mma_async (a PTX-builder op) becomes inline assembly in
+  // convert-nvvm-to-llvm.
+  const char *mma_nvvm = wgmma   ? "convert-nvgpu-to-nvvm,convert-nvvm-to-llvm,"
+                         : mma || sgemm ? "convert-nvgpu-to-nvvm,"
+                                        : "";
+  // wgmma exists on sm_90a, the architecture-specific target of sm_90.
+  char target[24];
+  snprintf(target, sizeof(target), "%s%s", chip,
+           wgmma && strcmp(chip, "sm_90") == 0 ? "a" : "");
   // Rank-0 ops (an optimizer's step counts and bias corrections) run as
   // one-thread kernels: the host program only launches.
   KILN_RETURN_IF_ERROR_PLAIN(wrap_scalar_ops(kiln_mlir_context(m), module));
@@ -590,7 +619,7 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "convert-scf-to-cf,%s"
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts))",
-           chip, link, mma_nvvm);
+           target, link, mma_nvvm);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
                                                     "the CUDA pipeline"));
   // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
@@ -752,7 +781,7 @@ static void put(wbuf_t *w, const void *d, size_t n) {
   w->n += n;
 }
 
-#define KILN_GPU_MAGIC "kiln-gpu-program-v4"
+#define KILN_GPU_MAGIC "kiln-gpu-program-v5"
 
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
                                          void **out_data, size_t *out_size) {
@@ -848,6 +877,7 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
   for (int l = 0; ok && l < out->launch_count; ++l) {
     kiln_gpu_launch_t *ln = &out->launches[l];
     ok = ln->arg_count >= 0 && ln->arg_count <= KILN_GPU_MAX_ARGS &&
+         ln->shared_bytes <= KILN_GPU_MAX_SHARED_BYTES &&
          memchr(ln->name, 0, sizeof(ln->name)) != NULL &&
          (ln->kind == KILN_GPU_LAUNCH
               ? ln->module >= 0 && ln->module < out->module_count

@@ -108,6 +108,8 @@ kiln_status_t kiln_inplace_prepare(kiln_mlir_t *m, MlirModule module);
 //===--- the CUDA target ---------------------------------------------------===//
 
 #define KILN_GPU_MAX_ARGS 256
+// The most dynamic shared memory a kiln kernel asks for (sm_90's 227 KB).
+#define KILN_GPU_MAX_SHARED_BYTES (227 * 1024)
 
 // One step of a compiled graph on the device: a kernel launch with its grid
 // and block sizes and each kernel argument as a buffer index (the
@@ -126,6 +128,7 @@ typedef struct kiln_gpu_launch {
   int32_t module;  // KILN_GPU_LAUNCH: index into the program's PTX modules
   char name[128];
   uint32_t grid[3], block[3];
+  uint32_t shared_bytes;  // KILN_GPU_LAUNCH: dynamic shared memory
   int32_t arg_count;
   int32_t args[KILN_GPU_MAX_ARGS];
 } kiln_gpu_launch_t;

@@ -1029,6 +1029,13 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     kiln_hasher_init(&h);
     kiln_hasher_update(&h, &base, sizeof(base));
     kiln_hasher_update_str(&h, chip);
+    // Kernel choices that KILN_GPU_WGMMA=0 and KILN_GPU_BLOCK_ROWS=0 turn
+    // off (kernels/gpu_mma.c, kernels/gpu_rows.c).
+    static const char *const kKnobs[] = {"KILN_GPU_WGMMA", "KILN_GPU_BLOCK_ROWS"};
+    for (size_t i = 0; i < sizeof(kKnobs) / sizeof(kKnobs[0]); ++i) {
+      const char *v = getenv(kKnobs[i]);
+      kiln_hasher_update_str(&h, v && strcmp(v, "0") == 0 ? "0" : "1");
+    }
     key = kiln_hasher_final(&h);
   }
   if (c->cache && !c->dump_dir) {
@@ -1115,10 +1122,13 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
       s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "kernels");
     for (int i = 0; !s && i < v->gpu.module_count; ++i)
       s = kiln_cuda_module_load_ptx(v->gpu.ptx[i], &v->cuda_modules[i]);
-    for (int l = 0; !s && l < v->gpu.launch_count; ++l)
-      if (v->gpu.launches[l].kind == KILN_GPU_LAUNCH)
-        s = kiln_cuda_module_function(v->cuda_modules[v->gpu.launches[l].module],
-                                      v->gpu.launches[l].name, &v->cuda_fns[l]);
+    for (int l = 0; !s && l < v->gpu.launch_count; ++l) {
+      const kiln_gpu_launch_t *ln = &v->gpu.launches[l];
+      if (ln->kind != KILN_GPU_LAUNCH) continue;
+      s = kiln_cuda_module_function(v->cuda_modules[ln->module], ln->name,
+                                    &v->cuda_fns[l]);
+      if (!s) s = kiln_cuda_function_reserve_shared(v->cuda_fns[l], ln->shared_bytes);
+    }
   }
   // Constants go to the device once; every call's launches read them.
   if (!s && v->gpu.const_count) {
@@ -1526,7 +1536,8 @@ static kiln_status_t queue_program(kiln_function_t *f, kiln_variant_t *v,
     } else {
       void *params[KILN_GPU_MAX_ARGS];
       for (int a = 0; a < ln->arg_count; ++a) params[a] = &bufs[ln->args[a]];
-      s = kiln_cuda_launch(v->cuda_fns[l], ln->grid, ln->block, 0, stream, params);
+      s = kiln_cuda_launch(v->cuda_fns[l], ln->grid, ln->block, ln->shared_bytes, stream,
+                           params);
     }
     if (s) return kiln_status_annotate(s, "graph @%s, %s", f->graph->name, ln->name);
   }

@@ -41,7 +41,9 @@ static const char *kGraphs[] = {
     "  %n, %mean, %rstd = aten.native_layer_norm(%x, %w, %b) "
     "{normalized_shape = [256], eps = 1e-5}\n  return %n, %mean, %rstd\n}\n",
     // bf16 on tensor cores (kernels/gpu_mma.c, whole 128x128x32 tiles), and
-    // with a bias + GELU epilogue.
+    // with a bias + GELU epilogue. On sm_90 these are wgmma kernels of
+    // 128 x 128 blocks (N not a multiple of 256); gpu-check also runs them
+    // with KILN_GPU_WGMMA=0 (mma.sync).
     "graph @mma(%a: bf16[256,512], %b: bf16[512,384]) {\n"
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
     "graph @mma2(%a: bf16[128,256], %b: bf16[256,256], %c: bf16[256]) {\n"
@@ -50,6 +52,14 @@ static const char *kGraphs[] = {
     // 3-stage pipeline.
     "graph @mma3(%a: bf16[1024,256], %b: bf16[256,640]) {\n"
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    // sm_90's wgmma with 128 x 256 blocks: 4 x 2 blocks in groups of 4
+    // block rows, 16 K steps through the 4-stage pipeline; then one K step
+    // (the pipeline's look-ahead clamped to it) with a residual add read
+    // from the f32 accumulators.
+    "graph @wg(%a: bf16[512,1024], %b: bf16[1024,512]) {\n"
+    "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    "graph @wg2(%a: bf16[384,64], %b: bf16[64,768], %r: bf16[384,768]) {\n"
+    "  %c = aten.mm(%a, %b)\n  %d = aten.add(%c, %r)\n  return %d\n}\n",
     // kernels/gpu_rows.c: a row per warp, shuffle butterflies; softmax in
     // kiln's row forall, log_softmax and a layer norm after a residual add
     // at function level.

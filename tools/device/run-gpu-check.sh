@@ -18,6 +18,13 @@ for t in cuda api_errors output_pool autotune_api; do
   echo "[gpu-check] $t: rc=$rc"
   [ $rc -eq 0 ] || fail=1
 done
+# The sm_80 tensor-core kernel (mma.sync) where sm_90 takes wgmma.
+if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.0'; then
+  out=$(KILN_GPU_WGMMA=0 .device/bin/cuda 2>&1); rc=$?
+  echo "$out" | tail -2
+  echo "[gpu-check] cuda (KILN_GPU_WGMMA=0): rc=$rc"
+  [ $rc -eq 0 ] || fail=1
+fi
 .device/bin/ops_numeric matmul 2>&1 | tail -1
 printf 'graph @ew(%%x: f32[1000], %%y: f32[1000]) {\n  %%s = aten.add(%%x, %%y)\n  return %%s\n}\n' > /tmp/ew.kiln
 .device/bin/kiln-opt --target=cuda --emit=llvm /tmp/ew.kiln | grep -o '\.target sm_[0-9a-z]*' | head -1
