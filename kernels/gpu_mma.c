@@ -484,7 +484,25 @@ static uint64_t wg_desc_bits(uint64_t lead_bytes, uint64_t stride_bytes) {
   return ((lead_bytes >> 4) << 16) | ((stride_bytes >> 4) << 32) | (1ull << 62);
 }
 
-static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
+bool kiln_kernels_wgmma_applies(int sm, int64_t k) {
+  const char *env = getenv("KILN_GPU_WGMMA");
+  return sm == 90 && k % WG_BK == 0 && !(env && strcmp(env, "0") == 0);
+}
+
+// An elementwise consumer folded into the wgmma kernel's stores: the
+// generic's inputs in order, one of them the f32 accumulators (`c_pos`),
+// the others [M, N] matrices or [N] rows of `elt[i]`; its result `out`.
+// The kernel calls @kiln_epilogue(inputs...) -> out per element; after the
+// splice, fold_epilogue() puts the generic's body in place of each call.
+#define KILN_EPILOGUE_MAX_INPUTS 5
+typedef struct {
+  int n_in, c_pos;
+  bool row[KILN_EPILOGUE_MAX_INPUTS];
+  const char *elt[KILN_EPILOGUE_MAX_INPUTS];
+  const char *out;
+} epilogue_t;
+
+static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep) {
   kiln_sbuf_t b;
   kiln_sbuf_init(&b);
   emitter_t *e = calloc(1, sizeof(*e));
@@ -497,7 +515,20 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
   snprintf(ta, sizeof(ta), "memref<%lldx%lldxbf16>", (long long)s->m, (long long)s->k);
   snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->k, (long long)s->n);
   snprintf(tc, sizeof(tc), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->n,
-           bf16_out ? "bf16" : "f32");
+           ep ? ep->out : bf16_out ? "bf16" : "f32");
+  // The epilogue's other inputs are arguments %E<i> after %C.
+  char te[KILN_EPILOGUE_MAX_INPUTS][96] = {{0}};
+  kiln_sbuf_t eargs;
+  kiln_sbuf_init(&eargs);
+  for (int i = 0; ep && i < ep->n_in; ++i) {
+    if (i == ep->c_pos) continue;
+    if (ep->row[i])
+      snprintf(te[i], sizeof(te[i]), "memref<%lldx%s>", (long long)s->n, ep->elt[i]);
+    else
+      snprintf(te[i], sizeof(te[i]), "memref<%lldx%lldx%s>", (long long)s->m,
+               (long long)s->n, ep->elt[i]);
+    kiln_sbuf_printf(&eargs, ", %%E%d: %s", i, te[i]);
+  }
   snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxbf16, %s>", s->stages, bm, WG_BK, ws);
   snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx64xbf16, %s>", s->stages, chunks, WG_BK,
            ws);
@@ -512,7 +543,7 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
   int64_t blocks = (s->m / bm) * (s->n / s->bn), kt_count = s->k / WG_BK;
   int64_t a_stage = (int64_t)bm * WG_BK * 2, b_stage = (int64_t)s->bn * WG_BK * 2;
   kiln_sbuf_printf(&b,
-                   "func.func @kiln_mma(%%A: %s, %%B: %s, %%C: %s) {\n"
+                   "func.func @kiln_mma(%%A: %s, %%B: %s, %%C: %s%s) {\n"
                    "  %%one = arith.constant 1 : index\n"
                    "  %%gx = arith.constant %lld : index\n"
                    "  %%nt = arith.constant %d : index\n"
@@ -527,8 +558,9 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
                    "      %%dsm = gpu.dynamic_shared_memory : %s\n"
                    "      %%base = memref.extract_aligned_pointer_as_index %%dsm : %s -> "
                    "index\n",
-                   ta, tb, tc, (long long)blocks, nt, (long long)wgmma_shared_bytes(s),
-                   tsm, tsm);
+                   ta, tb, tc, eargs.data ? eargs.data : "", (long long)blocks, nt,
+                   (long long)wgmma_shared_bytes(s), tsm, tsm);
+  kiln_sbuf_free(&eargs);
   name_t c1024 = keep(cst(e, 1024));
   name_t pad = keep(remc(e, bin(e, "subi", c1024.s, remc(e, "%base", 1024)), 1024));
   name_t a0 = keep(bin(e, "addi", "%base", pad.s));  // shared address of sA
@@ -611,8 +643,9 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
   // of a thread: row 16 w + lane / 4 (+ 8 for i % 4 >= 2) of its
   // warpgroup's 64, column 8 (i / 4) + 2 (lane % 4) + (i % 2). Rows are
   // padded by 16 bytes: a warp's pairs fall in 32 distinct banks.
-  const char *et = bf16_out ? "bf16" : "f32";
-  int esz = bf16_out ? 2 : 4, per16 = 16 / esz, ld = s->bn + per16;
+  bool staged_bf16 = bf16_out && !ep;
+  const char *et = staged_bf16 ? "bf16" : "f32";
+  int esz = staged_bf16 ? 2 : 4, per16 = 16 / esz, ld = s->bn + per16;
   char tso[96];
   snprintf(tso, sizeof(tso), "memref<%dx%dx%s, %s>", bm, ld, et, ws);
   kiln_sbuf_printf(&b, "%sgpu.barrier\n%s%%sO = memref.view %%dsm[%s][] : %s to %s\n",
@@ -632,7 +665,7 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
                        "%s%%e%db = llvm.extractvalue %%res[%d] : %s\n"
                        "%s%%e%d = vector.from_elements %%e%da, %%e%db : vector<2xf32>\n",
                        e->indent, v, x, ty, e->indent, v, x + 1, ty, e->indent, v, v, v);
-      if (bf16_out)
+      if (staged_bf16)
         kiln_sbuf_printf(&b,
                          "%s%%r%d = arith.truncf %%e%d : vector<2xf32> to vector<2xbf16>\n"
                          "%svector.store %%r%d, %%sO[%s, %s] : %s, vector<2xbf16>\n",
@@ -650,13 +683,57 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out) {
     name_t gr = keep(bin(e, "addi", row0.s, r.s));
     name_t gc = keep(bin(e, "addi", col0.s, c.s));
     int v = e->next++;
+    kiln_sbuf_printf(&b, "%s%%o%d = vector.load %%sO[%s, %s] : %s, vector<%dx%s>\n",
+                     e->indent, v, r.s, c.s, tso, per16, et);
+    if (!ep) {
+      kiln_sbuf_printf(&b, "%svector.store %%o%d, %%C[%s, %s] : %s, vector<%dx%s>\n",
+                       e->indent, v, gr.s, gc.s, tc, per16, et);
+      continue;
+    }
+    // The epilogue, element by element, on vectors of the other inputs.
+    for (int in = 0; in < ep->n_in; ++in)
+      if (in != ep->c_pos) {
+        if (ep->row[in])
+          kiln_sbuf_printf(&b, "%s%%o%dx%d = vector.load %%E%d[%s] : %s, vector<%dx%s>\n",
+                           e->indent, v, in, in, gc.s, te[in], per16, ep->elt[in]);
+        else
+          kiln_sbuf_printf(&b,
+                           "%s%%o%dx%d = vector.load %%E%d[%s, %s] : %s, vector<%dx%s>\n",
+                           e->indent, v, in, in, gr.s, gc.s, te[in], per16, ep->elt[in]);
+      }
+    for (int j = 0; j < per16; ++j) {
+      for (int in = 0; in < ep->n_in; ++in) {
+        const char *t = in == ep->c_pos ? "f32" : ep->elt[in];
+        char src[32];
+        if (in == ep->c_pos)
+          snprintf(src, sizeof(src), "%%o%d", v);
+        else
+          snprintf(src, sizeof(src), "%%o%dx%d", v, in);
+        kiln_sbuf_printf(&b, "%s%%o%de%d_%d = vector.extract %s[%d] : %s from vector<%dx%s>\n",
+                         e->indent, v, in, j, src, j, t, per16, t);
+      }
+      kiln_sbuf_printf(&b, "%s%%o%dy%d = func.call @kiln_epilogue(", e->indent, v, j);
+      for (int in = 0; in < ep->n_in; ++in)
+        kiln_sbuf_printf(&b, "%s%%o%de%d_%d", in ? ", " : "", v, in, j);
+      kiln_sbuf_puts(&b, ") : (");
+      for (int in = 0; in < ep->n_in; ++in)
+        kiln_sbuf_printf(&b, "%s%s", in ? ", " : "", in == ep->c_pos ? "f32" : ep->elt[in]);
+      kiln_sbuf_printf(&b, ") -> %s\n", ep->out);
+    }
+    kiln_sbuf_printf(&b, "%s%%o%dv = vector.from_elements ", e->indent, v);
+    for (int j = 0; j < per16; ++j) kiln_sbuf_printf(&b, "%s%%o%dy%d", j ? ", " : "", v, j);
     kiln_sbuf_printf(&b,
-                     "%s%%o%d = vector.load %%sO[%s, %s] : %s, vector<%dx%s>\n"
-                     "%svector.store %%o%d, %%C[%s, %s] : %s, vector<%dx%s>\n",
-                     e->indent, v, r.s, c.s, tso, per16, et, e->indent, v, gr.s, gc.s,
-                     tc, per16, et);
+                     " : vector<%dx%s>\n"
+                     "%svector.store %%o%dv, %%C[%s, %s] : %s, vector<%dx%s>\n",
+                     per16, ep->out, e->indent, v, gr.s, gc.s, tc, per16, ep->out);
   }
   kiln_sbuf_printf(&b, "%sgpu.terminator\n    }\n  return\n}\n", e->indent);
+  if (ep) {
+    kiln_sbuf_puts(&b, "func.func private @kiln_epilogue(");
+    for (int in = 0; in < ep->n_in; ++in)
+      kiln_sbuf_printf(&b, "%s%s", in ? ", " : "", in == ep->c_pos ? "f32" : ep->elt[in]);
+    kiln_sbuf_printf(&b, ") -> %s\n", ep->out);
+  }
   kiln_sbuf_free(&acc);
   free(e);
   return kiln_sbuf_take(&b);
@@ -693,7 +770,7 @@ typedef struct {
   MlirContext ctx;
   MlirOperation found[256];
   int count;
-  MlirOperation round[256];  // kiln.gpu_mma_round generics
+  MlirOperation round[256];  // kiln.gpu_mma_epilogue generics
   int round_count;
 } finder_t;
 
@@ -711,7 +788,7 @@ static MlirWalkResult find(MlirOperation op, void *user) {
   if (name.length == 13 && memcmp(name.data, "linalg.matmul", 13) == 0 &&
       tag(op, "kiln.gpu_mma") >= 0 && f->count < 256)
     f->found[f->count++] = op;
-  if (tag(op, "kiln.gpu_mma_round") >= 0 && f->round_count < 256)
+  if (tag(op, "kiln.gpu_mma_epilogue") >= 0 && f->round_count < 256)
     f->round[f->round_count++] = op;
   return MlirWalkResultAdvance;
 }
@@ -729,9 +806,89 @@ static void erase_if_dead(MlirValue buf) {
   mlirOperationDestroy(mlirOpResultGetOwner(buf));
 }
 
+// The body of `g` (an epilogue generic) in place of each call to
+// @kiln_epilogue under `root`: its ops cloned before the call with block
+// argument i read as the call's operand i, the call's result the yielded
+// value.
+typedef struct {
+  MlirOperation calls[4096];
+  int count;
+} call_finder_t;
+
+static MlirWalkResult find_calls(MlirOperation op, void *user) {
+  call_finder_t *f = user;
+  if (kiln_gpu_op_named(op, "func.call") && f->count < 4096) {
+    MlirAttribute callee = mlirOperationGetAttributeByName(
+        op, mlirStringRefCreateFromCString("callee"));
+    MlirStringRef name = mlirAttributeIsNull(callee)
+                             ? mlirStringRefCreateFromCString("")
+                             : mlirSymbolRefAttrGetRootReference(callee);
+    if (name.length == 13 && memcmp(name.data, "kiln_epilogue", 13) == 0)
+      f->calls[f->count++] = op;
+  }
+  return MlirWalkResultAdvance;
+}
+
+static kiln_status_t fold_epilogue(MlirOperation root, MlirOperation g) {
+  call_finder_t *f = calloc(1, sizeof(*f));
+  if (!f) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "epilogue");
+  mlirOperationWalk(root, find_calls, f, MlirWalkPreOrder);
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
+  MlirOperation yield = mlirBlockGetTerminator(body);
+  intptr_t nargs = mlirBlockGetNumArguments(body);
+  int nops = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationEqual(op, yield);
+       op = mlirOperationGetNextInBlock(op))
+    ++nops;
+  MlirValue *from = calloc((size_t)(nargs + nops) + 1, sizeof(MlirValue));
+  MlirValue *to = calloc((size_t)(nargs + nops) + 1, sizeof(MlirValue));
+  kiln_status_t s = NULL;
+  if (!from || !to) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "epilogue");
+  for (int c = 0; !s && c < f->count; ++c) {
+    MlirOperation call = f->calls[c];
+    int n = 0;
+    for (intptr_t i = 0; i < nargs - 1; ++i) {  // not the output's old value
+      from[n] = mlirBlockGetArgument(body, i);
+      to[n++] = mlirOperationGetOperand(call, i);
+    }
+    for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationEqual(op, yield);
+         op = mlirOperationGetNextInBlock(op)) {
+      MlirOperation clone = mlirOperationClone(op);
+      for (intptr_t k = 0; k < mlirOperationGetNumOperands(clone); ++k)
+        for (int m = 0; m < n; ++m)
+          if (mlirValueEqual(mlirOperationGetOperand(op, k), from[m])) {
+            mlirOperationSetOperand(clone, k, to[m]);
+            break;
+          }
+      mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(call), call, clone);
+      from[n] = mlirOperationGetResult(op, 0);
+      to[n++] = mlirOperationGetResult(clone, 0);
+    }
+    MlirValue y = mlirOperationGetOperand(yield, 0);
+    for (int m = 0; m < n; ++m)
+      if (mlirValueEqual(y, from[m])) y = to[m];
+    mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, 0), y);
+    mlirOperationDestroy(call);
+  }
+  free(from);
+  free(to);
+  free(f);
+  return s;
+}
+
+// True when `g` (a kiln.gpu_mma_epilogue generic) only rounds C to bf16.
+static bool only_rounds(MlirOperation g) {
+  if (mlirOperationGetNumOperands(g) != 2) return false;
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
+  MlirOperation first = mlirBlockGetFirstOperation(body);
+  return kiln_gpu_op_named(first, "arith.truncf") &&
+         mlirOperationEqual(mlirOperationGetNextInBlock(first), mlirBlockGetTerminator(body));
+}
+
 // Replaces `mm` (linalg.matmul on memrefs) by the kernel's gpu.launch; with
-// `round` (its kiln.gpu_mma_round generic reading C and writing a bf16
-// buffer), the kernel stores bf16 there and C is gone.
+// `round` (its kiln.gpu_mma_epilogue generic reading C and writing an
+// [M, N] buffer), the kernel stores there, through the generic's body when
+// it does more than round to bf16 (wgmma only), and C is gone.
 static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation round,
                              int sm, bool *done, bool *wgmma) {
   *done = false;
@@ -752,40 +909,95 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
       !kiln_gpu_whole_matrix(mlirValueGetType(cv), m, n, f32) || m % 128 ||
       n % 128 || k % 32 || mlirOperationIsNull(fill))
     return NULL;
-  // The rounding generic on whole buffers: ins(C) outs(O), O bf16 [M, N],
-  // after the matmul in its block, nothing between them touching C or O.
-  MlirValue out = cv;
-  bool bf16_out = false;
-  if (!mlirOperationIsNull(round) && mlirOperationGetNumOperands(round) == 2 &&
-      mlirValueEqual(mlirOperationGetOperand(round, 0), cv) &&
-      kiln_gpu_whole_matrix(mlirValueGetType(mlirOperationGetOperand(round, 1)), m, n,
-                            bf16) &&
-      mlirBlockEqual(mlirOperationGetBlock(round), mlirOperationGetBlock(mm)) &&
-      mlirOperationIsBeforeInBlock(mm, round) &&
-      !kiln_gpu_used_between(mm, round, cv) &&
-      !kiln_gpu_used_between(mm, round, mlirOperationGetOperand(round, 1))) {
-    out = mlirOperationGetOperand(round, 1);
-    bf16_out = true;
-  }
   // wgmma is sm_90a's (not later architectures'); KILN_GPU_WGMMA=0 keeps
   // mma.sync there.
-  const char *env = getenv("KILN_GPU_WGMMA");
-  *wgmma = sm == 90 && k % WG_BK == 0 && !(env && strcmp(env, "0") == 0);
+  *wgmma = kiln_kernels_wgmma_applies(sm, k);
+  // The consumer on whole buffers: ins(..., C, ...) outs(O), O [M, N],
+  // after the matmul in its block, nothing between them touching its
+  // buffers; its other inputs whole [M, N] or [N] buffers.
+  MlirValue out = cv;
+  bool bf16_out = false, folded = false;
+  epilogue_t ep = {0};
+  intptr_t nops = mlirOperationIsNull(round) ? 0 : mlirOperationGetNumOperands(round);
+  bool usable = nops >= 2 && nops - 1 <= KILN_EPILOGUE_MAX_INPUTS &&
+                mlirOperationGetNumResults(round) == 0 &&
+                mlirBlockEqual(mlirOperationGetBlock(round), mlirOperationGetBlock(mm)) &&
+                mlirOperationIsBeforeInBlock(mm, round);
+  ep.n_in = (int)nops - 1;
+  ep.c_pos = -1;
+  for (intptr_t i = 0; usable && i < nops; ++i) {
+    MlirValue v = mlirOperationGetOperand(round, i);
+    MlirType t = mlirValueGetType(v);
+    usable = !kiln_gpu_used_between(mm, round, v);
+    if (i == nops - 1) {
+      bool ob = kiln_gpu_whole_matrix(t, m, n, bf16);
+      usable = usable && (ob || kiln_gpu_whole_matrix(t, m, n, f32));
+      ep.out = ob ? "bf16" : "f32";
+    } else if (mlirValueEqual(v, cv)) {
+      usable = usable && ep.c_pos < 0;
+      ep.c_pos = (int)i;
+    } else {
+      bool eb = mlirTypeIsAMemRef(t) && mlirTypeIsABF16(mlirShapedTypeGetElementType(t));
+      MlirType e = eb ? bf16 : f32;
+      ep.elt[i] = eb ? "bf16" : "f32";
+      ep.row[i] = mlirTypeIsAMemRef(t) && mlirShapedTypeGetRank(t) == 1;
+      MlirAttribute layout = ep.row[i] ? mlirMemRefTypeGetLayout(t) : (MlirAttribute){NULL};
+      usable = usable && (ep.row[i] ? mlirShapedTypeHasStaticShape(t) &&
+                                          mlirShapedTypeGetDimSize(t, 0) == n &&
+                                          mlirTypeEqual(mlirShapedTypeGetElementType(t), e) &&
+                                          (mlirAttributeIsNull(layout) ||
+                                           (mlirAttributeIsAAffineMap(layout) &&
+                                            mlirAffineMapIsIdentity(
+                                                mlirAffineMapAttrGetValue(layout))))
+                                    : kiln_gpu_whole_matrix(t, m, n, e));
+    }
+  }
+  usable = usable && ep.c_pos >= 0;
+  if (usable && only_rounds(round) && ep.c_pos == 0 && strcmp(ep.out, "bf16") == 0) {
+    out = mlirOperationGetOperand(round, 1);
+    bf16_out = folded = true;
+  } else if (usable && *wgmma) {
+    out = mlirOperationGetOperand(round, nops - 1);
+    folded = true;
+  }
+  bool general = folded && !bf16_out;
   char *text;
   if (*wgmma) {
     wg_shape_t w = wg_choose(m, n, k);
-    text = wgmma_text(&w, bf16_out);
+    text = wgmma_text(&w, bf16_out, general ? &ep : NULL);
   } else {
     mma_shape_t s = choose(m, n, k);
     text = kernel_text(&s, bf16_out);
   }
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "mma kernel");
-  MlirValue args[3] = {a, bv, out};
-  kiln_status_t st = kiln_gpu_splice(ctx, text, mm, args, 3, "tensor-core GEMM");
+  MlirValue args[3 + KILN_EPILOGUE_MAX_INPUTS];
+  int nargs = 0;
+  args[nargs++] = a;
+  args[nargs++] = bv;
+  args[nargs++] = out;
+  for (int i = 0; general && i < ep.n_in; ++i)
+    if (i != ep.c_pos) args[nargs++] = mlirOperationGetOperand(round, i);
+  // Constants the epilogue's body reads must come before the kernel.
+  if (general) {
+    MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(round, 0));
+    for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);
+         op = mlirOperationGetNextInBlock(op))
+      for (intptr_t k2 = 0; k2 < mlirOperationGetNumOperands(op); ++k2) {
+        MlirValue v = mlirOperationGetOperand(op, k2);
+        if (!mlirValueIsAOpResult(v)) continue;
+        MlirOperation d = mlirOpResultGetOwner(v);
+        if (mlirBlockEqual(mlirOperationGetBlock(d), mlirOperationGetBlock(mm)) &&
+            mlirOperationIsBeforeInBlock(mm, d))
+          mlirOperationMoveBefore(d, mm);
+      }
+  }
+  MlirOperation parent = mlirOperationGetParentOperation(mm);
+  kiln_status_t st = kiln_gpu_splice(ctx, text, mm, args, nargs, "tensor-core GEMM");
   free(text);
+  if (!st && general) st = fold_epilogue(parent, round);
   if (st) return st;
   mlirOperationDestroy(fill);
-  if (bf16_out) {
+  if (folded) {
     mlirOperationDestroy(round);
     erase_if_dead(cv);
   }
@@ -805,7 +1017,7 @@ kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
   for (int i = 0; !s && i < f->count; ++i) {
     MlirOperation round = {NULL};
     for (int j = 0; j < f->round_count; ++j)
-      if (tag(f->round[j], "kiln.gpu_mma_round") == tag(f->found[i], "kiln.gpu_mma"))
+      if (tag(f->round[j], "kiln.gpu_mma_epilogue") == tag(f->found[i], "kiln.gpu_mma"))
         round = f->round[j];
     bool done = false, wgmma = false;
     s = replace(ctx, f->found[i], round, sm, &done, &wgmma);

@@ -36,6 +36,7 @@ typedef struct {
   int count;
   int k_loops[4096];  // ops whose K loop carries a vector accumulator
   int k_count;
+  int sm;  // the device's compute capability (90 for sm_90)
 } tiler_t;
 
 // A matmul for kernels/gpu_mma.c's tensor-core kernel (`bf16`) or
@@ -87,34 +88,99 @@ static bool marked_mma(MlirOperation op) {
              op, mlirStringRefCreateFromCString("kiln.gpu_sgemm")));
 }
 
-// The matmul's only consumer when it rounds it to bf16 and nothing else: a
-// linalg.generic of one input, identity maps, yielding arith.truncf of it.
-static MlirOperation rounding_consumer(MlirOperation mm) {
+static bool is_identity(MlirAttribute maps, intptr_t i) {
+  return mlirAffineMapIsIdentity(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i)));
+}
+
+// (d0, d1) -> (d1): a row vector broadcast over the rows.
+static bool is_row_broadcast(MlirAttribute maps, intptr_t i) {
+  MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+  return mlirAffineMapGetNumDims(m) == 2 && mlirAffineMapGetNumResults(m) == 1 &&
+         mlirAffineMapIsProjectedPermutation(m) &&
+         mlirAffineExprIsADim(mlirAffineMapGetResult(m, 0)) &&
+         mlirAffineDimExprGetPosition(mlirAffineMapGetResult(m, 0)) == 1;
+}
+
+// The matmul's only consumer when kernels/gpu_mma.c folds it into the
+// kernel's stores: a linalg.generic reading the matmul's result with the
+// identity map and writing one [M, N] bf16 or f32 result. Always when it
+// only rounds to bf16; with `epilogues` (the wgmma kernel, which stages
+// its outputs through shared memory) also any elementwise body of
+// region-free ops over up to 4 other inputs, each [M, N] (identity map) or
+// [N] ((d0, d1) -> (d1)) of bf16 or f32, that uses no loop index, not the
+// output's old value, and nothing from outside but constants.
+static MlirOperation epilogue_consumer(MlirOperation mm, bool epilogues) {
   MlirOperation none = {NULL};
   MlirValue r = mlirOperationGetResult(mm, 0);
   MlirOpOperand u = mlirValueGetFirstUse(r);
   if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u)))
     return none;
   MlirOperation g = mlirOpOperandGetOwner(u);
+  intptr_t n = mlirOperationGetNumOperands(g);
   if (!equals(mlirIdentifierStr(mlirOperationGetName(g)), "linalg.generic") ||
-      mlirOperationGetNumOperands(g) != 2 || mlirOpOperandGetOperandNumber(u) != 0)
+      mlirOperationGetNumResults(g) != 1 || n < 2 || n > 6 ||
+      mlirOpOperandGetOperandNumber(u) >= n - 1)
     return none;
   MlirAttribute maps = mlirOperationGetAttributeByName(
       g, mlirStringRefCreateFromCString("indexing_maps"));
-  if (mlirAttributeIsNull(maps) || mlirArrayAttrGetNumElements(maps) != 2) return none;
-  for (int i = 0; i < 2; ++i)
-    if (!mlirAffineMapIsIdentity(
-            mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i))))
-      return none;
+  MlirAttribute iters = mlirOperationGetAttributeByName(
+      g, mlirStringRefCreateFromCString("iterator_types"));
+  if (mlirAttributeIsNull(maps) || mlirArrayAttrGetNumElements(maps) != n ||
+      mlirAttributeIsNull(iters) || mlirArrayAttrGetNumElements(iters) != 2 ||
+      !is_identity(maps, mlirOpOperandGetOperandNumber(u)) || !is_identity(maps, n - 1))
+    return none;
+  MlirType ot = mlirValueGetType(mlirOperationGetResult(g, 0));
+  MlirType ct = mlirValueGetType(r);
+  MlirType oe = mlirShapedTypeGetElementType(ot);
+  if (!mlirTypeIsARankedTensor(ot) || mlirShapedTypeGetRank(ot) != 2 ||
+      mlirShapedTypeGetDimSize(ot, 0) != mlirShapedTypeGetDimSize(ct, 0) ||
+      mlirShapedTypeGetDimSize(ot, 1) != mlirShapedTypeGetDimSize(ct, 1) ||
+      !(mlirTypeIsABF16(oe) || mlirTypeIsAF32(oe)))
+    return none;
   MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
   MlirOperation first = mlirBlockGetFirstOperation(body);
   MlirOperation yield = mlirBlockGetTerminator(body);
-  if (!equals(mlirIdentifierStr(mlirOperationGetName(first)), "arith.truncf") ||
-      !mlirOperationEqual(mlirOperationGetNextInBlock(first), yield) ||
-      !mlirValueEqual(mlirOperationGetOperand(first, 0), mlirBlockGetArgument(body, 0)) ||
-      !mlirValueEqual(mlirOperationGetOperand(yield, 0), mlirOperationGetResult(first, 0)) ||
-      !mlirTypeIsABF16(mlirValueGetType(mlirOperationGetResult(first, 0))))
-    return none;
+  // Only rounding: the mma.sync kernel folds it too.
+  if (n == 2 && equals(mlirIdentifierStr(mlirOperationGetName(first)), "arith.truncf") &&
+      mlirOperationEqual(mlirOperationGetNextInBlock(first), yield) &&
+      mlirValueEqual(mlirOperationGetOperand(first, 0), mlirBlockGetArgument(body, 0)) &&
+      mlirValueEqual(mlirOperationGetOperand(yield, 0), mlirOperationGetResult(first, 0)) &&
+      mlirTypeIsABF16(oe))
+    return g;
+  if (!epilogues) return none;
+  for (intptr_t i = 0; i < n - 1; ++i) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(g, i));
+    MlirType e = mlirShapedTypeGetElementType(t);
+    bool matrix = mlirShapedTypeGetRank(t) == 2 && is_identity(maps, i) &&
+                  mlirShapedTypeHasStaticShape(t) &&
+                  mlirShapedTypeGetDimSize(t, 0) == mlirShapedTypeGetDimSize(ot, 0) &&
+                  mlirShapedTypeGetDimSize(t, 1) == mlirShapedTypeGetDimSize(ot, 1);
+    bool row = mlirShapedTypeGetRank(t) == 1 && is_row_broadcast(maps, i) &&
+               mlirShapedTypeHasStaticShape(t) &&
+               mlirShapedTypeGetDimSize(t, 0) == mlirShapedTypeGetDimSize(ot, 1);
+    if (!mlirTypeIsARankedTensor(t) || !(matrix || row) ||
+        !(mlirTypeIsABF16(e) || mlirTypeIsAF32(e)))
+      return none;
+  }
+  MlirValue out_arg = mlirBlockGetArgument(body, n - 1);
+  if (!mlirOpOperandIsNull(mlirValueGetFirstUse(out_arg))) return none;
+  for (MlirOperation op = first; !mlirOperationEqual(op, yield);
+       op = mlirOperationGetNextInBlock(op)) {
+    if (mlirOperationGetNumRegions(op) != 0 || mlirOperationGetNumResults(op) != 1 ||
+        equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.index"))
+      return none;
+    for (intptr_t k = 0; k < mlirOperationGetNumOperands(op); ++k) {
+      MlirValue v = mlirOperationGetOperand(op, k);
+      if (mlirValueIsABlockArgument(v)) {
+        if (!mlirBlockEqual(mlirBlockArgumentGetOwner(v), body)) return none;
+      } else {
+        MlirOperation d = mlirOpResultGetOwner(v);
+        if (!mlirBlockEqual(mlirOperationGetBlock(d), body) &&
+            !equals(mlirIdentifierStr(mlirOperationGetName(d)), "arith.constant"))
+          return none;
+      }
+    }
+  }
   return g;
 }
 
@@ -125,11 +191,13 @@ static MlirWalkResult mark_mma(MlirOperation op, void *user) {
   MlirAttribute id = mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++);
   mlirOperationSetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.gpu_mma"), id);
-  // Rounded to bf16 as the kernel stores (kernels/gpu_mma.c folds it in).
-  MlirOperation g = rounding_consumer(op);
+  // Rounded to bf16, or an elementwise epilogue, as the kernel stores
+  // (kernels/gpu_mma.c folds it in).
+  int64_t k = mlirShapedTypeGetDimSize(mlirValueGetType(mlirOperationGetOperand(op, 0)), 1);
+  MlirOperation g = epilogue_consumer(op, kiln_kernels_wgmma_applies(t->sm, k));
   if (!mlirOperationIsNull(g))
     mlirOperationSetDiscardableAttributeByName(
-        g, mlirStringRefCreateFromCString("kiln.gpu_mma_round"), id);
+        g, mlirStringRefCreateFromCString("kiln.gpu_mma_epilogue"), id);
   return MlirWalkResultAdvance;
 }
 
@@ -349,7 +417,7 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   // kernels/gpu_mma.c's and gpu_sgemm.c's (after bufferization)
   if (marked_mma(op) || feeds_mma(op) ||
       !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
-          op, mlirStringRefCreateFromCString("kiln.gpu_mma_round"))))
+          op, mlirStringRefCreateFromCString("kiln.gpu_mma_epilogue"))))
     return MlirWalkResultAdvance;
   kiln_kernel_desc_t d;
   if (!kiln_kernels_describe(op, &d) || kiln_kernels_inside_forall(op))
@@ -510,14 +578,15 @@ static kiln_status_t walk_and_apply(MlirContext ctx, MlirModule module,
   return s;
 }
 
-kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
-                                    bool tensor_cores, int *out_mma,
-                                    int *out_sgemm) {
+kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module, int sm,
+                                    int *out_mma, int *out_sgemm) {
   *out_mma = 0;
   *out_sgemm = 0;
+  bool tensor_cores = sm >= 80;
   tiler_t *t = calloc(1, sizeof(*t));
   if (!t) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU schedule");
   t->ctx = ctx;
+  t->sm = sm;
   kiln_sbuf_init(&t->script);
   if (tensor_cores)
     mlirOperationWalk(mlirModuleGetOperation(module), mark_mma, t, MlirWalkPreOrder);

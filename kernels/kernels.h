@@ -84,23 +84,30 @@ bool kiln_kernels_inside_forall(MlirOperation op);
 // element per thread, the innermost dim on thread x so a warp's accesses
 // are contiguous (scf.forall mapped to #gpu.thread). Reduction loops stay
 // sequential per thread. The block foralls are tagged kiln.gpu_block = i.
-// With `tensor_cores` (sm_80+), bf16 x bf16 -> f32 matmuls in whole
+// On tensor cores (`sm` 80 and up), bf16 x bf16 -> f32 matmuls in whole
 // 128 x 128 x 32 tiles are tagged kiln.gpu_mma and left whole, with their
-// zero fills, for kiln_kernels_mma_gpu; *out_mma counts them.
-// With `tensor_cores`, also f32 x f32 -> f32 matmuls (the default indexing
+// zero fills, for kiln_kernels_mma_gpu; *out_mma counts them. Their only
+// consumer is tagged kiln.gpu_mma_epilogue and left whole too when it
+// rounds them to bf16, or, where the wgmma kernel applies, when it is an
+// elementwise generic over the result and [M, N] or [N] inputs (a bias,
+// an activation, a residual add).
+// On tensor cores, also f32 x f32 -> f32 matmuls (the default indexing
 // maps, static, M and N multiples of 128, K of KILN_SGEMM_BK) are tagged
 // kiln.gpu_sgemm and left whole, with their zero fills, for
 // kiln_kernels_sgemm_gpu (its kernel needs cp.async: sm_80+); *out_sgemm
 // counts them. Other f32 matmuls keep the tiled schedule.
-kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module,
-                                    bool tensor_cores, int *out_mma,
-                                    int *out_sgemm);
+kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module, int sm,
+                                    int *out_mma, int *out_sgemm);
+// Whether a tagged matmul with K = `k` becomes the wgmma kernel on `sm`
+// (90, K a multiple of 64, KILN_GPU_WGMMA not 0).
+bool kiln_kernels_wgmma_applies(int sm, int64_t k);
 // After bufferization: each kiln.gpu_mma matmul on whole row-major buffers
 // becomes kernels/gpu_mma.c's hand-scheduled tensor-core kernel (a
 // gpu.launch: cp.async pipeline into shared memory, then on `sm` 90 with K
 // a multiple of 64 warpgroup MMA from shared memory (wgmma, dynamic shared
-// memory: the module needs sm_90a), else ldmatrix and mma.sync);
-// *out_count counts the mma.sync kernels, *out_wgmma the wgmma ones.
+// memory: the module needs sm_90a), else ldmatrix and mma.sync), its
+// kiln.gpu_mma_epilogue consumer folded into the stores; *out_count counts
+// the mma.sync kernels, *out_wgmma the wgmma ones.
 kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
                                    int *out_count, int *out_wgmma);
 // The K step of kernels/gpu_sgemm.c's f32 GEMM: K must be a multiple.

@@ -549,7 +549,7 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
                                                KILN_STAGE_FUSED, &o));
   // Tensor cores (kernels/gpu_mma.c: cp.async, ldmatrix, mma.sync) from
   // sm_80 on; the f32 GEMM kernel (kernels/gpu_sgemm.c) needs cp.async too.
-  bool tensor_cores = atoi(chip + (strncmp(chip, "sm_", 3) == 0 ? 3 : 0)) >= 80;
+  int sm = atoi(chip + (strncmp(chip, "sm_", 3) == 0 ? 3 : 0));
   int mma = 0;    // matmuls on tensor cores (mma.sync)
   int wgmma = 0;  // matmuls on tensor cores (sm_90's wgmma)
   int sgemm = 0;  // f32 matmuls by kernels/gpu_sgemm.c
@@ -558,17 +558,15 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
     KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
         m, kiln_kernels_rows_gpu(kiln_mlir_context(m), module)));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
-        m, kiln_kernels_tile_gpu(kiln_mlir_context(m), module, tensor_cores,
-                                 &mma, &sgemm)));
+        m, kiln_kernels_tile_gpu(kiln_mlir_context(m), module, sm, &mma, &sgemm)));
   }
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run(m, module, KILN_STAGE_FUSED,
                                                KILN_STAGE_BUFFERIZED, &o));
   // A tagged matmul the kernel does not take (not on whole row-major
   // buffers) stays a linalg.matmul: the parallel-loop mapping computes it.
   if (mma)
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_kernels_mma_gpu(
-        kiln_mlir_context(m), module, atoi(chip + (strncmp(chip, "sm_", 3) == 0 ? 3 : 0)),
-        &mma, &wgmma));
+    KILN_RETURN_IF_ERROR_PLAIN(
+        kiln_kernels_mma_gpu(kiln_mlir_context(m), module, sm, &mma, &wgmma));
   if (sgemm)
     KILN_RETURN_IF_ERROR_PLAIN(
         kiln_kernels_sgemm_gpu(kiln_mlir_context(m), module, &sgemm));

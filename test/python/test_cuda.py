@@ -28,6 +28,30 @@ def test_mlp_forward_on_cuda_matches_eager():
     assert kiln.compile_stats()["compiles"] > before
 
 
+def test_bf16_matmul_with_epilogue_on_tensor_cores_matches_eager():
+    # A bf16 matmul in whole tiles runs on tensor cores (wgmma on sm_90,
+    # with bias, ReLU and the f32 residual folded into its stores; mma.sync
+    # elsewhere), on fresh inputs, against eager; then a plain bf16 mm.
+    def f(a, b, c, r):
+        return torch.relu(torch.addmm(c, a, b)) + r
+
+    a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(256, 512, device="cuda")
+    compiled = torch.compile(f, backend="kiln", options={"fallback": "error"})
+    got = compiled(a, b, c, r)
+    want = f(a, b, c, r)
+    assert got.dtype == torch.float32
+    # Eager rounds addmm's result to bf16 before the ReLU and the add, as
+    # kiln's graph does: bf16's tolerance.
+    torch.testing.assert_close(got, want, **TOL[torch.bfloat16])
+    mm = torch.compile(torch.mm, backend="kiln", options={"fallback": "error"})
+    a2 = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    b2 = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(mm(a2, b2), torch.mm(a2, b2), **TOL[torch.bfloat16])
+
+
 def test_elementwise_and_softmax_on_a_side_stream():
     def f(x, y):
         return torch.softmax(torch.tanh(x) * y + 1.0, dim=-1)

@@ -55,11 +55,19 @@ static const char *kGraphs[] = {
     // sm_90's wgmma with 128 x 256 blocks: 4 x 2 blocks in groups of 4
     // block rows, 16 K steps through the 4-stage pipeline; then one K step
     // (the pipeline's look-ahead clamped to it) with a residual add read
-    // from the f32 accumulators.
+    // from the f32 accumulators (folded into the kernel's stores).
     "graph @wg(%a: bf16[512,1024], %b: bf16[1024,512]) {\n"
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
     "graph @wg2(%a: bf16[384,64], %b: bf16[64,768], %r: bf16[384,768]) {\n"
     "  %c = aten.mm(%a, %b)\n  %d = aten.add(%c, %r)\n  return %d\n}\n",
+    // An epilogue folded into the wgmma kernel's stores: bias, ReLU, an
+    // f32 residual and the rounding of the sum to bf16 (a bf16 result, so
+    // bf16's tolerance: the addmm is rounded to bf16 before the ReLU, and
+    // a different summation order may round it one ulp apart).
+    "graph @wg3(%a: bf16[256,128], %b: bf16[128,512], %c: bf16[512], "
+    "%r: f32[256,512]) {\n"
+    "  %d = aten.addmm(%c, %a, %b)\n  %e = aten.relu(%d)\n  %f = aten.add(%e, %r)\n"
+    "  %g = prims.convert_element_type(%f) {dtype = bf16}\n  return %g\n}\n",
     // kernels/gpu_rows.c: a row per warp, shuffle butterflies; softmax in
     // kiln's row forall, log_softmax and a layer norm after a residual add
     // at function level.
