@@ -163,6 +163,15 @@ static coords_t coords(emitter_t *e, const mma_shape_t *s) {
   return c;
 }
 
+// The copies `toks` as one cp.async group, named in `group`.
+static void commit_group(emitter_t *e, const name_t *toks, int ntok, char group[16]) {
+  snprintf(group, 16, "%%g%d", e->next++);
+  kiln_sbuf_printf(e->out, "%s%s = nvgpu.device_async_create_group ", e->indent, group);
+  for (int i = 0; i < ntok; ++i)
+    kiln_sbuf_printf(e->out, "%s%s", i ? ", " : "", toks[i].s);
+  kiln_sbuf_puts(e->out, "\n");
+}
+
 // Copies of k-tile `kt` into stage `st` (index SSA names) and their group.
 static void issue(emitter_t *e, const mma_shape_t *s, const coords_t *c,
                   const char *kt, const char *st, const char *ta, const char *tb,
@@ -198,11 +207,7 @@ static void issue(emitter_t *e, const mma_shape_t *s, const coords_t *c,
       ++ntok;
     }
   }
-  snprintf(group, 16, "%%g%d", e->next++);
-  kiln_sbuf_printf(e->out, "%s%s = nvgpu.device_async_create_group ", e->indent, group);
-  for (int i = 0; i < ntok; ++i)
-    kiln_sbuf_printf(e->out, "%s%s", i ? ", " : "", toks[i].s);
-  kiln_sbuf_puts(e->out, "\n");
+  commit_group(e, toks, ntok, group);
 }
 
 // The kernel as a function @kiln_mma(%A, %B, %C) holding one gpu.launch;
@@ -456,11 +461,7 @@ static void wg_issue(emitter_t *e, const wg_shape_t *s, const name_t *row0,
       ++ntok;
     }
   }
-  snprintf(group, 16, "%%g%d", e->next++);
-  kiln_sbuf_printf(e->out, "%s%s = nvgpu.device_async_create_group ", e->indent, group);
-  for (int i = 0; i < ntok; ++i)
-    kiln_sbuf_printf(e->out, "%s%s", i ? ", " : "", toks[i].s);
-  kiln_sbuf_puts(e->out, "\n");
+  commit_group(e, toks, ntok, group);
 }
 
 // A wgmma descriptor (i64) for the shared byte address `addr` (index):
