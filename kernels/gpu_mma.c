@@ -383,7 +383,9 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
 // that stay in flight across K steps (one wgmma group outstanding).
 //
 // Shared memory (dynamic, aligned at run time to 1024 bytes, the period of
-// the 128-byte swizzle) holds STAGES tiles of
+// the 128-byte swizzle; NVPTX prints gpu.dynamic_shared_memory's symbol as
+// a demoted 1-byte .shared variable, and the launch's dynamic bytes follow
+// it, which is what the accesses past it rely on) holds STAGES tiles of
 //   A: 64 WG rows x 64 k (128 bytes a row; K-major): the descriptor's
 //      stride byte offset is 1024 (8 rows to the next 8), a k16 step moves
 //      the start address by 32 bytes;
