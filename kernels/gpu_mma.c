@@ -210,6 +210,20 @@ static void issue(emitter_t *e, const mma_shape_t *s, const coords_t *c,
   commit_group(e, toks, ntok, group);
 }
 
+// Stores the accumulator pair %e<v> (vector<2xf32>) at [row, col] of
+// `dest` (of type `type`), rounded to bf16 first with `bf16`.
+static void store_pair(emitter_t *e, int v, bool bf16, const char *dest, const char *row,
+                       const char *col, const char *type) {
+  if (bf16)
+    kiln_sbuf_printf(e->out,
+                     "%s%%r%d = arith.truncf %%e%d : vector<2xf32> to vector<2xbf16>\n"
+                     "%svector.store %%r%d, %s[%s, %s] : %s, vector<2xbf16>\n",
+                     e->indent, v, v, e->indent, v, dest, row, col, type);
+  else
+    kiln_sbuf_printf(e->out, "%svector.store %%e%d, %s[%s, %s] : %s, vector<2xf32>\n",
+                     e->indent, v, dest, row, col, type);
+}
+
 // The kernel as a function @kiln_mma(%A, %B, %C) holding one gpu.launch;
 // with `bf16_out` C is bf16, the accumulators rounded as they are stored.
 static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
@@ -359,15 +373,7 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
                          "%s%%e%d = vector.extract %%res#%d[%d] : vector<2xf32> from "
                          "vector<2x2xf32>\n",
                          e->indent, v, mi * ni_n + ni, h);
-        if (bf16_out)
-          kiln_sbuf_printf(&b,
-                           "%s%%r%d = arith.truncf %%e%d : vector<2xf32> to "
-                           "vector<2xbf16>\n"
-                           "%svector.store %%r%d, %%C[%s, %s] : %s, vector<2xbf16>\n",
-                           e->indent, v, v, e->indent, v, row.s, col.s, tc);
-        else
-          kiln_sbuf_printf(&b, "%svector.store %%e%d, %%C[%s, %s] : %s, vector<2xf32>\n",
-                           e->indent, v, row.s, col.s, tc);
+        store_pair(e, v, bf16_out, "%C", row.s, col.s, tc);
       }
   kiln_sbuf_printf(&b, "%sgpu.terminator\n    }\n  return\n}\n", e->indent);
   free(e);
@@ -668,14 +674,7 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
                        "%s%%e%db = llvm.extractvalue %%res[%d] : %s\n"
                        "%s%%e%d = vector.from_elements %%e%da, %%e%db : vector<2xf32>\n",
                        e->indent, v, x, ty, e->indent, v, x + 1, ty, e->indent, v, v, v);
-      if (staged_bf16)
-        kiln_sbuf_printf(&b,
-                         "%s%%r%d = arith.truncf %%e%d : vector<2xf32> to vector<2xbf16>\n"
-                         "%svector.store %%r%d, %%sO[%s, %s] : %s, vector<2xbf16>\n",
-                         e->indent, v, v, e->indent, v, row.s, col.s, tso);
-      else
-        kiln_sbuf_printf(&b, "%svector.store %%e%d, %%sO[%s, %s] : %s, vector<2xf32>\n",
-                         e->indent, v, row.s, col.s, tso);
+      store_pair(e, v, staged_bf16, "%sO", row.s, col.s, tso);
     }
   kiln_sbuf_printf(&b, "%sgpu.barrier\n", e->indent);
   int per_row = s->bn / per16;  // 16-byte vectors in a row
