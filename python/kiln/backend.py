@@ -215,6 +215,9 @@ class CompiledSubgraph(torch.nn.Module):
         self.tuple_out = isinstance(out.args[0], (tuple, list))
         self.n_in, self.n_out = len(self.in_dtypes), len(vals)
         self._tls = threading.local()
+        # Calls that took the full path (first calls, changed layouts): a
+        # steady state adds none.
+        self.full_calls = 0
 
     def _arg_structs(self):
         # Per-thread argument structs: calls may come from several threads.
@@ -263,14 +266,22 @@ class CompiledSubgraph(torch.nn.Module):
             for k, t in enumerate(args):
                 if (t.shape, t.stride(), t.dtype, t.get_device()) != layouts[k]:
                     return None
+        src = args
+        if b.dense:
+            # CUDA inputs in layouts the kernels do not take (a transposed
+            # view saved for the backward): contiguous copies, as the
+            # first call made; the guard above was on the caller's layouts.
+            src = list(args)
+            for k in b.dense:
+                src[k] = args[k].clone(memory_format=torch.contiguous_format)
         if cuda:
-            ptrs = [t.data_ptr() for t in args]
+            ptrs = [t.data_ptr() for t in src]
             if any(p & 15 for p in ptrs):
                 return None  # the slow path copies it to an aligned buffer
             for d, p in zip(b.in_fields, ptrs):
                 d.data = p
         else:
-            for d, t in zip(b.in_fields, args):
+            for d, t in zip(b.in_fields, src):
                 d.data = t.data_ptr()
         if self.pooled_out:
             return self._call_pooled(ins, args)
@@ -297,12 +308,13 @@ class CompiledSubgraph(torch.nn.Module):
                 return r
         # A full fill; once a call with the inputs as they are succeeds,
         # later calls with the same layouts take the fast path.
+        self.full_calls += 1
         b.ready = False
         fast_next = self.fast_ok
         b.layouts = []
+        b.dense = []  # CUDA inputs passed as contiguous copies
         keep = []  # contiguous copies must outlive the call that reads them
         back = []  # (input, its copy) for written inputs passed as copies
-        prepared = []  # the tensors kiln reads, after any copies
         for k, t in enumerate(args):
             if t.dtype not in _DL_CODES or t.device.type != self.device.type:
                 raise _capi.KilnError("INVALID_ARGUMENT",
@@ -311,9 +323,13 @@ class CompiledSubgraph(torch.nn.Module):
             orig = t
             if self.cuda and (not t.is_contiguous() or t.data_ptr() % 16):
                 # The CUDA target takes contiguous device tensors, 16-byte
-                # aligned for its vector accesses.
+                # aligned for its vector accesses. A layout the kernels do
+                # not take is copied on every call (the fast path too); a
+                # misaligned pointer is a property of this call only.
                 t = t.clone(memory_format=torch.contiguous_format)
                 keep.append(t)
+                if not orig.is_contiguous():
+                    b.dense.append(k)
             if any(s < 0 for s in t.stride()):
                 _note("layout", f"input {k} {tuple(t.shape)} has negative strides "
                                 f"{t.stride()}; passing a contiguous copy")
@@ -322,16 +338,17 @@ class CompiledSubgraph(torch.nn.Module):
                 fast_next = False
             if t is not orig and k in self.written:
                 back.append((orig, t))
-            b.layouts.append((t.shape, t.stride(), t.dtype, t.get_device()))
-            prepared.append(t)
+                fast_next = False
+            # The fast path checks the caller's tensors: their layouts.
+            b.layouts.append((orig.shape, orig.stride(), orig.dtype, orig.get_device()))
             self._fill(b.ins[k], t, b.shapes[k], b.strides[k])
         b.in_fields = [b.ins[k] for k in range(self.n_in)]
         b.guard = None
         if _TensorGuards is not None and fast_next:
             try:
                 b.guard = _TensorGuards(
-                    *prepared, dynamic_dims_sizes=[list(t.shape) for t in prepared],
-                    dynamic_dims_strides=[list(t.stride()) for t in prepared])
+                    *args, dynamic_dims_sizes=[list(t.shape) for t in args],
+                    dynamic_dims_strides=[list(t.stride()) for t in args])
             except (TypeError, RuntimeError, SystemError):
                 b.guard = None  # the Python comparison of b.layouts
         if self.pooled_out:

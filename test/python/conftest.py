@@ -8,6 +8,8 @@ os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-pytest-cac
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+import kiln  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def fresh_state():
@@ -30,3 +32,12 @@ TOL = {
     torch.bfloat16: dict(atol=5e-2, rtol=5e-2),
     torch.float16: dict(atol=5e-3, rtol=5e-3),
 }
+
+
+def partitioned(fn, *inputs):
+    """fn traced to ATen (with tensor metadata) and compiled by kiln's
+    partitioner, as AOTAutograd would hand it over."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(fn)(*inputs)
+    opts = kiln.backend.parse_options(None, None)
+    return kiln.backend.compile_graph(gm, inputs, opts, "forward")

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 import kiln
-from conftest import TOL
+from conftest import TOL, partitioned
 
 
 def test_registered_entry_point():
@@ -174,15 +174,6 @@ def test_max_autotune_and_cuda_graphs_conflict():
         compiled(torch.randn(2))
 
 
-def _partitioned(fn, *inputs):
-    """fn traced to ATen (with tensor metadata) and compiled by kiln's
-    partitioner, as AOTAutograd would hand it over."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-    gm = make_fx(fn)(*inputs)
-    opts = kiln.backend.parse_options(None, None)
-    return kiln.backend.compile_graph(gm, inputs, opts, "forward")
-
-
 def test_permuted_outputs_are_written_in_memory_order():
     from kiln.translate import output_permutation
     x = torch.randn(4, 5, 6)
@@ -192,7 +183,7 @@ def test_permuted_outputs_are_written_in_memory_order():
     assert output_permutation(x[:, :, ::2]) is None             # not dense
     assert output_permutation(x[:1].expand(3, 5, 6)) is None    # broadcast
 
-    fused = _partitioned(lambda a: (a * 2).permute(2, 0, 1), x)
+    fused = partitioned(lambda a: (a * 2).permute(2, 0, 1), x)
     subs = [m for m in fused.children() if isinstance(m, kiln.backend.CompiledSubgraph)]
     assert len(subs) == 1 and subs[0].out_views == [[2, 0, 1]]
     assert subs[0].out_strides == [None]  # viewed back, not copied
@@ -204,7 +195,7 @@ def test_permuted_outputs_are_written_in_memory_order():
 @pytest.mark.parametrize("rows", [6, 16384])  # 16384 x 7 floats: pooled outputs
 def test_steady_state_calls_follow_input_layouts(rows):
     a, b = torch.randn(rows, 7), torch.randn(rows, 7)
-    fused = _partitioned(lambda p, q: (p * 3 + q, p - q, q * q), a, b)
+    fused = partitioned(lambda p, q: (p * 3 + q, p - q, q * q), a, b)
     sub = [m for m in fused.children() if isinstance(m, kiln.backend.CompiledSubgraph)][0]
     assert sub.pooled_out == (rows > 6) and sub.fast_ok
     at = a.t().contiguous().t()  # same shape, column-major
@@ -213,6 +204,9 @@ def test_steady_state_calls_follow_input_layouts(rows):
         got = fused(p, q)
         for g, w in zip(got, (p * 3 + q, p - q, q * q)):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
+    # A full call where the layouts change (calls 1, 3, 5 and 7); the
+    # repeats take the fast path.
+    assert sub.full_calls == 4
     # Same shapes and strides, another dtype: kiln's guard sees it (the
     # steady-state path must not reuse the structs' f32 dtype).
     with pytest.raises(kiln._capi.KilnError, match="float64|f64"):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import kiln
-from conftest import TOL
+from conftest import TOL, partitioned
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device (the GPU machine runs these)")
@@ -194,3 +194,18 @@ def test_rank0_ops_compile_and_scalar_reductions_fall_back():
     w = torch.randn(32, 128, device="cuda")
     got = torch.compile(loss, backend="kiln")(x, w)
     torch.testing.assert_close(got, loss(x, w), **TOL[torch.float32])
+
+
+def test_transposed_inputs_take_the_fast_path_on_cuda():
+    # The CUDA kernels read contiguous inputs: a transposed view (as the
+    # backward receives saved activations) is copied on every call, and the
+    # steady-state path does that itself instead of a full call each time.
+    a = torch.randn(64, 48, device="cuda")
+    b = torch.randn(48, 64, device="cuda")
+    fused = partitioned(lambda p, q: torch.tanh(p) * 2 + q, a.t(), b)
+    sub = [m for m in fused.children() if isinstance(m, kiln.backend.CompiledSubgraph)][0]
+    for _ in range(3):
+        a = torch.randn(64, 48, device="cuda")
+        torch.testing.assert_close(fused(a.t(), b), torch.tanh(a.t()) * 2 + b,
+                                   **TOL[torch.float32])
+    assert sub.full_calls == 1
