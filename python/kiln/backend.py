@@ -177,6 +177,7 @@ class CompiledSubgraph(torch.nn.Module):
         # copy_ into an input: kiln writes the input in place.
         tr = translate(gm, name)
         self.written = set(tr.written)
+        self.in_perms = tr.in_perms
         self.text = text = tr.text
         self.fn = _function_for(text, name, opts,
                                 _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
@@ -230,6 +231,12 @@ class CompiledSubgraph(torch.nn.Module):
             tls.ready = False
         return tls
 
+    def _physical(self, k, t):
+        """Input k as kiln's graph declares it: in its memory order where
+        translate gave it a permutation (a view of the same buffer)."""
+        perm = self.in_perms[k]
+        return t if perm is None else t.permute(perm)
+
     @staticmethod
     def _fill(dl, t, shape_buf, stride_buf):
         dl.data = t.data_ptr()
@@ -273,7 +280,7 @@ class CompiledSubgraph(torch.nn.Module):
             # first call made; the guard above was on the caller's layouts.
             src = list(args)
             for k in b.dense:
-                src[k] = args[k].clone(memory_format=torch.contiguous_format)
+                src[k] = self._physical(k, args[k]).clone(memory_format=torch.contiguous_format)
         if cuda:
             ptrs = [t.data_ptr() for t in src]
             if any(p & 15 for p in ptrs):
@@ -321,6 +328,7 @@ class CompiledSubgraph(torch.nn.Module):
                                       f"input {k}: {t.dtype} on {t.device}; expected "
                                       f"{self.device}")
             orig = t
+            t = self._physical(k, t)
             if self.cuda and (not t.is_contiguous() or t.data_ptr() % 16):
                 # The CUDA target takes contiguous device tensors, 16-byte
                 # aligned for its vector accesses. A layout the kernels do
@@ -328,7 +336,7 @@ class CompiledSubgraph(torch.nn.Module):
                 # misaligned pointer is a property of this call only.
                 t = t.clone(memory_format=torch.contiguous_format)
                 keep.append(t)
-                if not orig.is_contiguous():
+                if not self._physical(k, orig).is_contiguous():
                     b.dense.append(k)
             if any(s < 0 for s in t.stride()):
                 _note("layout", f"input {k} {tuple(t.shape)} has negative strides "

@@ -754,13 +754,16 @@ class Translation:
     kiln output feeds FX output k, or None when FX output k is a written
     input (a copy_ node): `out_inputs[k]` names that input. `perms`: per
     kiln output, the permutation it was written in, or None. `written`: the
-    inputs kiln writes in place.
+    inputs kiln writes in place. `in_perms`: per input, the permutation of
+    its dims that kiln's graph declares it in (its memory order), or None.
     """
 
-    def __init__(self, text, out_nodes, graph_outputs, out_inputs, perms, written):
+    def __init__(self, text, out_nodes, graph_outputs, out_inputs, perms, written,
+                 in_perms):
         self.text, self.out_nodes = text, out_nodes
         self.graph_outputs, self.out_inputs = graph_outputs, out_inputs
         self.perms, self.written = perms, written
+        self.in_perms = in_perms
 
 
 def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
@@ -769,15 +772,36 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
     place."""
     e = Emitter()
     inputs = []
+    in_perms = []
     out_nodes = []
     index_of = {}
     copies = []  # (kiln value, input index)
+    written = {n.args[0] for n in gm.graph.nodes
+               if n.op == "call_function" and n.target is aten.copy_.default}
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             kname = f"%in{len(inputs)}"
-            e.names[n] = kname
             index_of[n] = len(inputs)
-            inputs.append(f"{kname}: {tensor_type(n.meta['val'])}")
+            val = n.meta["val"]
+            ty = tensor_type(val)
+            # CUDA kernels read contiguous inputs: an input PyTorch passes as
+            # a permuted dense view (a transposed activation saved for the
+            # backward) is declared in its memory order and permuted back in
+            # the graph, so the caller passes its buffer as it is instead of
+            # a contiguous copy made on every call. (The CPU target reads
+            # strided inputs directly.)
+            perm = (output_permutation(val)
+                    if val.device.type == "cuda" and n not in written else None)
+            in_perms.append(perm)
+            if perm is None:
+                e.names[n] = kname
+                inputs.append(f"{kname}: {ty}")
+            else:
+                phys = f"{DTYPES[val.dtype]}[{','.join(str(val.shape[d]) for d in perm)}]"
+                inputs.append(f"{kname}: {phys}")
+                inverse = [perm.index(d) for d in range(len(perm))]
+                e.names[n] = e.op("aten.permute", [kname], {"dims": str(inverse)})
+                e.lines[-1] += " : " + ty
         elif n.op == "call_function":
             if n.target is operator.getitem:
                 e.names[n] = e.names[n.args[0]][n.args[1]]
@@ -840,7 +864,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
     text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
             f"\n  return {', '.join(rets)}\n}}\n")
     return Translation(text, out_nodes, graph_outputs, out_inputs, perms,
-                       [k for _, k in copies])
+                       [k for _, k in copies], in_perms)
 
 
 def output_permutation(val) -> list[int] | None:

@@ -174,6 +174,40 @@ def test_max_autotune_and_cuda_graphs_conflict():
         compiled(torch.randn(2))
 
 
+def test_permuted_cuda_inputs_are_declared_in_memory_order():
+    # Traced with fake CUDA tensors (no GPU needed): a transposed input of a
+    # CUDA partition is declared in its memory order and permuted back in
+    # the graph; the caller passes its buffer without a copy. CPU inputs and
+    # inputs kiln writes in place keep their logical shape.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from kiln.translate import translate
+
+    def f(p, q):
+        return torch.tanh(p) * 2 + q
+
+    with FakeTensorMode():
+        a, b = torch.empty(64, 48, device="cuda"), torch.empty(48, 64, device="cuda")
+        gm = make_fx(f)(a.t(), b)
+        gm_cpu = make_fx(f)(torch.empty(64, 48).t(), torch.empty(48, 64))
+        pt = a.t()
+    # copy_ into an input (as a functionalized graph ends), built by hand:
+    # fake CUDA tensors trace no copy_ without CUDA.
+    g = torch.fx.Graph()
+    p, q = g.placeholder("p"), g.placeholder("q")
+    add = g.call_function(torch.ops.aten.add.Tensor, (q, q))
+    cp = g.call_function(torch.ops.aten.copy_.default, (p, add))
+    g.output((cp,))
+    p.meta["val"], q.meta["val"], add.meta["val"], cp.meta["val"] = pt, b, b, pt
+    gm_written = torch.fx.GraphModule(torch.nn.Module(), g)
+    tr = translate(gm, "t")
+    assert tr.in_perms == [[1, 0], None]
+    assert "(%in0: f32[64,48], %in1: f32[48,64])" in tr.text
+    assert "aten.permute(%in0) {dims = [1, 0]} : f32[48,64]" in tr.text
+    assert translate(gm_cpu, "t").in_perms == [None, None]
+    assert translate(gm_written, "t").in_perms == [None, None]
+
+
 def test_permuted_outputs_are_written_in_memory_order():
     from kiln.translate import output_permutation
     x = torch.randn(4, 5, 6)

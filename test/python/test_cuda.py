@@ -198,14 +198,20 @@ def test_rank0_ops_compile_and_scalar_reductions_fall_back():
 
 def test_transposed_inputs_take_the_fast_path_on_cuda():
     # The CUDA kernels read contiguous inputs: a transposed view (as the
-    # backward receives saved activations) is copied on every call, and the
-    # steady-state path does that itself instead of a full call each time.
+    # backward receives saved activations) is declared in its memory order
+    # (translate), and calls after the first take the steady-state path.
+    # A layout other than the traced one is copied, and still correct.
     a = torch.randn(64, 48, device="cuda")
     b = torch.randn(48, 64, device="cuda")
     fused = partitioned(lambda p, q: torch.tanh(p) * 2 + q, a.t(), b)
     sub = [m for m in fused.children() if isinstance(m, kiln.backend.CompiledSubgraph)][0]
+    assert sub.in_perms == [[1, 0], None]  # passed as its buffer, no copy
     for _ in range(3):
         a = torch.randn(64, 48, device="cuda")
         torch.testing.assert_close(fused(a.t(), b), torch.tanh(a.t()) * 2 + b,
                                    **TOL[torch.float32])
     assert sub.full_calls == 1
+    a = torch.randn(48, 64, device="cuda")  # contiguous this time
+    torch.testing.assert_close(fused(a, b), torch.tanh(a) * 2 + b, **TOL[torch.float32])
+    torch.testing.assert_close(fused(a, b), torch.tanh(a) * 2 + b, **TOL[torch.float32])
+    assert sub.full_calls == 2
