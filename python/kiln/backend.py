@@ -48,6 +48,18 @@ OPTIONS = {
     "cuda_graphs": (True, False),
 }
 
+# The caller's current CUDA stream as a raw pointer: PyTorch's binding for
+# it (what Inductor's generated code calls) skips the Stream object that
+# torch.cuda.current_stream builds on every call.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(index: int) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 _DL_CODES = {
     torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16),
     torch.float64: (2, 64), torch.int32: (0, 32), torch.int64: (0, 64),
@@ -174,6 +186,8 @@ class CompiledSubgraph(torch.nn.Module):
         vals_fx = [o.meta["val"] for o in fx_outs]
         self.device = (vals_in + vals_fx)[0].device if vals_in + vals_fx else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
+        self.cuda_index = ((self.device.index if self.device.index is not None
+                            else torch.cuda.current_device()) if self.cuda else -1)
         # copy_ into an input: kiln writes the input in place.
         tr = translate(gm, name)
         self.written = set(tr.written)
@@ -299,7 +313,7 @@ class CompiledSubgraph(torch.nn.Module):
         for k, t in enumerate(outs):
             douts[k].data = t.data_ptr()
         if cuda:
-            stream = torch.cuda.current_stream(dev).cuda_stream
+            stream = _current_stream(self.cuda_index)
             _capi.check(_capi.kiln_function_call_async(self.fn.handle, ins, self.n_in,
                                                        douts, self.n_out, stream))
         else:
@@ -380,7 +394,7 @@ class CompiledSubgraph(torch.nn.Module):
             self._fill(b.outs[k], o, b.shapes[self.n_in + k], None)
         if self.cuda:
             # Queued on PyTorch's current stream, like any CUDA op.
-            stream = torch.cuda.current_stream(self.device).cuda_stream
+            stream = _current_stream(self.cuda_index)
             _capi.check(_capi.kiln_function_call_async(self.fn.handle, b.ins, self.n_in,
                                                        b.outs, self.n_out, stream))
         else:
