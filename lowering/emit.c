@@ -768,9 +768,45 @@ static bool collapse_reduced_runs(kiln_emitter_t *e, const kiln_tv_t *x,
   return true;
 }
 
+// Rows for a reduction of all `n` elements split in two (see
+// kiln_lower_options_t.split_full_reductions): P rows of n / P, P a power
+// of two dividing n, rows of at least 1024 elements; 0 where n is below
+// 64K elements (one thread's work) or has no such P.
+static int64_t full_reduction_rows(int64_t n) {
+  if (n < (1 << 16)) return 0;
+  for (int64_t p = 256; p >= 8; p /= 2)
+    if (n % p == 0 && n / p >= 1024) return p;
+  return 0;
+}
+
 kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
                                const kiln_tv_t *x, const bool *reduced,
                                bool keepdim, kiln_dtype_t acc, kiln_tv_t *out) {
+  const kiln_type_t *xt0 = &x->type;
+  bool all = xt0->rank > 0;
+  for (int i = 0; i < xt0->rank; ++i) all &= reduced[i];
+  int64_t rows = all && e->options.split_full_reductions && kiln_type_is_static(xt0)
+                     ? full_reduction_rows(kiln_type_numel(xt0))
+                     : 0;
+  if (rows) {
+    kiln_type_t t2 = *xt0;
+    t2.rank = 2;
+    t2.dims[0] = rows;
+    t2.dims[1] = kiln_type_numel(xt0) / rows;
+    kiln_tv_t x2, part, r;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x, &t2, &x2));
+    bool by_row[KILN_MAX_RANK] = {false, true}, whole[KILN_MAX_RANK] = {true};
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, op, &x2, by_row, false, acc, &part));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, op, &part, whole, false, acc, &r));
+    if (!keepdim) {
+      *out = r;
+      return NULL;
+    }
+    kiln_type_t kt = *xt0;
+    kt.dtype = acc;
+    for (int i = 0; i < kt.rank; ++i) kt.dims[i] = 1;
+    return kiln_emit_reshape(e, &r, &kt, out);
+  }
   kiln_tv_t collapsed;
   bool creduced[KILN_MAX_RANK];
   if (e->options.collapse_reductions &&

@@ -40,6 +40,12 @@ typedef struct kiln_lower_options {
   // broadcast into the register tiles (accumulators start as bias vectors).
   // CUDA's matmul kernels start from a zero fill.
   bool matmul_bias_init;
+  // CPU: a reduction of a whole large tensor to one value reduces rows of a
+  // [P, N/P] view first (parallel, vector partial sums, as any row
+  // reduction), then the P partials; as one reduction it ran on one thread
+  // with a horizontal sum per vector. CUDA splits reductions in its own
+  // schedule (kernels/gpu_schedule.c).
+  bool split_full_reductions;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

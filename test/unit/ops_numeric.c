@@ -91,6 +91,12 @@ static const op_case_t kCases[] = {
     {"reduce", "f32 bf16", "graph @t(%x: $T[4,7,48], %y: $T[4,7,48]) {\n %m = aten.mul(%x, %y)\n"
                            " %s = aten.sum(%m) {dims = [0, 1]}\n %t = aten.sum(%x) {dims = [0, 1]}\n return %s, %t\n}"},
     {"reduce", "i32", "graph @t(%x: $T[4,5]) {\n %a = aten.mean(%x) {dims = [1], dtype = f32}\n return %a\n}"},
+    // Whole tensors of 128K elements: split into rows of partials, then the
+    // partials (kiln_lower_options_t.split_full_reductions).
+    {"reduce", ALL, "graph @t(%x: $T[64,2048], %v: $T[131072]) {\n %a = aten.sum(%x)\n"
+                    " %b = aten.sum(%x) {dims = [0, 1], keepdim = true}\n %c = aten.sum(%v)\n return %a, %b, %c\n}"},
+    {"reduce", NUMERIC, "graph @t(%x: $T[64,2048]) {\n %a = aten.amax(%x)\n %b = aten.amin(%x) {keepdim = true}\n return %a, %b\n}"},
+    {"reduce", FLOATS, "graph @t(%x: $T[64,2048]) {\n %a = aten.mean(%x)\n %b = aten.var(%x) {dims = [0, 1]}\n return %a, %b\n}"},
     // Contractions.
     {"matmul", NUMERIC, "graph @t(%a: $T[5,7], %b: $T[7,9]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"matmul", NUMERIC, "graph @t(%a: $T[2,5,7], %b: $T[2,7,9]) {\n %c = aten.bmm(%a, %b)\n return %c\n}"},
