@@ -46,8 +46,9 @@ static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
 // write the producer into the output through the reshape. The base value
 // is stored instead, into the output buffer viewed in the base's shape
 // (same elements, same order). The base of output `i`, or -1 where the
-// output is not such a view, its base is an input or another output's
-// value or base, or a mutation stores it.
+// output is not such a view, its base is an input, an output itself or the
+// base of an earlier output (which stores it; this one copies), or a
+// mutation stores it.
 static int32_t view_base(const kiln_graph_t *g, int32_t v) {
   for (;;) {
     int32_t node = g->values[v].node;
@@ -69,7 +70,7 @@ static int32_t output_view_base(const kiln_graph_t *g, int i) {
     return -1;
   for (int k = 0; k < g->output_count; ++k) {
     if (g->outputs[k] == base) return -1;
-    if (k != i && view_base(g, g->outputs[k]) == base) return -1;
+    if (k < i && view_base(g, g->outputs[k]) == base) return -1;  // claimed
   }
   for (int k = 0; k < g->mutation_count; ++k)
     if (g->mutations[k].value == base || g->mutations[k].value == v) return -1;
