@@ -40,43 +40,6 @@ static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
   kiln_sbuf_puts(b, ">");
 }
 
-// A graph output that is a reshape of a value the graph computes (a
-// linear layer's [B*T, N] result viewed as [B, T, N], the activations a
-// training forward saves) would be stored by a copy: bufferization cannot
-// write the producer into the output through the reshape. The base value
-// is stored instead, into the output buffer viewed in the base's shape
-// (same elements, same order). The base of output `i`, or -1 where the
-// output is not such a view, its base is an input, an output itself or the
-// base of an earlier output (which stores it; this one copies), or a
-// mutation stores it.
-static int32_t view_base(const kiln_graph_t *g, int32_t v) {
-  for (;;) {
-    int32_t node = g->values[v].node;
-    if (node < 0) return v;
-    const kiln_node_t *n = &g->nodes[node];
-    if (n->op != KILN_OP_VIEW && n->op != KILN_OP_RESHAPE && n->op != KILN_OP_SQUEEZE &&
-        n->op != KILN_OP_UNSQUEEZE)
-      return v;
-    v = n->operands[0].value;
-  }
-}
-
-static int32_t output_view_base(const kiln_graph_t *g, int i) {
-  int32_t v = g->outputs[i], base = view_base(g, v);
-  const kiln_type_t *bt = &g->values[base].type, *vt = &g->values[v].type;
-  if (base == v || g->values[base].node < 0 || !kiln_type_is_static(bt) ||
-      !kiln_type_is_static(vt) || bt->rank == 0 || vt->rank == 0 ||
-      bt->dtype != vt->dtype)
-    return -1;
-  for (int k = 0; k < g->output_count; ++k) {
-    if (g->outputs[k] == base) return -1;
-    if (k < i && view_base(g, g->outputs[k]) == base) return -1;  // claimed
-  }
-  for (int k = 0; k < g->mutation_count; ++k)
-    if (g->mutations[k].value == base || g->mutations[k].value == v) return -1;
-  return base;
-}
-
 kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
                                    const bool *input_strided,
                                    const kiln_lower_options_t *options,
@@ -166,49 +129,11 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   }
   e.node = NULL;
   for (int i = 0; i < g->output_count && !s; ++i) {
-    int32_t base = output_view_base(g, i);
-    const kiln_tv_t *tv = &e.values[base >= 0 ? base : g->outputs[i]];
-    char tty[256], dst[32];
+    const kiln_tv_t *tv = &e.values[g->outputs[i]];
+    char tty[256];
     kiln_mlir_tensor_type(&tv->type, tty, sizeof(tty));
-    snprintf(dst, sizeof(dst), "%%res%d", i);
-    if (base >= 0) {
-      // %res as one dim, then as the base's dims.
-      const kiln_type_t *ot = &g->values[g->outputs[i]].type;
-      kiln_type_t flat = *ot;
-      flat.rank = 1;
-      flat.dims[0] = kiln_type_numel(ot);
-      const char *cur = dst;
-      char flat_name[32], base_name[32];
-      if (ot->rank != 1) {
-        snprintf(flat_name, sizeof(flat_name), "%%resflat%d", i);
-        kiln_sbuf_printf(&e.out, "    %s = memref.collapse_shape %s [[", flat_name, cur);
-        for (int d = 0; d < ot->rank; ++d) kiln_sbuf_printf(&e.out, "%s%d", d ? ", " : "", d);
-        kiln_sbuf_puts(&e.out, "]] : ");
-        memref_type(&e.out, ot, false);
-        kiln_sbuf_puts(&e.out, " into ");
-        memref_type(&e.out, &flat, false);
-        kiln_sbuf_puts(&e.out, "\n");
-        cur = flat_name;
-      }
-      if (tv->type.rank != 1) {
-        snprintf(base_name, sizeof(base_name), "%%resbase%d", i);
-        kiln_sbuf_printf(&e.out, "    %s = memref.expand_shape %s [[", base_name, cur);
-        for (int d = 0; d < tv->type.rank; ++d)
-          kiln_sbuf_printf(&e.out, "%s%d", d ? ", " : "", d);
-        kiln_sbuf_puts(&e.out, "]] output_shape [");
-        for (int d = 0; d < tv->type.rank; ++d)
-          kiln_sbuf_printf(&e.out, "%s%lld", d ? ", " : "", (long long)tv->type.dims[d]);
-        kiln_sbuf_puts(&e.out, "] : ");
-        memref_type(&e.out, &flat, false);
-        kiln_sbuf_puts(&e.out, " into ");
-        memref_type(&e.out, &tv->type, false);
-        kiln_sbuf_puts(&e.out, "\n");
-        cur = base_name;
-      }
-      snprintf(dst, sizeof(dst), "%s", cur);
-    }
-    kiln_sbuf_printf(&e.out, "    bufferization.materialize_in_destination %s in restrict writable %s : (%s, ",
-                     tv->ssa, dst, tty);
+    kiln_sbuf_printf(&e.out, "    bufferization.materialize_in_destination %s in restrict writable %%res%d : (%s, ",
+                     tv->ssa, i, tty);
     memref_type(&e.out, &tv->type, false);
     kiln_sbuf_puts(&e.out, ") -> ()\n");
   }

@@ -110,6 +110,10 @@ kiln_status_t kiln_pipeline_run_text(kiln_mlir_t *m, MlirModule module,
 // place. Run after fusion, before the kernels/ schedules.
 bool kiln_inplace_needed(MlirModule module);
 kiln_status_t kiln_inplace_prepare(kiln_mlir_t *m, MlirModule module);
+// Outputs computed as reshapes of other tensors are stored from those
+// tensors into views of the outputs, so their producers write the outputs
+// in place (lowering/inplace.c); after fusion, on both targets.
+kiln_status_t kiln_store_through_reshapes(MlirContext ctx, MlirModule module);
 
 //===--- the CUDA target ---------------------------------------------------===//
 

@@ -321,6 +321,9 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
           run_pipeline(m, module, text, what));
       if (stage == KILN_STAGE_FUSED && kiln_inplace_needed(module))
         KILN_RETURN_IF_ERROR_PLAIN(kiln_inplace_prepare(m, module));
+      if (stage == KILN_STAGE_FUSED)
+        KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
+            m, kiln_store_through_reshapes(m->ctx, module)));
     }
     if (stage == KILN_STAGE_LLVM) {
       leftover_t l = {{0}};
