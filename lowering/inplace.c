@@ -119,17 +119,34 @@ kiln_status_t kiln_inplace_prepare(kiln_mlir_t *m, MlirModule module) {
 // their reshape and copy from it (two in-place stores of one tensor are the
 // case MLIR 22.1 orders wrongly, see lowering/pipeline.c).
 
+enum { kMaxStores = 1024 };
+
 typedef struct {
-  MlirOperation ops[256];
+  MlirOperation ops[kMaxStores];  // stores into buffers (outputs, inputs)
   int count;
+  MlirValue stored[kMaxStores];  // values stored into tensors (mutations)
+  int stored_count;
+  bool overflow;
 } stores_t;
 
 static MlirWalkResult collect_stores(MlirOperation op, void *user) {
   stores_t *s = user;
-  if (kiln_gpu_op_named(op, "bufferization.materialize_in_destination") &&
-      mlirOperationGetNumResults(op) == 0 && s->count < 256)
-    s->ops[s->count++] = op;
+  if (!kiln_gpu_op_named(op, "bufferization.materialize_in_destination"))
+    return MlirWalkResultAdvance;
+  if (mlirOperationGetNumResults(op) == 0) {
+    if (s->count < kMaxStores) s->ops[s->count++] = op;
+    else s->overflow = true;
+  } else {
+    if (s->stored_count < kMaxStores)
+      s->stored[s->stored_count++] = mlirOperationGetOperand(op, 0);
+    else s->overflow = true;
+  }
   return MlirWalkResultAdvance;
+}
+
+static bool has_unit_attr(MlirOperation op, const char *name) {
+  MlirAttribute a = mlirOperationGetAttributeByName(op, mlirStringRefCreateFromCString(name));
+  return !mlirAttributeIsNull(a) && mlirAttributeIsAUnit(a);
 }
 
 static bool is_reshape(MlirOperation op) {
@@ -218,7 +235,11 @@ static MlirValue reshape_source(const stores_t *s, MlirOperation store) {
   MlirValue none = {NULL};
   MlirValue v = mlirOperationGetOperand(store, 0);
   MlirValue dst = mlirOperationGetOperand(store, 1);
-  if (!mlirValueIsAOpResult(v)) return none;
+  // Only the output stores lower.c writes (`restrict writable`): a store
+  // into an input the graph writes (no `restrict`) keeps its form.
+  if (!has_unit_attr(store, "restrict") || !has_unit_attr(store, "writable") ||
+      !mlirValueIsAOpResult(v))
+    return none;
   MlirOperation def = mlirOpResultGetOwner(v);
   if (!is_reshape(def)) return none;
   MlirValue src = mlirOperationGetOperand(def, 0);
@@ -233,29 +254,39 @@ static MlirValue reshape_source(const stores_t *s, MlirOperation store) {
     if (!mlirOperationEqual(s->ops[k], store) &&
         mlirValueEqual(mlirOperationGetOperand(s->ops[k], 0), src))
       return none;  // another store takes it
+  for (int k = 0; k < s->stored_count; ++k)
+    if (mlirValueEqual(s->stored[k], src)) return none;  // a mutation stores it
   return src;
 }
 
 kiln_status_t kiln_store_through_reshapes(MlirContext ctx, MlirModule module) {
+  stores_t *s = malloc(sizeof(*s));
+  if (!s) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "output stores");
+  kiln_status_t st = NULL;
   // One rewrite per walk (a splice replaces the store); chains of reshapes
   // take one rewrite each.
-  for (int round = 0; round < 1024; ++round) {
-    stores_t s = {.count = 0};
-    mlirOperationWalk(mlirModuleGetOperation(module), collect_stores, &s, MlirWalkPreOrder);
+  for (int round = 0; round < kMaxStores && !st; ++round) {
+    memset(s, 0, sizeof(*s));
+    mlirOperationWalk(mlirModuleGetOperation(module), collect_stores, s, MlirWalkPreOrder);
+    // Past the cap the claims cannot be checked: every store stays.
+    if (s->overflow) break;
     int k = 0;
     MlirValue src = {NULL};
-    for (; k < s.count; ++k) {
-      src = reshape_source(&s, s.ops[k]);
+    for (; k < s->count; ++k) {
+      src = reshape_source(s, s->ops[k]);
       if (!mlirValueIsNull(src)) break;
     }
-    if (k == s.count) return NULL;
-    MlirValue dst = mlirOperationGetOperand(s.ops[k], 1);
+    if (k == s->count) break;
+    MlirValue dst = mlirOperationGetOperand(s->ops[k], 1);
     char *text = store_text(mlirValueGetType(src), mlirValueGetType(dst));
-    if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "output stores");
+    if (!text) {
+      st = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "output stores");
+      break;
+    }
     MlirValue args[2] = {src, dst};
-    kiln_status_t st = kiln_gpu_splice(ctx, text, s.ops[k], args, 2, "output store");
+    st = kiln_gpu_splice(ctx, text, s->ops[k], args, 2, "output store");
     free(text);
-    if (st) return st;
   }
-  return NULL;
+  free(s);
+  return st;
 }
