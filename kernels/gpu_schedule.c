@@ -9,6 +9,7 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 
+#include "kernels/gpu_splice.h"
 #include "kernels/kernels.h"
 
 // Threads per block: 2-D blocks of up to 32 x 32, or 256 in a row for ops
@@ -20,10 +21,6 @@ static int64_t pow2_divisor(int64_t n, int64_t cap) {
   int64_t p = 1;
   while (p * 2 <= cap && n % (p * 2) == 0) p *= 2;
   return p;
-}
-
-static void print_to_sbuf(MlirStringRef s, void *user) {
-  kiln_sbuf_append(user, s.data, s.length);
 }
 
 static bool equals(MlirStringRef s, const char *p) {
@@ -40,27 +37,16 @@ typedef struct {
 } tiler_t;
 
 // A matmul for kernels/gpu_mma.c's tensor-core kernel (`bf16`) or
-// kernels/gpu_sgemm.c's f32 one: linalg.matmul of row-major operands (the
-// default indexing maps, not kiln's transposed-lhs form), bf16 or f32, into
-// f32, static, in whole 128 x 128 x 32 (f32: x KILN_SGEMM_BK) tiles.
+// kernels/gpu_sgemm.c's f32 one: linalg.matmul, bf16 or f32, into f32,
+// static; bf16: row-major operands (the default indexing maps) in whole
+// 128 x 128 x 32 tiles; f32: A row-major or in kiln's transposed-lhs form,
+// in the tiles kiln_kernels_sgemm_applies takes.
 static bool is_gemm_matmul(MlirOperation op, bool bf16) {
   if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.matmul") ||
       mlirOperationGetNumOperands(op) != 3)
     return false;
-  MlirAttribute maps = mlirOperationGetAttributeByName(
-      op, mlirStringRefCreateFromCString("indexing_maps"));
-  if (!mlirAttributeIsNull(maps)) {
-    char text[256] = "";
-    kiln_sbuf_t b;
-    kiln_sbuf_init(&b);
-    mlirAttributePrint(maps, print_to_sbuf, &b);
-    char *printed = kiln_sbuf_take(&b);
-    if (printed) snprintf(text, sizeof(text), "%s", printed);
-    free(printed);
-    if (strcmp(text, "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, "
-                     "d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]") != 0)
-      return false;
-  }
+  int form = kiln_gpu_matmul_lhs_form(op);
+  if (form < 0 || (bf16 && form != 0)) return false;
   MlirType a = mlirValueGetType(mlirOperationGetOperand(op, 0));
   MlirType b = mlirValueGetType(mlirOperationGetOperand(op, 1));
   MlirType c = mlirValueGetType(mlirOperationGetOperand(op, 2));
@@ -70,12 +56,13 @@ static bool is_gemm_matmul(MlirOperation op, bool bf16) {
       mlirShapedTypeGetRank(a) != 2 || mlirShapedTypeGetRank(b) != 2)
     return false;
   MlirType ae = mlirShapedTypeGetElementType(a), be = mlirShapedTypeGetElementType(b);
-  return (bf16 ? mlirTypeIsABF16(ae) && mlirTypeIsABF16(be)
-               : mlirTypeIsAF32(ae) && mlirTypeIsAF32(be)) &&
-         mlirTypeIsAF32(mlirShapedTypeGetElementType(c)) &&
-         mlirShapedTypeGetDimSize(a, 0) % 128 == 0 &&
-         mlirShapedTypeGetDimSize(b, 1) % 128 == 0 &&
-         mlirShapedTypeGetDimSize(a, 1) % (bf16 ? 32 : KILN_SGEMM_BK) == 0;
+  if (!mlirTypeIsAF32(mlirShapedTypeGetElementType(c))) return false;
+  int64_t m = mlirShapedTypeGetDimSize(a, form), k = mlirShapedTypeGetDimSize(a, 1 - form),
+          n = mlirShapedTypeGetDimSize(b, 1);
+  if (bf16)
+    return mlirTypeIsABF16(ae) && mlirTypeIsABF16(be) && m % 128 == 0 && n % 128 == 0 &&
+           k % 32 == 0;
+  return mlirTypeIsAF32(ae) && mlirTypeIsAF32(be) && kiln_kernels_sgemm_applies(m, n, k);
 }
 
 // Mma matmuls are tagged kiln.gpu_mma = j (f32 ones kiln.gpu_sgemm = j)
@@ -428,6 +415,14 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   for (int i = d.loop_count - 1; i >= 0 && np < 3; --i)
     if (!((d.reduction_mask >> i) & 1u) && d.range[i] > 1) par[np++] = i;
   if (np == 0) return MlirWalkResultAdvance;
+  // Beyond three such dims (a permuted copy of [B, T, H, D]) the ones not
+  // mapped are walked serially by every thread: z takes the largest of the
+  // outer ones, so the serial walk is the shortest. (Linearizing the grid,
+  // #gpu.block<linear_dim_*>, produced a wrong grid with
+  // map_forall_to_blocks' generate_gpu_launch in MLIR 22.)
+  if (np == 3)
+    for (int i = par[2] - 1; i >= 0; --i)
+      if (!((d.reduction_mask >> i) & 1u) && d.range[i] > d.range[par[2]]) par[2] = i;
   int64_t block[KILN_TILE_MAX_LOOPS] = {0}, thread[KILN_TILE_MAX_LOOPS] = {0};
   // Elementwise ops whose contiguous dim allows it move 4 elements per
   // thread as one 16-byte vector (ld.global.v4), for f32 and smaller.

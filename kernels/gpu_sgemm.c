@@ -38,15 +38,22 @@
 #include "kernels/kernels.h"
 
 enum {
-  SGEMM_BM = 128,   // block tile rows
-  SGEMM_BN = 128,   // block tile columns
-  SGEMM_PA = 132,   // row pitch of the transposed A tile (floats)
-  SGEMM_THREADS = 256,
+  SGEMM_THREADS = 256,  // 16 x 16 threads, each 4x4 outputs per 64 x 64
+  SGEMM_SUB = 64,       // a thread's sub-tiles are 64 rows / columns apart
+  SGEMM_WAVE = 132,     // SMs of an H100 (a wave of one block per SM)
+  SGEMM_SPLIT_CHUNK = 128,  // the shortest K range of one split
 };
 
+// Block tiles: 128 x 128 (BK 8) where M and N allow, else 64 x 64 (BK 16:
+// A's and B's copies still divide evenly among 256 threads). A thread owns
+// (BM / 64) x (BN / 64) sub-tiles of 4x4. `splits` > 1 splits K across
+// grid z: each split writes its partial product into a temporary
+// [splits, M, N], which a second kernel sums in split order (the result
+// does not depend on scheduling). `at`: A is given as A^T, [K, M] row-major.
 typedef struct {
   int64_t m, n, k;
-  int bk, stages, group;
+  int bm, bn, bk, stages, group, splits;
+  bool at;
 } sgemm_shape_t;
 
 //===--- emitter -----------------------------------------------------------===//
@@ -105,44 +112,69 @@ static name_t named(const char *s) {
 
 //===--- kernel ------------------------------------------------------------===//
 
+enum { MAX_SUB = 2, MAX_COPIES = 8 };
+
 typedef struct {
-  name_t row0, col0;  // the block's first output
-  name_t ar[2];       // the thread's A rows (x4) within the tile: 4 tr, 64 + 4 tr
-  name_t bc[2];       // its B columns (x4): 4 tc, 64 + 4 tc
-  // Copy coordinates, per tile: A element i at (am[i], ak[i]) of the tile,
-  // B chunk i at row br[i], columns bcol .. bcol + 3.
-  name_t am[16], ak[16], br[4], bcol;
+  name_t row0, col0;     // the block's first output
+  name_t k0;             // its split's first k
+  name_t ar[MAX_SUB];    // the thread's A rows (x4) within the tile: 4 tr + 64 i
+  name_t bc[MAX_SUB];    // its B columns (x4): 4 tc + 64 j
+  // Copy coordinates, per tile. A (row-major, 4-byte copies, transposed
+  // into sA[k][m]): element i at (am[i], ak[i]). A^T ([K, M]) and B: chunk i
+  // of 4 floats at row ar_k[i] / br[i], columns acol / bcol .. + 3.
+  name_t am[MAX_COPIES], ak[MAX_COPIES];
+  name_t atk[MAX_COPIES], acol;
+  name_t br[MAX_COPIES], bcol;
+  int na, nb;  // copies of A and chunks of B per thread and tile
 } coords_t;
+
+// Chunks of 16 bytes of a [rows, cols] tile, row-major: `cols / 4` lanes
+// per row, 1024 / cols rows per pass of the block's threads.
+static int chunks(emitter_t *e, int rows, int cols, name_t first_row[MAX_COPIES],
+                  name_t *col) {
+  name_t tx = named("%tx");
+  int per_row = cols / 4;
+  name_t lr = binc(e, "divui", tx, per_row);
+  *col = binc(e, "muli", binc(e, "remui", tx, per_row), 4);
+  int n = rows * cols / (4 * SGEMM_THREADS);
+  for (int i = 0; i < n; ++i)
+    first_row[i] = binc(e, "addi", lr, (SGEMM_THREADS / per_row) * i);
+  return n;
+}
 
 static coords_t coords(emitter_t *e, const sgemm_shape_t *s) {
   coords_t c;
-  name_t bx = named("%bx"), tx = named("%tx");
-  int64_t tn = s->n / SGEMM_BN;
+  name_t bx = named("%bx"), bz = named("%bz"), tx = named("%tx");
+  int64_t tn = s->n / s->bn;
   int64_t per_group = (int64_t)s->group * tn;
   name_t grp = binc(e, "divui", bx, per_group);
   name_t rr = binc(e, "remui", bx, per_group);
   name_t rowt = bin(e, "addi", binc(e, "muli", grp, s->group),
                     binc(e, "remui", rr, s->group));
-  c.row0 = binc(e, "muli", rowt, SGEMM_BM);
-  c.col0 = binc(e, "muli", binc(e, "divui", rr, s->group), SGEMM_BN);
+  c.row0 = binc(e, "muli", rowt, s->bm);
+  c.col0 = binc(e, "muli", binc(e, "divui", rr, s->group), s->bn);
+  c.k0 = binc(e, "muli", bz, s->k / s->splits);
   name_t tr = binc(e, "divui", tx, 16), tc = binc(e, "remui", tx, 16);
-  c.ar[0] = binc(e, "muli", tr, 4);
-  c.ar[1] = binc(e, "addi", c.ar[0], 64);
-  c.bc[0] = binc(e, "muli", tc, 4);
-  c.bc[1] = binc(e, "addi", c.bc[0], 64);
-  // A: BK/2 elements per thread; copy i covers k = tid % 8 + 8 (i % (BK/8))
-  // and m = tid / 8 + 32 (i / (BK/8)): a warp reads 4 rows x 32 bytes and
-  // writes sA[k][m] at banks (4k + m) % 32, all distinct.
-  name_t lk = binc(e, "remui", tx, 8), lm = binc(e, "divui", tx, 8);
-  int kc = s->bk / 8;
-  for (int i = 0; i < s->bk / 2; ++i) {
-    c.ak[i] = binc(e, "addi", lk, 8 * (i % kc));
-    c.am[i] = binc(e, "addi", lm, 32 * (i / kc));
+  for (int i = 0; i < s->bm / SGEMM_SUB; ++i)
+    c.ar[i] = binc(e, "addi", binc(e, "muli", tr, 4), SGEMM_SUB * i);
+  for (int j = 0; j < s->bn / SGEMM_SUB; ++j)
+    c.bc[j] = binc(e, "addi", binc(e, "muli", tc, 4), SGEMM_SUB * j);
+  if (s->at) {
+    // A^T's tile is BK rows of BM contiguous floats: chunks, as B's.
+    c.na = chunks(e, s->bk, s->bm, c.atk, &c.acol);
+  } else {
+    // A: copy i covers k = tid % 8 + 8 (i % (BK/8)) and m = tid / 8 + 32
+    // (i / (BK/8)): a warp reads 4 rows x 32 bytes and writes sA[k][m] at
+    // banks (4k + m) % 32 (row pitch BM + 4), all distinct.
+    name_t lk = binc(e, "remui", tx, 8), lm = binc(e, "divui", tx, 8);
+    int kc = s->bk / 8;
+    c.na = s->bm * s->bk / SGEMM_THREADS;
+    for (int i = 0; i < c.na; ++i) {
+      c.ak[i] = binc(e, "addi", lk, 8 * (i % kc));
+      c.am[i] = binc(e, "addi", lm, 32 * (i / kc));
+    }
   }
-  // B: BK/8 chunks of 16 bytes per thread, a warp per row of 32 chunks.
-  name_t lr = binc(e, "divui", tx, 32);
-  c.bcol = binc(e, "muli", binc(e, "remui", tx, 32), 4);
-  for (int i = 0; i < kc; ++i) c.br[i] = binc(e, "addi", lr, 8 * i);
+  c.nb = chunks(e, s->bk, s->bn, c.br, &c.bcol);
   return c;
 }
 
@@ -151,20 +183,33 @@ static coords_t coords(emitter_t *e, const sgemm_shape_t *s) {
 static void issue(emitter_t *e, const sgemm_shape_t *s, const coords_t *c,
                   name_t kt, name_t st, const char *ta, const char *tb,
                   const char *tsa, const char *tsb, char group[24]) {
-  name_t k0 = binc(e, "muli", kt, s->bk);
-  int toks[32], ntok = 0;
-  for (int i = 0; i < s->bk / 2; ++i) {
-    name_t gi = bin(e, "addi", c->row0, c->am[i]);
-    name_t gj = bin(e, "addi", k0, c->ak[i]);
-    toks[ntok] = e->next++;
-    kiln_sbuf_printf(e->out,
-                     "%s%%t%d = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], 1 "
-                     ": %s to %s\n",
-                     e->indent, toks[ntok++], gi.s, gj.s, st.s, c->ak[i].s, c->am[i].s,
-                     ta, tsa);
+  name_t k0 = bin(e, "addi", c->k0, binc(e, "muli", kt, s->bk));
+  int toks[2 * MAX_COPIES], ntok = 0;
+  if (s->at) {
+    name_t gj = bin(e, "addi", c->row0, c->acol);
+    for (int i = 0; i < c->na; ++i) {
+      name_t gi = bin(e, "addi", k0, c->atk[i]);
+      toks[ntok] = e->next++;
+      kiln_sbuf_printf(e->out,
+                       "%s%%t%d = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], 4 "
+                       "{bypassL1} : %s to %s\n",
+                       e->indent, toks[ntok++], gi.s, gj.s, st.s, c->atk[i].s, c->acol.s,
+                       ta, tsa);
+    }
+  } else {
+    for (int i = 0; i < c->na; ++i) {
+      name_t gi = bin(e, "addi", c->row0, c->am[i]);
+      name_t gj = bin(e, "addi", k0, c->ak[i]);
+      toks[ntok] = e->next++;
+      kiln_sbuf_printf(e->out,
+                       "%s%%t%d = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], 1 "
+                       ": %s to %s\n",
+                       e->indent, toks[ntok++], gi.s, gj.s, st.s, c->ak[i].s, c->am[i].s,
+                       ta, tsa);
+    }
   }
   name_t gj = bin(e, "addi", c->col0, c->bcol);
-  for (int i = 0; i < s->bk / 8; ++i) {
+  for (int i = 0; i < c->nb; ++i) {
     name_t gi = bin(e, "addi", k0, c->br[i]);
     toks[ntok] = e->next++;
     kiln_sbuf_printf(e->out,
@@ -179,7 +224,44 @@ static void issue(emitter_t *e, const sgemm_shape_t *s, const coords_t *c,
   kiln_sbuf_puts(e->out, "\n");
 }
 
-// The kernel as a function @kiln_sgemm(%A, %B, %C) holding one gpu.launch.
+// The split partials' sum: one thread per 4 outputs adds the `splits`
+// vectors of P[s, row, col .. col + 3] in split order and stores them in C.
+static void reduce_launch(kiln_sbuf_t *b, const sgemm_shape_t *s, const char *tp,
+                          const char *tc) {
+  int64_t vectors = s->m * s->n / 4;
+  kiln_sbuf_printf(b,
+                   "  %%rgx = arith.constant %lld : index\n"
+                   "  gpu.launch blocks(%%rx, %%ry, %%rz) in (%%rsx = %%rgx, %%rsy = "
+                   "%%one, %%rsz = %%one)\n"
+                   "             threads(%%qx, %%qy, %%qz) in (%%qsx = %%nt, %%qsy = "
+                   "%%one, %%qsz = %%one) {\n"
+                   "    %%r0 = arith.constant 0 : index\n"
+                   "    %%r1 = arith.constant 1 : index\n"
+                   "    %%r4 = arith.constant 4 : index\n"
+                   "    %%rn = arith.constant %lld : index\n"
+                   "    %%rs = arith.constant %d : index\n"
+                   "    %%rnt = arith.constant %d : index\n"
+                   "    %%rz0 = arith.constant dense<0.0> : vector<4xf32>\n"
+                   "    %%rb = arith.muli %%rx, %%rnt : index\n"
+                   "    %%rv = arith.addi %%rb, %%qx : index\n"
+                   "    %%re = arith.muli %%rv, %%r4 : index\n"
+                   "    %%row = arith.divui %%re, %%rn : index\n"
+                   "    %%col = arith.remui %%re, %%rn : index\n"
+                   "    %%sum = scf.for %%sp = %%r0 to %%rs step %%r1 iter_args(%%acc = "
+                   "%%rz0) -> (vector<4xf32>) {\n"
+                   "      %%v = vector.load %%P[%%sp, %%row, %%col] : %s, vector<4xf32>\n"
+                   "      %%a = arith.addf %%acc, %%v : vector<4xf32>\n"
+                   "      scf.yield %%a : vector<4xf32>\n"
+                   "    }\n"
+                   "    vector.store %%sum, %%C[%%row, %%col] : %s, vector<4xf32>\n"
+                   "    gpu.terminator\n"
+                   "  }\n",
+                   (long long)(vectors / SGEMM_THREADS), (long long)s->n, s->splits,
+                   SGEMM_THREADS, tp, tc);
+}
+
+// The kernel as a function @kiln_sgemm(%A, %B, %C) holding one gpu.launch
+// (two with split K, and the partials' memref.alloc).
 static char *kernel_text(const sgemm_shape_t *s) {
   kiln_sbuf_t b;
   kiln_sbuf_init(&b);
@@ -188,25 +270,53 @@ static char *kernel_text(const sgemm_shape_t *s) {
   e->out = &b;
   e->indent = "      ";
   const char *ws = "#gpu.address_space<workgroup>";
-  char ta[96], tb[96], tc[96], tsa[128], tsb[128];
-  snprintf(ta, sizeof(ta), "memref<%lldx%lldxf32>", (long long)s->m, (long long)s->k);
+  int rm = s->bm / SGEMM_SUB, rn = s->bn / SGEMM_SUB;
+  char ta[96], tb[96], tc[96], tp[96], tsa[128], tsb[128];
+  if (s->at)
+    snprintf(ta, sizeof(ta), "memref<%lldx%lldxf32>", (long long)s->k, (long long)s->m);
+  else
+    snprintf(ta, sizeof(ta), "memref<%lldx%lldxf32>", (long long)s->m, (long long)s->k);
   snprintf(tb, sizeof(tb), "memref<%lldx%lldxf32>", (long long)s->k, (long long)s->n);
   snprintf(tc, sizeof(tc), "memref<%lldx%lldxf32>", (long long)s->m, (long long)s->n);
-  snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxf32, %s>", s->stages, s->bk, SGEMM_PA, ws);
-  snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dxf32, %s>", s->stages, s->bk, SGEMM_BN, ws);
-  int64_t blocks = (s->m / SGEMM_BM) * (s->n / SGEMM_BN), kt_count = s->k / s->bk;
+  snprintf(tp, sizeof(tp), "memref<%dx%lldx%lldxf32>", s->splits, (long long)s->m,
+           (long long)s->n);
+  // A's rows are padded by 4 floats: the transposing 4-byte stores hit
+  // distinct banks, and rows stay 16-byte aligned for the chunk copies.
+  snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxf32, %s>", s->stages, s->bk, s->bm + 4, ws);
+  snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dxf32, %s>", s->stages, s->bk, s->bn, ws);
+  int64_t blocks = (s->m / s->bm) * (s->n / s->bn);
+  int64_t kt_count = s->k / s->splits / s->bk;
+  // Each split's product goes to its slice of the partials, viewed as C.
+  const char *out = s->splits > 1 ? "%Cs" : "%C";
   kiln_sbuf_printf(&b,
                    "func.func @kiln_sgemm(%%A: %s, %%B: %s, %%C: %s) {\n"
                    "  %%one = arith.constant 1 : index\n"
                    "  %%gx = arith.constant %lld : index\n"
-                   "  %%nt = arith.constant %d : index\n"
+                   "  %%gz = arith.constant %d : index\n"
+                   "  %%nt = arith.constant %d : index\n",
+                   ta, tb, tc, (long long)blocks, s->splits, SGEMM_THREADS);
+  if (s->splits > 1)
+    kiln_sbuf_printf(&b, "  %%P = memref.alloc() {alignment = 64 : i64} : %s\n", tp);
+  kiln_sbuf_printf(&b,
                    "  gpu.launch blocks(%%bx, %%by, %%bz) in (%%sgx = %%gx, %%sgy = "
-                   "%%one, %%sgz = %%one)\n"
+                   "%%one, %%sgz = %%gz)\n"
                    "             threads(%%tx, %%ty, %%tz) in (%%stx = %%nt, %%sty = "
                    "%%one, %%stz = %%one)\n"
                    "             workgroup(%%sA : %s, %%sB : %s) {\n",
-                   ta, tb, tc, (long long)blocks, SGEMM_THREADS, tsa, tsb);
+                   tsa, tsb);
   coords_t c = coords(e, s);
+  if (s->splits > 1)
+    kiln_sbuf_printf(&b,
+                     "%s%%Cs = memref.subview %%P[%%bz, 0, 0] [1, %lld, %lld] [1, 1, 1] : "
+                     "%s to memref<%lldx%lldxf32, strided<[%lld, 1], offset: ?>>\n",
+                     e->indent, (long long)s->m, (long long)s->n, tp, (long long)s->m,
+                     (long long)s->n, (long long)s->n);
+  char tcs[128];
+  if (s->splits > 1)
+    snprintf(tcs, sizeof(tcs), "memref<%lldx%lldxf32, strided<[%lld, 1], offset: ?>>",
+             (long long)s->m, (long long)s->n, (long long)s->n);
+  else
+    snprintf(tcs, sizeof(tcs), "%s", tc);
   // Prologue: k-tiles 0 .. STAGES-2 into stages 0 .. STAGES-2.
   char g0[24] = "", g[24];
   for (int p = 0; p < s->stages - 1; ++p) {
@@ -214,16 +324,17 @@ static char *kernel_text(const sgemm_shape_t *s) {
           tsb, g);
     if (!g0[0]) memcpy(g0, g, sizeof(g0));
   }
-  enum { NACC = 16 };  // acc[2 r + h]: row r of the 8, columns bc[h] .. + 3
+  // acc[(r * rn) + h]: row r of the thread's 4 rm, columns bc[h] .. + 3.
+  int nacc = 4 * rm * rn;
   name_t c0 = cst(e, 0), c1 = cst(e, 1), ckt = cst(e, kt_count);
   kiln_sbuf_printf(&b, "%s%%zacc = arith.constant dense<0.0> : vector<4xf32>\n",
                    e->indent);
   kiln_sbuf_printf(&b, "%s%%res:%d = scf.for %%kt = %s to %s step %s iter_args(",
-                   e->indent, NACC, c0.s, ckt.s, c1.s);
-  for (int i = 0; i < NACC; ++i)
+                   e->indent, nacc, c0.s, ckt.s, c1.s);
+  for (int i = 0; i < nacc; ++i)
     kiln_sbuf_printf(&b, "%s%%acc%d = %%zacc", i ? ", " : "", i);
   kiln_sbuf_puts(&b, ") -> (");
-  for (int i = 0; i < NACC; ++i) kiln_sbuf_printf(&b, "%svector<4xf32>", i ? ", " : "");
+  for (int i = 0; i < nacc; ++i) kiln_sbuf_printf(&b, "%svector<4xf32>", i ? ", " : "");
   kiln_sbuf_puts(&b, ") {\n");
   int outer = e->count;  // the loop body's constants end with the loop
   e->indent = "        ";
@@ -235,72 +346,87 @@ static char *kernel_text(const sgemm_shape_t *s) {
   issue(e, s, &c, binc(e, "minui", ahead, kt_count - 1),
         binc(e, "remui", ahead, s->stages), ta, tb, tsa, tsb, g);
   name_t st = binc(e, "remui", kt, s->stages);
-  char cur[NACC][24];
-  for (int i = 0; i < NACC; ++i) snprintf(cur[i], sizeof(cur[i]), "%%acc%d", i);
+  char cur[4 * MAX_SUB * MAX_SUB][24];
+  for (int i = 0; i < nacc; ++i) snprintf(cur[i], sizeof(cur[i]), "%%acc%d", i);
   for (int k = 0; k < s->bk; ++k) {
     name_t kk = cst(e, k);
     int v = e->next++;
-    // a0, a1: rows ar[0] .. +3, ar[1] .. +3 at k; b0, b1 likewise columns.
-    for (int h = 0; h < 2; ++h)
+    // a<i>: rows ar[i] .. +3 at k; b<j>: columns bc[j] .. +3.
+    for (int h = 0; h < rm; ++h)
       kiln_sbuf_printf(&b, "%s%%a%d_%d = vector.load %%sA[%s, %s, %s] : %s, vector<4xf32>\n",
                        e->indent, v, h, st.s, kk.s, c.ar[h].s, tsa);
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < rn; ++h)
       kiln_sbuf_printf(&b, "%s%%b%d_%d = vector.load %%sB[%s, %s, %s] : %s, vector<4xf32>\n",
                        e->indent, v, h, st.s, kk.s, c.bc[h].s, tsb);
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < 4 * rm; ++r) {
       kiln_sbuf_printf(&b,
                        "%s%%s%d_%d = vector.extract %%a%d_%d[%d] : f32 from vector<4xf32>\n"
                        "%s%%x%d_%d = vector.broadcast %%s%d_%d : f32 to vector<4xf32>\n",
                        e->indent, v, r, v, r / 4, r % 4, e->indent, v, r, v, r);
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < rn; ++h) {
         int d = e->next++;
         kiln_sbuf_printf(&b, "%s%%d%d = vector.fma %%x%d_%d, %%b%d_%d, %s : vector<4xf32>\n",
-                         e->indent, d, v, r, v, h, cur[2 * r + h]);
-        snprintf(cur[2 * r + h], sizeof(cur[0]), "%%d%d", d);
+                         e->indent, d, v, r, v, h, cur[r * rn + h]);
+        snprintf(cur[r * rn + h], sizeof(cur[0]), "%%d%d", d);
       }
     }
   }
   kiln_sbuf_printf(&b, "%sscf.yield ", e->indent);
-  for (int i = 0; i < NACC; ++i) kiln_sbuf_printf(&b, "%s%s", i ? ", " : "", cur[i]);
+  for (int i = 0; i < nacc; ++i) kiln_sbuf_printf(&b, "%s%s", i ? ", " : "", cur[i]);
   kiln_sbuf_puts(&b, " : ");
-  for (int i = 0; i < NACC; ++i) kiln_sbuf_printf(&b, "%svector<4xf32>", i ? ", " : "");
+  for (int i = 0; i < nacc; ++i) kiln_sbuf_printf(&b, "%svector<4xf32>", i ? ", " : "");
   kiln_sbuf_puts(&b, "\n      }\n");
   e->indent = "      ";
   e->count = outer;
   // The clamped re-loads of the last tile are still in flight.
   kiln_sbuf_printf(&b, "%snvgpu.device_async_wait %s {numGroups = 0 : i32}\n",
                    e->indent, g0);
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < 4 * rm; ++r) {
     name_t row = bin(e, "addi", c.row0, binc(e, "addi", c.ar[r / 4], r % 4));
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < rn; ++h) {
       name_t col = bin(e, "addi", c.col0, c.bc[h]);
-      kiln_sbuf_printf(&b, "%svector.store %%res#%d, %%C[%s, %s] : %s, vector<4xf32>\n",
-                       e->indent, 2 * r + h, row.s, col.s, tc);
+      kiln_sbuf_printf(&b, "%svector.store %%res#%d, %s[%s, %s] : %s, vector<4xf32>\n",
+                       e->indent, r * rn + h, out, row.s, col.s, tcs);
     }
   }
-  kiln_sbuf_printf(&b, "%sgpu.terminator\n    }\n  return\n}\n", e->indent);
+  kiln_sbuf_printf(&b, "%sgpu.terminator\n    }\n", e->indent);
+  if (s->splits > 1) reduce_launch(&b, s, tp, tc);
+  kiln_sbuf_puts(&b, "  return\n}\n");
   free(e);
   return kiln_sbuf_take(&b);
 }
 
-// The schedule for M x N x K (whole 128 x 128 x 8 tiles): K steps of 8 in
-// 4 stages (33 KB of shared memory: two blocks of 256 threads per SM at 128
-// registers, no spills), groups of up to 8 block rows. BK = 16 in 2 stages
-// (33 KB) also fits 128 registers; 3 stages of it exceed the 48 KB of static
-// shared memory with A's padding. Not yet timed against each other on the
-// H200.
-static sgemm_shape_t choose(int64_t m, int64_t n, int64_t k) {
-  sgemm_shape_t s = {m, n, k, KILN_SGEMM_BK, 4, 1};
-  int64_t rows = m / SGEMM_BM;
-  while (s.group < 8 && rows % (s.group * 2) == 0) s.group *= 2;
-  return s;
+// The schedule for M x N x K. 128 x 128 blocks where M and N allow: K steps
+// of 8 in 4 stages (33 KB of shared memory: two blocks of 256 threads per
+// SM at 128 registers, no spills); else 64 x 64 blocks, K steps of 16 in 4
+// stages (34 KB). Groups of up to 8 block rows. Under half a wave of
+// blocks (a weight gradient's [64, 4096] x [4096, 256] makes 4), K is split
+// in powers of two up to two blocks per SM, each split at least
+// SGEMM_SPLIT_CHUNK long.
+static bool choose(int64_t m, int64_t n, int64_t k, bool at, sgemm_shape_t *s) {
+  if (m <= 0 || n <= 0 || k <= 0) return false;
+  bool big = m % 128 == 0 && n % 128 == 0 && k % KILN_SGEMM_BK == 0;
+  if (!big && (m % 64 || n % 64 || k % 16)) return false;
+  *s = (sgemm_shape_t){m, n, k, big ? 128 : 64, big ? 128 : 64, big ? KILN_SGEMM_BK : 16,
+                       4, 1, 1, at};
+  int64_t rows = m / s->bm, tiles = rows * (n / s->bn);
+  while (s->group < 8 && rows % (s->group * 2) == 0) s->group *= 2;
+  if (2 * tiles < SGEMM_WAVE)
+    while (tiles * s->splits * 2 <= 2 * SGEMM_WAVE &&
+           k / (s->splits * 2) >= SGEMM_SPLIT_CHUNK &&
+           k % (s->splits * 2 * s->bk) == 0)
+      s->splits *= 2;
+  return true;
 }
 
-char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k) {
-  if (m <= 0 || n <= 0 || k <= 0 || m % SGEMM_BM || n % SGEMM_BN ||
-      k % KILN_SGEMM_BK)
-    return NULL;
-  sgemm_shape_t s = choose(m, n, k);
+bool kiln_kernels_sgemm_applies(int64_t m, int64_t n, int64_t k) {
+  sgemm_shape_t s;
+  return choose(m, n, k, false, &s);
+}
+
+char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k, bool a_transposed) {
+  sgemm_shape_t s;
+  if (!choose(m, n, k, a_transposed, &s)) return NULL;
   return kernel_text(&s);
 }
 
@@ -331,16 +457,20 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, bool *done) {
       !mlirShapedTypeHasStaticShape(at) || !mlirShapedTypeHasStaticShape(bt) ||
       mlirShapedTypeGetRank(at) != 2 || mlirShapedTypeGetRank(bt) != 2)
     return NULL;
-  int64_t m = mlirShapedTypeGetDimSize(at, 0), k = mlirShapedTypeGetDimSize(at, 1),
-          n = mlirShapedTypeGetDimSize(bt, 1);
+  int form = kiln_gpu_matmul_lhs_form(mm);
+  if (form < 0) return NULL;
+  bool a_t = form == 1;  // A given as [K, M]
+  int64_t m = mlirShapedTypeGetDimSize(at, a_t ? 1 : 0),
+          k = mlirShapedTypeGetDimSize(at, a_t ? 0 : 1), n = mlirShapedTypeGetDimSize(bt, 1);
   MlirType f32 = mlirF32TypeGet(ctx);
   // The kernel overwrites C: only where C is zero-filled just before.
   MlirOperation fill = kiln_gpu_zero_fill(mm, cv);
-  if (!kiln_gpu_whole_matrix(at, m, k, f32) || !kiln_gpu_whole_matrix(bt, k, n, f32) ||
+  if (!kiln_gpu_whole_matrix(at, a_t ? k : m, a_t ? m : k, f32) ||
+      !kiln_gpu_whole_matrix(bt, k, n, f32) ||
       !kiln_gpu_whole_matrix(mlirValueGetType(cv), m, n, f32) ||
       mlirOperationIsNull(fill))
     return NULL;
-  char *text = kiln_kernels_sgemm_text(m, n, k);
+  char *text = kiln_kernels_sgemm_text(m, n, k, a_t);
   if (!text) return NULL;  // not whole tiles: the matmul stays
   MlirValue args[3] = {a, bv, cv};
   kiln_status_t st = kiln_gpu_splice(ctx, text, mm, args, 3, "f32 GEMM");

@@ -106,3 +106,21 @@ kiln_status_t kiln_gpu_splice(MlirContext ctx, const char *text, MlirOperation m
   mlirOperationDestroy(mm);
   return NULL;
 }
+
+int kiln_gpu_matmul_lhs_form(MlirOperation mm) {
+  if (!kiln_gpu_op_named(mm, "linalg.matmul")) return -1;
+  MlirAttribute maps = mlirOperationGetAttributeByName(
+      mm, mlirStringRefCreateFromCString("indexing_maps"));
+  if (mlirAttributeIsNull(maps)) return 0;
+  static const char *const forms[2] = {
+      "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
+      "affine_map<(d0, d1, d2) -> (d0, d1)>]",
+      "[affine_map<(d0, d1, d2) -> (d2, d0)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
+      "affine_map<(d0, d1, d2) -> (d0, d1)>]"};
+  MlirContext ctx = mlirOperationGetContext(mm);
+  for (int i = 0; i < 2; ++i) {
+    MlirAttribute f = mlirAttributeParseGet(ctx, mlirStringRefCreateFromCString(forms[i]));
+    if (!mlirAttributeIsNull(f) && mlirAttributeEqual(f, maps)) return i;
+  }
+  return -1;
+}

@@ -28,4 +28,9 @@ MlirOperation kiln_gpu_zero_fill(MlirOperation mm, MlirValue c);
 kiln_status_t kiln_gpu_splice(MlirContext ctx, const char *text, MlirOperation mm,
                               const MlirValue *args, int nargs, const char *what);
 
+// A linalg.matmul's operand form: 0 for the default indexing maps (A[M, K]),
+// 1 for kiln's transposed-lhs form (A given as A^T, [K, M]: lowering/ops/
+// matmul.c), -1 for anything else.
+int kiln_gpu_matmul_lhs_form(MlirOperation mm);
+
 #endif  // KILN_KERNELS_GPU_SPLICE_H_

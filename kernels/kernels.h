@@ -92,10 +92,11 @@ bool kiln_kernels_inside_forall(MlirOperation op);
 // elementwise generic over the result and [M, N] or [N] inputs (a bias,
 // an activation, a residual add).
 // On tensor cores, also f32 x f32 -> f32 matmuls (the default indexing
-// maps, static, M and N multiples of 128, K of KILN_SGEMM_BK) are tagged
-// kiln.gpu_sgemm and left whole, with their zero fills, for
-// kiln_kernels_sgemm_gpu (its kernel needs cp.async: sm_80+); *out_sgemm
-// counts them. Other f32 matmuls keep the tiled schedule.
+// maps or the transposed-lhs form, static, whole tiles:
+// kiln_kernels_sgemm_applies) are tagged kiln.gpu_sgemm and left whole,
+// with their zero fills, for kiln_kernels_sgemm_gpu (its kernel needs
+// cp.async: sm_80+); *out_sgemm counts them. Other f32 matmuls keep the
+// tiled schedule.
 kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module, int sm,
                                     int *out_mma, int *out_sgemm);
 // Whether a tagged matmul with K = `k` becomes the wgmma kernel on `sm`
@@ -110,23 +111,29 @@ bool kiln_kernels_wgmma_applies(int sm, int64_t k);
 // the mma.sync kernels, *out_wgmma the wgmma ones.
 kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
                                    int *out_count, int *out_wgmma);
-// The K step of kernels/gpu_sgemm.c's f32 GEMM: K must be a multiple.
+// The K step of kernels/gpu_sgemm.c's f32 GEMM in 128 x 128 blocks.
 #define KILN_SGEMM_BK 8
+// Whether kernels/gpu_sgemm.c's f32 GEMM takes M x N x K: whole 128 x 128 x
+// KILN_SGEMM_BK tiles, or whole 64 x 64 x 16 ones.
+bool kiln_kernels_sgemm_applies(int64_t m, int64_t n, int64_t k);
 // After bufferization: each kiln.gpu_sgemm matmul on whole row-major f32
-// buffers whose C is zero-filled just before becomes kernels/gpu_sgemm.c's
-// hand-scheduled CUDA-core kernel (a gpu.launch of 256 threads per 128 x 128
-// outputs: cp.async pipeline into shared memory, 8x8 f32 register tiles,
-// exact FMAs), which overwrites C; the fill is dropped. Others stay
+// buffers (A as [M, K], or as [K, M] in the transposed-lhs form) whose C is
+// zero-filled just before becomes kernels/gpu_sgemm.c's hand-scheduled
+// CUDA-core kernel (a gpu.launch of 256 threads per 128 x 128 or 64 x 64
+// outputs: cp.async pipeline into shared memory, 8x8 or 4x4 f32 register
+// tiles, exact FMAs; with few blocks, K split across grid z into a
+// temporary of partial products that a second launch sums in a fixed
+// order), which overwrites C; the fill is dropped. Others stay
 // linalg.matmul (the parallel-loop mapping computes them). *out_count
 // counts those replaced. Fails only when a generated kernel does not parse
 // (a bug) or on allocation failure.
 kiln_status_t kiln_kernels_sgemm_gpu(MlirContext ctx, MlirModule module,
                                      int *out_count);
-// The text of that kernel for M x N x K: func.func @kiln_sgemm(%A, %B, %C)
-// holding its gpu.launch (for tests and standalone builds); NULL when the
-// shape is not whole 128 x 128 x KILN_SGEMM_BK tiles or on allocation
-// failure. Caller frees.
-char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k);
+// The text of that kernel for M x N x K (`a_transposed`: A given as [K,
+// M]): func.func @kiln_sgemm(%A, %B, %C) holding its launches (for tests
+// and standalone builds); NULL when kiln_kernels_sgemm_applies is false or
+// on allocation failure. Caller frees.
+char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k, bool a_transposed);
 // On tensors, before kiln_kernels_tile_gpu: each group of linalg generics
 // over the rows of an f32[M,N] (softmax, log_softmax, layer norm: row
 // reductions and the elementwise ops around them, in kiln's row forall or at

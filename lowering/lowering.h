@@ -31,9 +31,10 @@ typedef struct kiln_lower_options {
   bool conv_taps;
   // CPU: a matmul whose lhs is a transpose reads the untransposed source
   // through its indexing map (the outer-product contraction loads A^T's
-  // columns as rows). CUDA materializes the transpose instead, so the
-  // matmul keeps default maps and takes the SGEMM kernel
-  // (kernels/gpu_sgemm.c), which reads row-major operands.
+  // columns as rows). CUDA: only where the f32 GEMM kernel
+  // (kernels/gpu_sgemm.c, which reads A^T's tiles directly) takes the
+  // shape; otherwise the transpose is materialized and the matmul keeps
+  // the default maps.
   bool lhs_transpose_map;
   // CPU: addmm (alpha = 1) accumulates into its broadcast bias instead of
   // zeros: the bias add is no pass of its own, and the schedule fuses the
@@ -46,6 +47,8 @@ typedef struct kiln_lower_options {
   // with a horizontal sum per vector. CUDA splits reductions in its own
   // schedule (kernels/gpu_schedule.c).
   bool split_full_reductions;
+  // CUDA: lhs_transpose_map is subject to kiln_kernels_sgemm_applies (f32).
+  bool cuda;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

@@ -1065,7 +1065,11 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   }
   double t2 = now_seconds();
   if (!loaded) {
-    kiln_lower_options_t lopts = {false, true};
+    // CUDA: reductions collapsed for the GPU split, transposed lhs read
+    // through the map where the f32 GEMM kernel takes it.
+    kiln_lower_options_t lopts = {.collapse_reductions = true,
+                                  .lhs_transpose_map = true,
+                                  .cuda = true};
     char *linalg = NULL;
     double t0 = now_seconds();
     s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
@@ -2180,7 +2184,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   kiln_status_free(as);
   char *mlir_text = NULL;
   kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
-                                cuda, !cuda, !cuda, !cuda, !cuda, !cuda};
+                                cuda, !cuda, !cuda, true, !cuda, !cuda, cuda};
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

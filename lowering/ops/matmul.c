@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "lowering/emit.h"
 
 // The bf16 microkernel (AVX512-BF16): C[m, n] = sum_k A[m, k] B[k, n] with
@@ -237,6 +238,13 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     const kiln_tv_t *at_src = n->op != KILN_OP_BMM && e->options.lhs_transpose_map
                                   ? transposed_source(e, n->operands[base].value)
                                   : NULL;
+    if (at_src && e->options.cuda &&
+        !(acc == KILN_F32 && at_src->type.dtype == KILN_F32 &&
+          b->type.dtype == KILN_F32 && kiln_type_is_static(&at_src->type) &&
+          kiln_type_is_static(&b->type) &&
+          kiln_kernels_sgemm_applies(at_src->type.dims[1], b->type.dims[1],
+                                     at_src->type.dims[0])))
+      at_src = NULL;
     if (at_src) {
       char sty[256];
       kiln_mlir_tensor_type(&at_src->type, sty, sizeof(sty));

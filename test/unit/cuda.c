@@ -140,10 +140,17 @@ static const char *kGraphs[] = {
     "  %s = aten.sqrt(%v2)\n  %d = aten.add(%s, 1e-8)\n  %u = aten.div(%m2, %d)\n"
     "  %p2 = aten.sub(%p, %u) {alpha = 0.01}\n  %n = aten.sum(%p2) {dims = [1]}\n"
     "  return %n, %p2 -> %p, %m2 -> %m, %v2 -> %v\n}\n",
-    // A transposed lhs (a weight gradient's dY^T @ X): the transpose is
-    // materialized and the SGEMM kernel takes the matmul.
+    // A transposed lhs (a weight gradient's dY^T @ X): the SGEMM kernel
+    // reads A^T's tiles directly, K split 4 ways (6 blocks of 128 x 128).
     "graph @mmt(%a: f32[512,256], %b: f32[512,384]) {\n"
     "  %at = aten.permute(%a) {dims = [1, 0]}\n  %c = aten.mm(%at, %b)\n  return %c\n}\n",
+    // The SGEMM kernel's 64 x 64 blocks (a transformer's narrow weights):
+    // dY^T @ X split 32 ways, [2048, 256] x [256, 64] split 2 ways (both
+    // partial sums in one fused launch), [2048, 64] x [64, 192] unsplit.
+    "graph @sg64(%dy: f32[4096,256], %x: f32[4096,64], %w: f32[64,192], "
+    "%h: f32[2048,256], %w2: f32[256,64], %x2: f32[2048,64]) {\n"
+    "  %dyt = aten.permute(%dy) {dims = [1, 0]}\n  %dw = aten.mm(%dyt, %x)\n"
+    "  %q = aten.mm(%x2, %w)\n  %o = aten.mm(%h, %w2)\n  return %dw, %q, %o\n}\n",
     // Horizontal fusion (lowering/hfuse.c) and rank-0 ops as one-thread
     // kernels: two step counts and a bias correction (rank 0), updates of
     // three sizes (a 2-D grid, 1-D blocks of two sizes); %h2 reads %b's
