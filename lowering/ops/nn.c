@@ -125,6 +125,20 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
                               "    }\n  }\n",
                      r.ssa, acc, iv, (long long)B, (long long)C, orty, oty);
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &res, rt, &out));
+  } else if (e->options.cuda && rank > 2 && d == rank - 1 &&
+             kiln_type_is_static(&x0->type)) {
+    // CUDA: the rows of x viewed as [R, C], the row kernels' form
+    // (kernels/gpu_rows.c), as layer norm above.
+    int64_t C = x0->type.dims[rank - 1];
+    kiln_type_t x2t = x0->type;
+    x2t.rank = 2;
+    x2t.dims[0] = kiln_type_numel(&x0->type) / (C ? C : 1);
+    x2t.dims[1] = C;
+    kiln_tv_t x2, r;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x0, &x2t, &x2));
+    bool red[KILN_MAX_RANK] = {false, true};
+    KILN_RETURN_IF_ERROR_PLAIN(softmax_core(e, n->op, &x2, red, mt, rt->dtype, false, &r));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &r, rt, &out));
   } else {
     bool red[KILN_MAX_RANK] = {0};
     if (rank) red[d] = true;
@@ -256,6 +270,25 @@ kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
       snprintf(r.ssa, sizeof(r.ssa), "%.20s#%d", res, k);
       r.type = full[k];
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &r, rt[k], &outs[k]));
+    }
+  } else if (e->options.cuda && ns->count == 1 && rank > 2 &&
+             kiln_type_is_static(&x0->type)) {
+    // CUDA: over the rows of x viewed as [R, C], the form of the row
+    // kernels (kernels/gpu_rows.c: one kernel for the three passes, a row
+    // per lanes of a warp); as [B, T, C] it was five kernels.
+    int64_t C = x0->type.dims[rank - 1];
+    kiln_type_t x2t = x0->type;
+    x2t.rank = 2;
+    x2t.dims[0] = kiln_type_numel(&x0->type) / (C ? C : 1);
+    x2t.dims[1] = C;
+    kiln_tv_t x2, yb[3];
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x0, &x2t, &x2));
+    bool red[KILN_MAX_RANK] = {false, true};
+    KILN_RETURN_IF_ERROR_PLAIN(layer_norm_core(e, n, &x2, red, mt, eps, &yb[0], &yb[1], &yb[2]));
+    for (int k = 0; k < 3; ++k) {
+      kiln_tv_t c;
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &yb[k], rt[k]->dtype, &c));
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &c, rt[k], &outs[k]));
     }
   } else {
     bool red[KILN_MAX_RANK] = {0};

@@ -144,6 +144,12 @@ static const char *kGraphs[] = {
     // reads A^T's tiles directly, K split 4 ways (6 blocks of 128 x 128).
     "graph @mmt(%a: f32[512,256], %b: f32[512,384]) {\n"
     "  %at = aten.permute(%a) {dims = [1, 0]}\n  %c = aten.mm(%at, %b)\n  return %c\n}\n",
+    // Rank-3 softmax and layer norm (no bias) over the rows of their [R, C]
+    // views: one row kernel each.
+    "graph @rows3(%x: f32[4,128,256], %y: f32[16,256,64], %w: f32[64]) {\n"
+    "  %s = aten._softmax(%x) {dim = -1, half_to_float = false}\n"
+    "  %n, %m, %r = aten.native_layer_norm(%y, %w, none) "
+    "{normalized_shape = [64], eps = 1e-5}\n  return %s, %n, %m, %r\n}\n",
     // The SGEMM kernel's 64 x 64 blocks (a transformer's narrow weights):
     // dY^T @ X split 32 ways, [2048, 256] x [256, 64] split 2 ways (both
     // partial sums in one fused launch), [2048, 64] x [64, 192] unsplit.
