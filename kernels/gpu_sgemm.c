@@ -399,10 +399,11 @@ static char *kernel_text(const sgemm_shape_t *s) {
 // The schedule for M x N x K. 128 x 128 blocks where M and N allow: K steps
 // of 8 in 4 stages (33 KB of shared memory: two blocks of 256 threads per
 // SM at 128 registers, no spills); else 64 x 64 blocks, K steps of 16 in 4
-// stages (34 KB). Groups of up to 8 block rows. Under half a wave of
+// stages (34 KB). Groups of up to 8 block rows. Under a quarter wave of
 // blocks (a weight gradient's [64, 4096] x [4096, 256] makes 4), K is split
 // in powers of two up to two blocks per SM, each split at least
-// SGEMM_SPLIT_CHUNK long.
+// SGEMM_SPLIT_CHUNK long. (At 64 blocks, [4096, 256] x [256, 64], a split
+// in 2 would save less than the second launch costs.)
 static bool choose(int64_t m, int64_t n, int64_t k, bool at, sgemm_shape_t *s) {
   if (m <= 0 || n <= 0 || k <= 0) return false;
   bool big = m % 128 == 0 && n % 128 == 0 && k % KILN_SGEMM_BK == 0;
@@ -411,7 +412,7 @@ static bool choose(int64_t m, int64_t n, int64_t k, bool at, sgemm_shape_t *s) {
                        4, 1, 1, at};
   int64_t rows = m / s->bm, tiles = rows * (n / s->bn);
   while (s->group < 8 && rows % (s->group * 2) == 0) s->group *= 2;
-  if (2 * tiles < SGEMM_WAVE)
+  if (4 * tiles < SGEMM_WAVE)
     while (tiles * s->splits * 2 <= 2 * SGEMM_WAVE &&
            k / (s->splits * 2) >= SGEMM_SPLIT_CHUNK &&
            k % (s->splits * 2 * s->bk) == 0)

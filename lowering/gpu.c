@@ -425,6 +425,34 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
   return NULL;
 }
 
+// Gives each workgroup (shared memory) attribution of an outlined kernel
+// 16-byte alignment (llvm.align, which convert-gpu-to-nvvm puts on the
+// .shared variable; it was .align 4): the hand-written kernels fill them
+// with 16-byte cp.async copies and read them as 16-byte vectors.
+static MlirWalkResult align_workgroup(MlirOperation op, void *user) {
+  if (!kiln_gpu_op_named(op, "gpu.func")) return MlirWalkResultAdvance;
+  MlirAttribute n = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("workgroup_attributions"));
+  if (mlirAttributeIsNull(n) || !mlirAttributeIsAInteger(n) ||
+      mlirIntegerAttrGetValueInt(n) <= 0 ||
+      !mlirAttributeIsNull(mlirOperationGetAttributeByName(
+          op, mlirStringRefCreateFromCString("workgroup_attrib_attrs"))))
+    return MlirWalkResultSkip;
+  MlirContext ctx = *(MlirContext *)user;
+  MlirNamedAttribute align = mlirNamedAttributeGet(
+      mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("llvm.align")),
+      mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 16));
+  MlirAttribute dict = mlirDictionaryAttrGet(ctx, 1, &align);
+  int64_t count = mlirIntegerAttrGetValueInt(n);
+  MlirAttribute each[16];
+  if (count > 16) return MlirWalkResultSkip;
+  for (int64_t i = 0; i < count; ++i) each[i] = dict;
+  mlirOperationSetAttributeByName(op,
+                                  mlirStringRefCreateFromCString("workgroup_attrib_attrs"),
+                                  mlirArrayAttrGet(ctx, count, each));
+  return MlirWalkResultSkip;
+}
+
 // Marks the float adds, subtractions, multiplies and add-reductions inside
 // GPU modules `contract`.
 static MlirWalkResult allow_contraction(MlirOperation op, void *user) {
@@ -602,6 +630,9 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            KILN_GPU_BLOCK);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
                                                     "the CUDA pipeline (kernels)"));
+  MlirContext mctx = kiln_mlir_context(m);
+  mlirOperationWalk(mlirModuleGetOperation(module), align_workgroup, &mctx,
+                    MlirWalkPreOrder);
   const char *hfuse = getenv("KILN_HFUSE");
   if (!hfuse || strcmp(hfuse, "0") != 0) {
     int fused = 0;

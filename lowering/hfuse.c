@@ -45,7 +45,7 @@
 #include "kernels/gpu_splice.h"
 #include "lowering/lowering.h"
 
-enum { kMaxMembers = 64, kMaxLoopDims = 8 };
+enum { kMaxMembers = 64, kMaxLoopDims = 8, kMaxWorkgroup = 4 };
 
 typedef enum { NODE_OTHER, NODE_LAUNCH, NODE_LOOP } node_kind_t;
 
@@ -65,6 +65,10 @@ typedef struct {
   MlirOperation module, func;
   int64_t grid[3], block[3];
   int nkargs;
+  // Its workgroup (shared memory) attributions: merged kernels share one
+  // set, so only kernels with the same types (or none) merge.
+  int nwg;
+  MlirType wg[kMaxWorkgroup];
   // NODE_LOOP: constant bounds of each dim.
   int dims;
   int64_t lb[kMaxLoopDims], step[kMaxLoopDims], trips[kMaxLoopDims];
@@ -208,6 +212,11 @@ static MlirWalkResult scan_uses(MlirOperation op, void *user) {
                                        "vector.transfer_read", "vector.maskedload",
                                        "vector.gather", "memref.dim", NULL};
   if (named_any(op, kReads)) return MlirWalkResultAdvance;
+  // cp.async (kernels/gpu_sgemm.c, gpu_mma.c) reads its source (operand 0)
+  // and writes its destination.
+  if (kiln_gpu_op_named(op, "nvgpu.device_async_copy") &&
+      !vlist_has(&u->derived, mlirOperationGetOperand(op, 1)))
+    return MlirWalkResultAdvance;
   u->written = true;  // stores, copies, and anything not known to only read
   return MlirWalkResultInterrupt;
 }
@@ -280,8 +289,9 @@ static MlirWalkResult check_no_alloca(MlirOperation op, void *user) {
 }
 
 // A kernel whose body can move into a merged kernel: one block, arguments
-// exactly the function's inputs (no workgroup or private attributions).
-static bool kernel_plain(MlirOperation func) {
+// the function's inputs then up to kMaxWorkgroup workgroup attributions
+// (their types into `n`), no private attributions.
+static bool kernel_plain(MlirOperation func, node_t *n) {
   MlirRegion body = mlirOperationGetRegion(func, 0);
   MlirBlock entry = mlirRegionGetFirstBlock(body);
   if (mlirBlockIsNull(entry) || !mlirBlockIsNull(mlirBlockGetNextInRegion(entry)))
@@ -290,8 +300,17 @@ static bool kernel_plain(MlirOperation func) {
       func, mlirStringRefCreateFromCString("function_type"));
   if (mlirAttributeIsNull(ft) || !mlirAttributeIsAType(ft)) return false;
   MlirType fty = mlirTypeAttrGetValue(ft);
-  if (mlirFunctionTypeGetNumInputs(fty) != mlirBlockGetNumArguments(entry))
+  intptr_t inputs = mlirFunctionTypeGetNumInputs(fty);
+  MlirAttribute wa = mlirOperationGetAttributeByName(
+      func, mlirStringRefCreateFromCString("workgroup_attributions"));
+  int64_t nwg = !mlirAttributeIsNull(wa) && mlirAttributeIsAInteger(wa)
+                    ? mlirIntegerAttrGetValueInt(wa)
+                    : 0;
+  if (nwg < 0 || nwg > kMaxWorkgroup || inputs + nwg != mlirBlockGetNumArguments(entry))
     return false;
+  n->nwg = (int)nwg;
+  for (int i = 0; i < n->nwg; ++i)
+    n->wg[i] = mlirValueGetType(mlirBlockGetArgument(entry, inputs + i));
   plain_t p = {true};
   mlirOperationWalk(func, check_plain, &p, MlirWalkPreOrder);
   return p.plain;
@@ -346,7 +365,7 @@ static void read_launch(hfuse_t *h, node_t *n) {
   n->func = kiln_mlir_find_symbol(mlirRegionGetFirstBlock(mlirOperationGetRegion(n->module, 0)),
                         mlirSymbolRefAttrGetLeafReference(kernel));
   n->mergeable = !mlirOperationIsNull(n->func) && kiln_gpu_op_named(n->func, "gpu.func") &&
-                 kernel_plain(n->func) && launches_of(h->host, kernel) == 1;
+                 kernel_plain(n->func, n) && launches_of(h->host, kernel) == 1;
 }
 
 // An scf.parallel without reductions, of constant bounds, one block.
@@ -585,8 +604,21 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
     kiln_sbuf_printf(&t, "%s%%a%d: ", u ? ", " : "", u);
     mlirTypePrint(mlirValueGetType(args[u]), print_cb, &t);
   }
+  kiln_sbuf_puts(&t, ")");
+  // One set of workgroup buffers for all members (same_kind: same types):
+  // a block runs one member, so they never share it.
+  if (m[0]->nwg) {
+    kiln_sbuf_puts(&t, " workgroup(");
+    for (int i = 0; i < m[0]->nwg; ++i) {
+      kiln_sbuf_printf(&t, "%s%%w%d : ", i ? ", " : "", i);
+      mlirTypePrint(m[0]->wg[i], print_cb, &t);
+      // 16-byte aligned: cp.async and vector loads of 16 bytes use them.
+      kiln_sbuf_puts(&t, " {llvm.align = 16 : i64}");
+    }
+    kiln_sbuf_puts(&t, ")");
+  }
   kiln_sbuf_printf(&t,
-                   ") kernel attributes {known_block_size = array<i32: %lld, %lld, %lld>} {\n"
+                   " kernel attributes {known_block_size = array<i32: %lld, %lld, %lld>} {\n"
                    "%%bid = gpu.block_id x\n",
                    (long long)m[0]->block[0], (long long)m[0]->block[1],
                    (long long)m[0]->block[2]);
@@ -650,6 +682,9 @@ static kiln_status_t merge_launches(hfuse_t *h, node_t *const *m, int count,
     for (int k = 0; k < m[j]->nkargs; ++k, ++at)
       mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, k),
                                     mlirBlockGetArgument(entry, map[at]));
+    for (int k = 0; k < m[j]->nwg; ++k)
+      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, m[j]->nkargs + k),
+                                    mlirBlockGetArgument(entry, nargs + k));
     oplist_t found = {0};
     for (int k = 0; k < moved.count; ++k)
       mlirOperationWalk(moved.ops[k], collect_ids, &found, MlirWalkPreOrder);
@@ -821,8 +856,12 @@ done:
 static bool same_kind(const node_t *a, const node_t *b) {
   if (a->kind != b->kind) return false;
   if (a->kind != NODE_LAUNCH) return true;
-  return a->block[0] == b->block[0] && a->block[1] == b->block[1] &&
-         a->block[2] == b->block[2];
+  if (a->block[0] != b->block[0] || a->block[1] != b->block[1] ||
+      a->block[2] != b->block[2] || a->nwg != b->nwg)
+    return false;
+  for (int i = 0; i < a->nwg; ++i)
+    if (!mlirTypeEqual(a->wg[i], b->wg[i])) return false;
+  return true;
 }
 
 // Levels, then merges, then every op of the run at its end in level order
