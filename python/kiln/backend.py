@@ -198,6 +198,7 @@ class CompiledSubgraph(torch.nn.Module):
                                 "cuda" if self.cuda else "cpu")
         self.in_dtypes = [v.dtype for v in vals_in]
         self.graph_outputs, self.out_inputs = tr.graph_outputs, tr.out_inputs
+        self.out_alias_views = tr.out_alias_views
         perms = tr.perms
         vals = [vals_fx[i] for i, k in enumerate(tr.graph_outputs) if k is not None]
         # The FX outputs are exactly kiln's outputs, in order (no written
@@ -416,6 +417,15 @@ class CompiledSubgraph(torch.nn.Module):
         outs = [torch.utils.dlpack.from_dlpack(_capi.dlpack_capsule(m)) for m in managed]
         return self._finish(outs, args)
 
+    def _input_out(self, i, args):
+        """FX output `i`, an input (a written one) or a view of an input."""
+        t = args[self.out_inputs[i]]
+        view = self.out_alias_views[i]
+        if view is None:
+            return t
+        shape, stride, offset = view
+        return t.as_strided(shape, stride, t.storage_offset() + offset)
+
     def _finish(self, outs, args):
         for k, inverse in enumerate(self.out_views):
             if inverse is not None:
@@ -424,8 +434,8 @@ class CompiledSubgraph(torch.nn.Module):
             if stride is not None:
                 outs[k] = torch.empty_strided(outs[k].shape, stride, dtype=outs[k].dtype,
                                               device=outs[k].device).copy_(outs[k])
-        if not self.plain_out:  # copy_ results: the written inputs themselves
-            outs = [args[self.out_inputs[i]] if k is None else outs[k]
+        if not self.plain_out:  # inputs returned: written ones, views of others
+            outs = [outs[k] if k is not None else self._input_out(i, args)
                     for i, k in enumerate(self.graph_outputs)]
         return tuple(outs) if self.tuple_out else outs[0]
 

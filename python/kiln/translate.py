@@ -751,19 +751,23 @@ class Translation:
     """kiln text for a partition and how its call maps to the FX outputs.
 
     `out_nodes`: the FX output nodes, in order. `graph_outputs[k]`: which
-    kiln output feeds FX output k, or None when FX output k is a written
-    input (a copy_ node): `out_inputs[k]` names that input. `perms`: per
-    kiln output, the permutation it was written in, or None. `written`: the
-    inputs kiln writes in place. `in_perms`: per input, the permutation of
-    its dims that kiln's graph declares it in (its memory order), or None.
+    kiln output feeds FX output k, or None when FX output k is an input or
+    a view of one: `out_inputs[k]` names that input (a written input, a
+    copy_ node, or a chain of views), `out_alias_views[k]` the view (shape,
+    stride, storage offset relative to the input's) or None for the input
+    as it is. `perms`: per kiln output, the permutation it was written in,
+    or None. `written`: the inputs kiln writes in place. `in_perms`: per
+    input, the permutation of its dims that kiln's graph declares it in
+    (its memory order), or None.
     """
 
     def __init__(self, text, out_nodes, graph_outputs, out_inputs, perms, written,
-                 in_perms):
+                 in_perms, out_alias_views):
         self.text, self.out_nodes = text, out_nodes
         self.graph_outputs, self.out_inputs = graph_outputs, out_inputs
         self.perms, self.written = perms, written
         self.in_perms = in_perms
+        self.out_alias_views = out_alias_views
 
 
 def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
@@ -836,11 +840,21 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
     if len(devices) > 1:
         raise Unsupported(f"tensors on {sorted(devices)} in one partition")
     rets, graph_outputs, out_inputs, ret_nodes = [], [], [], []
+    out_views = {}  # graph output -> (shape, stride, offset delta) of an input view
     for o in out_nodes:
         if isinstance(o, torch.fx.Node) and o.target is aten.copy_.default:
             # copy_ returns its destination: the written input itself.
             graph_outputs.append(None)
             out_inputs.append(index_of[o.args[0]])
+            continue
+        alias = _input_alias(o, written)
+        if alias is not None:
+            # A chain of views of an input (a transposed weight saved for the
+            # backward): the caller makes the same view of the input, not a
+            # copy kiln writes (and, strided, PyTorch copies again).
+            graph_outputs.append(None)
+            out_inputs.append(index_of[alias[0]])
+            out_views[len(graph_outputs) - 1] = alias[1]
             continue
         graph_outputs.append(len(rets))
         out_inputs.append(None)
@@ -864,7 +878,38 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
     text = (f"graph @{safe}({', '.join(inputs)}) {{\n" + "\n".join(e.lines) +
             f"\n  return {', '.join(rets)}\n}}\n")
     return Translation(text, out_nodes, graph_outputs, out_inputs, perms,
-                       [k for _, k in copies], in_perms)
+                       [k for _, k in copies], in_perms,
+                       [out_views.get(i) for i in range(len(graph_outputs))])
+
+
+# Ops whose result is always a view of their first argument.
+_VIEW_OPS = {aten.permute.default, aten.t.default, aten.transpose.int, aten.view.default,
+             aten._unsafe_view.default, aten.squeeze.dims, aten.squeeze.dim,
+             aten.squeeze.default, aten.unsqueeze.default, aten.alias.default}
+
+
+def _input_alias(o, written):
+    """(placeholder, view) when `o` is a chain of views of a placeholder that
+    no copy_ writes, static, of its dtype: `view` is None when `o` has the
+    placeholder's own layout, else (shape, stride, storage offset relative
+    to the placeholder's) for as_strided. Else None."""
+    if not isinstance(o, torch.fx.Node):
+        return None
+    n = o
+    while n.op == "call_function" and n.target in _VIEW_OPS and isinstance(n.args[0], torch.fx.Node):
+        n = n.args[0]
+    if n is o or n.op != "placeholder" or n in written:
+        return None
+    vo, vi = o.meta.get("val"), n.meta.get("val")
+    if not isinstance(vo, torch.Tensor) or not isinstance(vi, torch.Tensor):
+        return None
+    layout = lambda v: (list(v.shape), list(v.stride()), v.storage_offset())  # noqa: E731
+    lo, li = layout(vo), layout(vi)
+    static = all(isinstance(x, int) for part in lo + li
+                 for x in (part if isinstance(part, list) else [part]))
+    if not static or vo.dtype != vi.dtype:
+        return None
+    return n, (None if lo == li else (tuple(lo[0]), tuple(lo[1]), lo[2] - li[2]))
 
 
 def output_permutation(val) -> list[int] | None:

@@ -226,6 +226,27 @@ def test_permuted_outputs_are_written_in_memory_order():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_views_of_inputs_are_returned_as_views():
+    # A linear layer's forward saves its transposed weight for the backward:
+    # an output that is a chain of views of an input is that view of the
+    # caller's input (no kiln output, no copy), as eager returns it; an
+    # input returned through views that cancel is the input itself.
+    x, w = torch.randn(8, 16), torch.randn(32, 16)
+    fused = partitioned(lambda a, b: (a @ b.t(), b.t(), b.t().t(), b.t() * 2), x, w)
+    subs = [m for m in fused.children() if isinstance(m, kiln.backend.CompiledSubgraph)]
+    assert len(subs) == 1 and subs[0].n_out == 2  # the product and b.t() * 2
+    y, wt, same, w2 = fused(x, w)
+    assert wt.data_ptr() == w.data_ptr() and wt.shape == (16, 32) and wt.stride() == (1, 16)
+    assert same is w
+    torch.testing.assert_close(y, x @ w.t())
+    torch.testing.assert_close(w2, w.t() * 2, rtol=0, atol=0)
+    # Fresh inputs: the views follow the call's tensors, not the first call's.
+    x2, wb = torch.randn(8, 16), torch.randn(32, 16)
+    y, wt, same, _ = fused(x2, wb)
+    assert wt.data_ptr() == wb.data_ptr() and same is wb
+    torch.testing.assert_close(y, x2 @ wb.t())
+
+
 @pytest.mark.parametrize("rows", [6, 16384])  # 16384 x 7 floats: pooled outputs
 def test_steady_state_calls_follow_input_layouts(rows):
     a, b = torch.randn(rows, 7), torch.randn(rows, 7)
