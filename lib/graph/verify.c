@@ -796,6 +796,30 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
       res->dims[res->rank++] = w->dims[1];
       return NULL;
     }
+    case KILN_OP_INDEX_PUT: {
+      // base[V, D], indices of shape S, values of shape S ++ [D]:
+      // base with values[p] added to row indices[p] (the embedding gradient).
+      const kiln_type_t *base = NULL, *idx = NULL, *val = NULL;
+      KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 3, 3));
+      KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 0, &base));
+      KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 1, &idx));
+      KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 2, &val));
+      if (kiln_node_attr_int(n, "accumulate", 0) == 0)
+        return verr(c, "expected accumulate = true (assignment, where duplicate "
+                       "indices race, is not supported)");
+      if (base->rank != 2 || base->dtype != KILN_F32 || val->dtype != KILN_F32)
+        return verr(c, "%s: expected an f32[V, D] base and f32 values",
+                    opnd_str(c, 0, o, sizeof(o)));
+      if (!kiln_dtype_is_int(idx->dtype))
+        return verr(c, "%s: expected i32 or i64 indices", opnd_str(c, 1, o, sizeof(o)));
+      bool same = val->rank == idx->rank + 1 && val->dims[idx->rank] == base->dims[1];
+      for (int i = 0; same && i < idx->rank; ++i) same = val->dims[i] == idx->dims[i];
+      if (!same)
+        return verr(c, "%s: expected the indices' shape then D = %lld",
+                    opnd_str(c, 2, o, sizeof(o)), (long long)base->dims[1]);
+      *res = *base;
+      return NULL;
+    }
     default:
       return verr(c, "internal: no rule");
   }
@@ -824,6 +848,7 @@ static const char *known_attrs(kiln_op_id_t op) {
     case KILN_OP_CONSTANT: return "value";
     case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX: return "dim half_to_float";
     case KILN_OP_LAYER_NORM: return "normalized_shape eps";
+    case KILN_OP_INDEX_PUT: return "accumulate";
     default: return "";
   }
 }

@@ -572,6 +572,25 @@ static void run_embedding(ref_t *r, const kiln_node_t *n, rt_t *out) {
   }
 }
 
+// base with values[p, :] added to row indices[p] in order of p; a negative
+// index counts from the end, one outside [-V, V) adds nothing (PyTorch
+// raises; compiled code cannot, and never writes outside the output).
+static void run_index_put(ref_t *r, const kiln_node_t *n, rt_t *out) {
+  const rt_t *base = &r->vals[n->operands[0].value];
+  const rt_t *idx = &r->vals[n->operands[1].value];
+  const rt_t *val = &r->vals[n->operands[2].value];
+  int64_t V = base->type.dims[0], D = base->type.dims[1];
+  for (int64_t i = 0; i < V * D; ++i) out->data[i] = base->data[i];
+  int64_t count = numel(&idx->type);
+  for (int64_t p = 0; p < count; ++p) {
+    int64_t k = (int64_t)idx->data[p];
+    if (k < 0) k += V;
+    if (k < 0 || k >= V) continue;
+    for (int64_t j = 0; j < D; ++j)
+      out->data[k * D + j] = kiln_ref_round(KILN_F32, out->data[k * D + j] + val->data[p * D + j]);
+  }
+}
+
 //===--- driver -----------------------------------------------------------===//
 
 kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
@@ -615,6 +634,7 @@ kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
       case KILN_CLASS_NN:
         if (n->op == KILN_OP_LAYER_NORM) run_layer_norm(&r, n, outs);
         else if (n->op == KILN_OP_EMBEDDING) run_embedding(&r, n, out);
+        else if (n->op == KILN_OP_INDEX_PUT) run_index_put(&r, n, out);
         else run_softmax(&r, n, out);
         break;
       default: run_elementwise(&r, n, out); break;

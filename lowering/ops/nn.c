@@ -354,3 +354,75 @@ kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_emit_set_result(e, n, 0, &out);
   return NULL;
 }
+
+// index_put(base[V, D], indices, values, accumulate): out[v, d] = base[v,
+// d] + the sum over positions p with wrap(indices[p]) == v of values[p, d]
+// (wrap: a negative index counts from the end; one still outside [0, V)
+// matches no row). One reduction over p, outermost, so that the schedules
+// split it across threads as a column sum (kernels/gpu_schedule.c): no
+// scatter, no atomics, the same result at every run. It reads every value
+// for every row (V x P x D), which is what the translation's size cap on
+// V x P bounds (an embedding gradient with a small table).
+kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_tv_t *base = &e->values[n->operands[0].value];
+  const kiln_tv_t *idx = &e->values[n->operands[1].value];
+  const kiln_tv_t *val = &e->values[n->operands[2].value];
+  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  if (!kiln_type_is_static(&idx->type) || !kiln_type_is_static(&base->type))
+    return kiln_emit_error(e, KILN_STATUS_UNSUPPORTED,
+                           "symbolic sizes in index_put; expected static ones");
+  int64_t V = base->type.dims[0], D = base->type.dims[1];
+  int64_t P = kiln_type_numel(&idx->type);
+  kiln_type_t it = idx->type, vt = val->type;
+  it.rank = 1;
+  it.dims[0] = P;
+  vt.rank = 2;
+  vt.dims[0] = P;
+  vt.dims[1] = D;
+  kiln_tv_t i1, v2;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, idx, &it, &i1));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, val, &vt, &v2));
+  char ity[256], vty[256], oty[256];
+  kiln_mlir_tensor_type(&i1.type, ity, sizeof(ity));
+  kiln_mlir_tensor_type(&v2.type, vty, sizeof(vty));
+  kiln_mlir_tensor_type(rt, oty, sizeof(oty));
+  kiln_tv_t out;
+  kiln_emit_fresh(e, out.ssa);
+  out.type = *rt;
+  int id = e->next_id++;
+  const char *ie = kiln_mlir_elem(idx->type.dtype);
+  kiln_sbuf_printf(&e->out,
+                   "    %s = linalg.generic {indexing_maps = [affine_map<(p, v, d) -> (p)>, "
+                   "affine_map<(p, v, d) -> (p, d)>, affine_map<(p, v, d) -> (v, d)>], "
+                   "iterator_types = [\"reduction\", \"parallel\", \"parallel\"]} "
+                   "ins(%s, %s : %s, %s) outs(%s : %s) {\n"
+                   "  ^bb0(%%ip%d: %s, %%x%d: f32, %%acc%d: f32):\n"
+                   "    %%ix%d = arith.index_cast %%ip%d : %s to index\n"
+                   "    %%z%d = arith.constant 0 : index\n"
+                   "    %%nv%d = arith.constant %lld : index\n"
+                   "    %%neg%d = arith.cmpi slt, %%ix%d, %%z%d : index\n"
+                   "    %%wr%d = arith.addi %%ix%d, %%nv%d : index\n"
+                   "    %%k%d = arith.select %%neg%d, %%wr%d, %%ix%d : index\n"
+                   "    %%row%d = linalg.index 1 : index\n"
+                   "    %%hit%d = arith.cmpi eq, %%k%d, %%row%d : index\n"
+                   "    %%zf%d = arith.constant 0.0 : f32\n"
+                   "    %%add%d = arith.select %%hit%d, %%x%d, %%zf%d : f32\n"
+                   "    %%s%d = arith.addf %%acc%d, %%add%d : f32\n"
+                   "    linalg.yield %%s%d : f32\n  } -> %s\n",
+                   out.ssa, i1.ssa, v2.ssa, ity, vty, base->ssa, oty,
+                   id, ie, id, id,
+                   id, id, ie,
+                   id,
+                   id, (long long)V,
+                   id, id, id,
+                   id, id, id,
+                   id, id, id, id,
+                   id,
+                   id, id, id,
+                   id,
+                   id, id, id, id,
+                   id, id, id,
+                   id, oty);
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}

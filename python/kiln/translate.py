@@ -330,6 +330,31 @@ def _embedding(e, n):
     return e.op("aten.embedding", [e.operand(n.args[0]), e.operand(n.args[1])])
 
 
+# index_put's lowering reads every value once per table row: V x P values.
+_INDEX_PUT_MAX_READS = 1 << 24
+
+
+def _index_put(e, n):
+    """index_put(base, [indices], values, accumulate=True) on CUDA, the
+    form an embedding's gradient takes: base[V, D] f32 with values[p] added
+    to row indices[p], one reduction (no scatter: see kiln_lower_index_put).
+    On the CPU, and for large tables, PyTorch's index_put is faster."""
+    base, indices, values = n.args[:3]
+    accumulate = n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False)
+    bv = base.meta["val"] if isinstance(base, torch.fx.Node) else None
+    if (not accumulate or not isinstance(indices, (list, tuple)) or len(indices) != 1
+            or not isinstance(indices[0], torch.fx.Node) or bv is None):
+        raise Unsupported("index_put: only accumulate=True with one index tensor")
+    iv = indices[0].meta["val"]
+    if bv.device.type != "cuda" or bv.dim() != 2 or bv.dtype != torch.float32:
+        raise Unsupported("index_put: kiln takes an f32[V, D] table on CUDA")
+    if bv.shape[0] * iv.numel() > _INDEX_PUT_MAX_READS:
+        raise Unsupported(f"index_put: {bv.shape[0]} rows x {iv.numel()} indices "
+                          f"exceed {_INDEX_PUT_MAX_READS} reads")
+    return e.op("aten.index_put", [e.operand(base), e.operand(indices[0]),
+                                   e.operand(values)], {"accumulate": "true"})
+
+
 def _copy(e, n):
     """aten.copy(dst, src): src converted to dst's dtype and broadcast to its
     shape (the functional form of copy_)."""
@@ -658,6 +683,7 @@ TRANSLATORS = {
     aten._log_softmax.default: _softmax("aten._log_softmax"),
     aten.native_layer_norm.default: _layer_norm,
     aten.embedding.default: _embedding,
+    aten.index_put.default: _index_put,
     aten.threshold_backward.default: _threshold_backward,
     aten._softmax_backward_data.default: _softmax_backward,
     aten._log_softmax_backward_data.default: _log_softmax_backward,

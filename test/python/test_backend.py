@@ -208,6 +208,30 @@ def test_permuted_cuda_inputs_are_declared_in_memory_order():
     assert translate(gm_written, "t").in_perms == [None, None]
 
 
+def test_embedding_gradient_translates_on_cuda_only():
+    # index_put(zeros, [idx], grad, accumulate=True), an embedding's
+    # gradient: kiln's aten.index_put on CUDA (traced with fake CUDA tensors,
+    # no GPU needed); on the CPU PyTorch's index_put stays (faster there).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from kiln.translate import support_reason, translate
+
+    def f(idx, g):
+        base = torch.full((256, 64), 0.0, device=g.device)
+        return torch.ops.aten.index_put(base, [idx], g, True)
+
+    with FakeTensorMode():
+        idx = torch.empty(16, 256, dtype=torch.int64, device="cuda")
+        g = torch.empty(16, 256, 64, device="cuda")
+        gm = make_fx(f)(idx, g)
+        gm_cpu = make_fx(f)(torch.empty(16, 256, dtype=torch.int64),
+                            torch.empty(16, 256, 64))
+    tr = translate(gm, "emb")
+    assert "aten.index_put(" in tr.text and "{accumulate = true} : f32[256,64]" in tr.text
+    node = [n for n in gm_cpu.graph.nodes if n.target is torch.ops.aten.index_put.default][0]
+    assert "on CUDA" in support_reason(node)
+
+
 def test_permuted_outputs_are_written_in_memory_order():
     from kiln.translate import output_permutation
     x = torch.randn(4, 5, 6)

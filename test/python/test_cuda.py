@@ -215,3 +215,33 @@ def test_transposed_inputs_take_the_fast_path_on_cuda():
     torch.testing.assert_close(fused(a, b), torch.tanh(a) * 2 + b, **TOL[torch.float32])
     torch.testing.assert_close(fused(a, b), torch.tanh(a) * 2 + b, **TOL[torch.float32])
     assert sub.full_calls == 2
+
+
+def test_embedding_gradient_runs_in_kiln():
+    # An embedding's gradient, index_put(zeros, [idx], grad, accumulate=True),
+    # is kiln's aten.index_put on CUDA (fallback="error" holds for the
+    # backward): repeated token ids accumulate; against eager's gradient.
+    # A direct index_put with negative indices wraps as PyTorch's does.
+    torch.manual_seed(0)
+    emb = nn.Embedding(256, 64).cuda()
+    ref = nn.Embedding(256, 64).cuda()
+    ref.load_state_dict(emb.state_dict())
+    idx = torch.randint(0, 256, (16, 256), device="cuda")
+    scale = torch.randn(16, 256, 64, device="cuda")
+
+    def f(m, i):
+        return (m(i) * scale).sum(dim=-1).square().mean(dim=(0, 1), keepdim=True)
+
+    out = torch.compile(f, backend="kiln", options={"fallback": "error"})(emb, idx)
+    out.sum().backward()
+    f(ref, idx).sum().backward()
+    torch.testing.assert_close(emb.weight.grad, ref.weight.grad, **TOL[torch.float32])
+
+    def put(base, i, v):
+        return torch.ops.aten.index_put(base * 1.0, [i], v, True)
+
+    base = torch.randn(10, 8, device="cuda")
+    i = torch.tensor([3, -1, 3, 0, -10, 9], device="cuda")
+    v = torch.randn(6, 8, device="cuda")
+    got = torch.compile(put, backend="kiln", options={"fallback": "error"})(base, i, v)
+    torch.testing.assert_close(got, put(base, i, v), **TOL[torch.float32])

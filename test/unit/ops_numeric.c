@@ -201,6 +201,10 @@ static const op_case_t kCases[] = {
                                " return %y, %m, %r, %z, %n, %s\n}"},
     {"embedding", "f32 bf16 f64 i64", "graph @t(%w: $T[10,4], %i: i64[3,5]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
     {"embedding", "f32", "graph @t(%w: $T[10,4], %i: i32[7]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
+    // Embedding gradients: indices in [-5, 5] over 4 rows wrap (negative)
+    // or add nothing (out of range); repeated rows accumulate.
+    {"index_put", "f32", "graph @t(%b: $T[4,6], %i: i64[3,5], %v: $T[3,5,6]) {\n %y = aten.index_put(%b, %i, %v) {accumulate = true}\n return %y\n}"},
+    {"index_put", "f32", "graph @t(%b: $T[8,3], %i: i32[40], %v: $T[40,3]) {\n %y = aten.index_put(%b, %i, %v) {accumulate = true}\n return %y\n}"},
 };
 
 // Replaces every $T with `dt`.
