@@ -726,6 +726,11 @@ def _result_types(node) -> list[str]:
     return [tensor_type(val)]
 
 
+def _one_element(v) -> bool:
+    """A static tensor of one element (rank 0, or every dim 1)."""
+    return all(isinstance(d, int) and d == 1 for d in v.shape)
+
+
 def support_reason(node) -> str | None:
     """None when kiln takes `node`, else why not."""
     if node.op != "call_function":
@@ -743,16 +748,17 @@ def support_reason(node) -> str | None:
         return f"no kiln lowering for {node.target}"
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
-    if vals and all(isinstance(v, torch.Tensor) and v.device.type == "cuda" and v.dim() == 0
-                    for v in vals) and any(
-            isinstance(a.meta.get("val"), torch.Tensor) and a.meta["val"].dim() > 0
+    if vals and all(isinstance(v, torch.Tensor) and v.device.type == "cuda" and
+                    _one_element(v) for v in vals) and any(
+            isinstance(a.meta.get("val"), torch.Tensor) and not _one_element(a.meta["val"])
             for a in node.all_input_nodes):
-        # A reduction to a scalar (a loss) on CUDA: kiln's CUDA programs are
+        # A reduction to one element (a loss; keepdim leaves [1, 1]) on
+        # CUDA: kiln's CUDA programs are
         # kernel launches, and a whole-tensor reduction into one value lowers
         # to a loop on the host. Rank-0 ops of rank-0 operands (an
         # optimizer's step counts and bias corrections) are one-thread
         # kernels (lowering/gpu.c).
-        return "a reduction to a rank-0 result on CUDA"
+        return "a reduction to one element on CUDA"
     try:
         _result_types(node)
         for a in node.all_input_nodes:

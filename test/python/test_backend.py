@@ -230,6 +230,13 @@ def test_embedding_gradient_translates_on_cuda_only():
     assert "aten.index_put(" in tr.text and "{accumulate = true} : f32[256,64]" in tr.text
     node = [n for n in gm_cpu.graph.nodes if n.target is torch.ops.aten.index_put.default][0]
     assert "on CUDA" in support_reason(node)
+    # A reduction to one element on CUDA (keepdim: [1, 1]) stays in PyTorch,
+    # as a rank-0 one does: it would lower to a loop on the host.
+    with FakeTensorMode():
+        gm_mean = make_fx(lambda x: x.mean(dim=(0, 1), keepdim=True))(
+            torch.empty(16, 256, device="cuda"))
+    node = [n for n in gm_mean.graph.nodes if n.op == "call_function"][0]
+    assert support_reason(node) == "a reduction to one element on CUDA"
 
 
 def test_permuted_outputs_are_written_in_memory_order():

@@ -230,11 +230,11 @@ def test_embedding_gradient_runs_in_kiln():
     scale = torch.randn(16, 256, 64, device="cuda")
 
     def f(m, i):
-        return (m(i) * scale).sum(dim=-1).square().mean(dim=(0, 1), keepdim=True)
+        return (m(i) * scale).sum(dim=-1)
 
     out = torch.compile(f, backend="kiln", options={"fallback": "error"})(emb, idx)
-    out.sum().backward()
-    f(ref, idx).sum().backward()
+    out.square().mean().backward()
+    f(ref, idx).square().mean().backward()
     torch.testing.assert_close(emb.weight.grad, ref.weight.grad, **TOL[torch.float32])
 
     def put(base, i, v):

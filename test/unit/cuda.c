@@ -126,6 +126,23 @@ static const char *kGraphs[] = {
     "  %p = aten.mul(%x, %m)\n"
     "  %s = aten.sum(%p) {dims = [1]}\n"
     "  return %s\n}\n",
+    // An embedding gradient as AOTAutograd traces it: indices clamped,
+    // values masked by a broadcast [B, T, 1] mask, index_put into zeros.
+    // The one-hot matrix of the indices times the values, by
+    // kernels/gpu_sgemm.c (split K), then base added.
+    "graph @embgrad(%idx: i64[16,256], %g: f32[16,256,64]) {\n"
+    "  %a = aten.ge(%idx, 0)\n  %b = aten.lt(%idx, 256)\n"
+    "  %m = aten.logical_and(%a, %b)\n  %mu = aten.unsqueeze(%m) {dim = -1}\n"
+    "  %base = aten.full() {shape = [256, 64], value = 0, dtype = f32}\n"
+    "  %c1 = aten.maximum(%idx, -256)\n  %c = aten.minimum(%c1, 255)\n"
+    "  %nm = aten.logical_not(%mu)\n"
+    "  %z = aten.full() {shape = [], value = 0.0, dtype = f32}\n"
+    "  %v = aten.where(%nm, %z, %g)\n"
+    "  %o = aten.index_put(%base, %c, %v) {accumulate = true}\n  return %o\n}\n",
+    // index_put in shapes the GEMM kernel does not take (D = 48): the
+    // reduction form, a thread per output; indices in [-5, 5] over 10 rows.
+    "graph @iput48(%b: f32[10,48], %i: i64[17], %v: f32[17,48]) {\n"
+    "  %o = aten.index_put(%b, %i, %v) {accumulate = true}\n  return %o\n}\n",
     // A graph constant read by a kernel and returned: uploaded once.
     "graph @consts(%w: f32[16,32], %x: f32[4,16,32]) {\n"
     "  %i = kiln.constant() {value = [15, 3, 0, 7, 9, 1, 14, 2, 8, 4, 11, 5, "
