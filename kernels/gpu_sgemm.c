@@ -1,7 +1,8 @@
 // A hand-scheduled f32 GEMM on CUDA cores for the CUDA target, written in
 // the gpu and nvgpu dialects: C[M,N] (f32, overwritten) = A[M,K] x B[K,N],
-// row-major f32 operands, exact f32 fused multiply-adds in K order (no
-// tensor cores, no TF32: PyTorch's default for f32 matmuls).
+// row-major f32 operands, exact f32 fused multiply-adds in K order (per K
+// split; the splits are then added in order), no tensor cores, no TF32
+// (PyTorch's default for f32 matmuls).
 //
 // The transform-dialect schedule of kernels/gpu_schedule.c gives each
 // thread a 4x4 register tile with operands read from global memory (28
@@ -23,6 +24,9 @@
 //     of the K loop, in registers throughout;
 //   - blocks are ordered in groups of G block rows so consecutive blocks
 //     share tiles in L2; the epilogue stores C with vector<4xf32> stores.
+// Narrow products (a transformer's 64- and 192-wide weights) take blocks of
+// 64 x 64 outputs, each thread one 4x4 sub-tile; products of few blocks
+// split K across grid z (see choose()); A may be given transposed.
 // One barrier per K step, as kernels/gpu_mma.c: wait for tile kt, barrier
 // (every thread is also done with the stage about to be refilled), issue
 // tile kt + STAGES - 1 (clamped to the last tile, which keeps the group
@@ -121,7 +125,7 @@ typedef struct {
   name_t bc[MAX_SUB];    // its B columns (x4): 4 tc + 64 j
   // Copy coordinates, per tile. A (row-major, 4-byte copies, transposed
   // into sA[k][m]): element i at (am[i], ak[i]). A^T ([K, M]) and B: chunk i
-  // of 4 floats at row ar_k[i] / br[i], columns acol / bcol .. + 3.
+  // of 4 floats at row atk[i] / br[i], columns acol / bcol .. + 3.
   name_t am[MAX_COPIES], ak[MAX_COPIES];
   name_t atk[MAX_COPIES], acol;
   name_t br[MAX_COPIES], bcol;
