@@ -337,8 +337,9 @@ _INDEX_PUT_MAX_READS = 1 << 24
 def _index_put(e, n):
     """index_put(base, [indices], values, accumulate=True) on CUDA, the
     form an embedding's gradient takes: base[V, D] f32 with values[p] added
-    to row indices[p], one reduction (no scatter: see kiln_lower_index_put).
-    On the CPU, and for large tables, PyTorch's index_put is faster."""
+    to row indices[p] (no scatter: see kiln_lower_index_put, which reads
+    every value once per row). On the CPU, and for large tables, PyTorch's
+    index_put is faster."""
     base, indices, values = n.args[:3]
     accumulate = n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False)
     bv = base.meta["val"] if isinstance(base, torch.fx.Node) else None
@@ -753,11 +754,10 @@ def support_reason(node) -> str | None:
             isinstance(a.meta.get("val"), torch.Tensor) and not _one_element(a.meta["val"])
             for a in node.all_input_nodes):
         # A reduction to one element (a loss; keepdim leaves [1, 1]) on
-        # CUDA: kiln's CUDA programs are
-        # kernel launches, and a whole-tensor reduction into one value lowers
-        # to a loop on the host. Rank-0 ops of rank-0 operands (an
-        # optimizer's step counts and bias corrections) are one-thread
-        # kernels (lowering/gpu.c).
+        # CUDA: kiln's CUDA programs are kernel launches, and a whole-tensor
+        # reduction into one value lowers to a loop on the host. Rank-0 ops
+        # of rank-0 operands (an optimizer's step counts and bias
+        # corrections) are one-thread kernels (lowering/gpu.c).
         return "a reduction to one element on CUDA"
     try:
         _result_types(node)
