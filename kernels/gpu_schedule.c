@@ -422,7 +422,9 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   // map_forall_to_blocks' generate_gpu_launch in MLIR 22.)
   if (np == 3)
     for (int i = par[2] - 1; i >= 0; --i)
-      if (!((d.reduction_mask >> i) & 1u) && d.range[i] > d.range[par[2]]) par[2] = i;
+      if (!((d.reduction_mask >> i) & 1u) && d.range[i] > d.range[par[2]] &&
+          d.range[i] <= 65535)  // the grid's z limit
+        par[2] = i;
   int64_t block[KILN_TILE_MAX_LOOPS] = {0}, thread[KILN_TILE_MAX_LOOPS] = {0};
   // Elementwise ops whose contiguous dim allows it move 4 elements per
   // thread as one 16-byte vector (ld.global.v4), for f32 and smaller.

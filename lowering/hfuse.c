@@ -212,10 +212,10 @@ static MlirWalkResult scan_uses(MlirOperation op, void *user) {
                                        "vector.transfer_read", "vector.maskedload",
                                        "vector.gather", "memref.dim", NULL};
   if (named_any(op, kReads)) return MlirWalkResultAdvance;
-  // cp.async (kernels/gpu_sgemm.c, gpu_mma.c) reads its source (operand 0)
-  // and writes its destination.
+  // cp.async (kernels/gpu_sgemm.c, gpu_mma.c) writes its destination
+  // (operand 0, shared memory) and reads its source.
   if (kiln_gpu_op_named(op, "nvgpu.device_async_copy") &&
-      !vlist_has(&u->derived, mlirOperationGetOperand(op, 1)))
+      !vlist_has(&u->derived, mlirOperationGetOperand(op, 0)))
     return MlirWalkResultAdvance;
   u->written = true;  // stores, copies, and anything not known to only read
   return MlirWalkResultInterrupt;

@@ -401,6 +401,13 @@ kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n) {
     // its column (0 * inf is NaN), where PyTorch's reaches its own row.
     // Both operands reach the matmul through tensor.reshape, which
     // elementwise fusion does not cross: it stays a named matmul.
+    // i64 indices: with 4-byte elements the elementwise schedule would
+    // vectorize the generic, whose `l mod P` map the vectorizer rejects.
+    kiln_tv_t i64v = i1;
+    if (idx->type.dtype != KILN_I64)
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &i1, KILN_I64, &i64v));
+    kiln_mlir_tensor_type(&i64v.type, ity, sizeof(ity));
+    ie = kiln_mlir_elem(KILN_I64);
     kiln_type_t flat = *rt, ht = *rt;
     flat.rank = 1;
     flat.dims[0] = V * P;
@@ -419,7 +426,7 @@ kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n) {
                      "    %s = linalg.generic {indexing_maps = [affine_map<(l) -> (l mod %lld)>, "
                      "affine_map<(l) -> (l)>], iterator_types = [\"parallel\"]} "
                      "ins(%s : %s) outs(%s : %s) {\n",
-                     hot1.ssa, (long long)P, i1.ssa, ity, empty, fty);
+                     hot1.ssa, (long long)P, i64v.ssa, ity, empty, fty);
     kiln_sbuf_printf(&e->out, "  ^bb0(%%ip%s: %s, %%o%s: f32):\n", t, ie, t);
     kiln_sbuf_printf(&e->out, "    %%ix%s = arith.index_cast %%ip%s : %s to index\n", t, t, ie);
     kiln_sbuf_printf(&e->out, "    %%z%s = arith.constant 0 : index\n", t);

@@ -175,7 +175,10 @@ def load_cache_artifacts(blob: bytes) -> int:
 class CompiledSubgraph(torch.nn.Module):
     """A partition compiled by kiln; called like the submodule it replaces."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, opts: dict):
+    def __init__(self, gm: torch.fx.GraphModule, name: str, opts: dict,
+                 written_later=frozenset()):
+        """`written_later`: indices of inputs that a copy_ left to PyTorch
+        writes after this partition (not returned as views: see translate)."""
         super().__init__()
         # Graphs that arrive with SymInts (dynamic=True, mark_dynamic) are
         # symbolic from the start; static ones let kiln's policy decide.
@@ -189,7 +192,7 @@ class CompiledSubgraph(torch.nn.Module):
         self.cuda_index = ((self.device.index if self.device.index is not None
                             else torch.cuda.current_device()) if self.cuda else -1)
         # copy_ into an input: kiln writes the input in place.
-        tr = translate(gm, name)
+        tr = translate(gm, name, written_later)
         self.written = set(tr.written)
         self.in_perms = tr.in_perms
         self.text = text = tr.text
@@ -418,13 +421,19 @@ class CompiledSubgraph(torch.nn.Module):
         return self._finish(outs, args)
 
     def _input_out(self, i, args):
-        """FX output `i`, an input (a written one) or a view of an input."""
+        """FX output `i`, an input (a written one) or a view of an input: the
+        traced view's strides where the input has its traced layout, else
+        the view ops replayed on it."""
         t = args[self.out_inputs[i]]
         view = self.out_alias_views[i]
         if view is None:
             return t
-        shape, stride, offset = view
-        return t.as_strided(shape, stride, t.storage_offset() + offset)
+        shape, stride, offset, in_shape, in_stride, chain = view
+        if t.shape == in_shape and t.stride() == in_stride:
+            return t.as_strided(shape, stride, t.storage_offset() + offset)
+        for op, rest in chain:
+            t = op(t, *rest)
+        return t
 
     def _finish(self, outs, args):
         for k, inverse in enumerate(self.out_views):
@@ -492,12 +501,21 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
     for n in list(fused.graph.nodes):
         if n.target is torch.ops.aten.copy_.default and not n.users:
             out_node.prepend(n)
+    # Inputs that a copy_ left to PyTorch writes after the partitions: a
+    # partition returns no view of them (it would show the new values).
+    late_targets = {n.args[0] for n in fused.graph.nodes
+                    if n.target is torch.ops.aten.copy_.default and not n.users}
+    calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
     compiled = 0
     for name, sub in list(fused.named_children()):
         if not name.startswith("fused_"):
             continue
+        call = calls.get(name)
+        written_later = frozenset(i for i, a in enumerate(call.args if call else ())
+                                  if a in late_targets)
         try:
-            setattr(fused, name, CompiledSubgraph(sub, f"{kind}_{name}", opts))
+            setattr(fused, name, CompiledSubgraph(sub, f"{kind}_{name}", opts,
+                                                  written_later))
             compiled += 1
         except (Unsupported, _capi.KilnError) as ex:
             _note("fallbacks", f"{kind}: partition {name} runs in PyTorch: {ex}")

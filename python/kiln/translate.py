@@ -347,8 +347,14 @@ def _index_put(e, n):
             or not isinstance(indices[0], torch.fx.Node) or bv is None):
         raise Unsupported("index_put: only accumulate=True with one index tensor")
     iv = indices[0].meta["val"]
+    vv = values.meta["val"] if isinstance(values, torch.fx.Node) else None
     if bv.device.type != "cuda" or bv.dim() != 2 or bv.dtype != torch.float32:
         raise Unsupported("index_put: kiln takes an f32[V, D] table on CUDA")
+    static = all(isinstance(d, int) for t in (bv, iv, vv) if t is not None for d in t.shape)
+    if (not static or iv.dtype not in (torch.int32, torch.int64) or vv is None
+            or vv.dtype != torch.float32 or list(vv.shape) != list(iv.shape) + [bv.shape[1]]):
+        raise Unsupported("index_put: kiln takes static i32/i64 indices and f32 values "
+                          "of the indices' shape then D")
     if bv.shape[0] * iv.numel() > _INDEX_PUT_MAX_READS:
         raise Unsupported(f"index_put: {bv.shape[0]} rows x {iv.numel()} indices "
                           f"exceed {_INDEX_PUT_MAX_READS} reads")
@@ -802,10 +808,12 @@ class Translation:
         self.out_alias_views = out_alias_views
 
 
-def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
+def translate(gm: torch.fx.GraphModule, name: str = "graph",
+              written_later=frozenset()) -> Translation:
     """kiln text for a GraphModule of supported nodes. copy_ into a
     partition input becomes `return %v -> %input`: kiln writes the input in
-    place."""
+    place. `written_later`: indices of inputs written after the partition
+    (by PyTorch): no output is returned as a view of them."""
     e = Emitter()
     inputs = []
     in_perms = []
@@ -872,7 +880,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
     if len(devices) > 1:
         raise Unsupported(f"tensors on {sorted(devices)} in one partition")
     rets, graph_outputs, out_inputs, ret_nodes = [], [], [], []
-    out_views = {}  # graph output -> (shape, stride, offset delta) of an input view
+    out_views = {}  # graph output -> the view of an input (see _input_alias)
     for o in out_nodes:
         if isinstance(o, torch.fx.Node) and o.target is aten.copy_.default:
             # copy_ returns its destination: the written input itself.
@@ -880,6 +888,8 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph") -> Translation:
             out_inputs.append(index_of[o.args[0]])
             continue
         alias = _input_alias(o, written)
+        if alias is not None and index_of[alias[0]] in written_later:
+            alias = None
         if alias is not None:
             # A chain of views of an input (a transposed weight saved for the
             # backward): the caller makes the same view of the input, not a
@@ -924,11 +934,17 @@ def _input_alias(o, written):
     """(placeholder, view) when `o` is a chain of views of a placeholder that
     no copy_ writes, static, of its dtype: `view` is None when `o` has the
     placeholder's own layout, else (shape, stride, storage offset relative
-    to the placeholder's) for as_strided. Else None."""
+    to the placeholder's, the placeholder's traced shape and stride, and the
+    chain of view ops as (op, other args)): the caller takes the traced
+    strides where its input has the traced layout, else replays the ops.
+    Else None."""
     if not isinstance(o, torch.fx.Node):
         return None
-    n = o
+    n, chain = o, []
     while n.op == "call_function" and n.target in _VIEW_OPS and isinstance(n.args[0], torch.fx.Node):
+        if n.kwargs or any(isinstance(a, torch.fx.Node) for a in n.args[1:]):
+            return None
+        chain.append((n.target, tuple(n.args[1:])))
         n = n.args[0]
     if n is o or n.op != "placeholder" or n in written:
         return None
@@ -941,7 +957,10 @@ def _input_alias(o, written):
                  for x in (part if isinstance(part, list) else [part]))
     if not static or vo.dtype != vi.dtype:
         return None
-    return n, (None if lo == li else (tuple(lo[0]), tuple(lo[1]), lo[2] - li[2]))
+    if lo == li:
+        return n, None
+    return n, (torch.Size(lo[0]), tuple(lo[1]), lo[2] - li[2], torch.Size(li[0]),
+               tuple(li[1]), tuple(reversed(chain)))
 
 
 def output_permutation(val) -> list[int] | None:

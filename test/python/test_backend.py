@@ -276,6 +276,19 @@ def test_views_of_inputs_are_returned_as_views():
     y, wt, same, _ = fused(x2, wb)
     assert wt.data_ptr() == wb.data_ptr() and same is wb
     torch.testing.assert_close(y, x2 @ wb.t())
+    # An input in another layout than traced (column-major): the view ops
+    # are replayed on it, as eager would apply them.
+    wc = torch.randn(32, 16).t().contiguous().t()
+    y, wt, same, _ = fused(x2, wc)
+    assert torch.equal(wt, wc.t()) and wt.stride() == wc.t().stride() and same is wc
+    torch.testing.assert_close(y, x2 @ wc.t())
+    # An input that PyTorch writes after the partition (a copy_ left to it)
+    # gets no view: the output is kiln's copy, with the values at the call.
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from kiln.translate import translate
+    gm = make_fx(lambda a, b: (a @ b.t(), b.t()))(x, w)
+    assert translate(gm, "t").graph_outputs == [0, None]
+    assert translate(gm, "t", written_later={1}).graph_outputs == [0, 1]
 
 
 @pytest.mark.parametrize("rows", [6, 16384])  # 16384 x 7 floats: pooled outputs

@@ -139,6 +139,9 @@ static const char *kGraphs[] = {
     "  %z = aten.full() {shape = [], value = 0.0, dtype = f32}\n"
     "  %v = aten.where(%nm, %z, %g)\n"
     "  %o = aten.index_put(%base, %c, %v) {accumulate = true}\n  return %o\n}\n",
+    // i32 indices on the one-hot path (widened to i64 first).
+    "graph @embgrad32(%b: f32[256,64], %i: i32[16,256], %v: f32[16,256,64]) {\n"
+    "  %o = aten.index_put(%b, %i, %v) {accumulate = true}\n  return %o\n}\n",
     // index_put in shapes the GEMM kernel does not take (D = 48): the
     // reduction form, a thread per output; indices in [-5, 5] over 10 rows.
     "graph @iput48(%b: f32[10,48], %i: i64[17], %v: f32[17,48]) {\n"
