@@ -30,6 +30,9 @@ printf 'graph @ew(%%x: f32[1000], %%y: f32[1000]) {\n  %%s = aten.add(%%x, %%y)\
 .device/bin/kiln-opt --target=cuda --emit=llvm /tmp/ew.kiln | grep -o '\.target sm_[0-9a-z]*' | head -1
 if [ "${KILN_GPU_CHECK_PYTEST:-1}" = 1 ] && [ -d .device/wheel ]; then
   bash .device/run-python-tests.sh 2>&1 | tail -4
+  rc=${PIPESTATUS[0]}
+  echo "[gpu-check] pytest: rc=$rc"
+  [ $rc -eq 0 ] || fail=1
 fi
 echo "[gpu-check] $([ $fail = 0 ] && echo PASSED || echo FAILED)"
 exit $fail

@@ -11,3 +11,4 @@ python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q --break-syst
 python3 -m pip install -q --break-system-packages --no-deps --force-reinstall .device/wheel/kiln-*.whl 2>&1 | grep -v WARNING
 python3 -c "import torch; print('kiln registered:', 'kiln' in torch._dynamo.list_backends())"
 python3 -m pytest -q "${@:-test/python}" 2>&1 | tail -15
+exit "${PIPESTATUS[0]}"
