@@ -182,6 +182,24 @@ static coords_t coords(emitter_t *e, const sgemm_shape_t *s) {
   return c;
 }
 
+// 16-byte cp.async copies of a tile stored k-major (B, or A given as A^T):
+// chunk i from src[k0 + rows[i], col0 + col] to dst[st, rows[i], col];
+// their tokens are appended to toks.
+static void copy_chunks(emitter_t *e, const char *src, const char *dst, name_t k0,
+                        name_t col0, const name_t *rows, name_t col, int n, name_t st,
+                        const char *tsrc, const char *tdst, int *toks, int *ntok) {
+  name_t gj = bin(e, "addi", col0, col);
+  for (int i = 0; i < n; ++i) {
+    name_t gi = bin(e, "addi", k0, rows[i]);
+    toks[*ntok] = e->next++;
+    kiln_sbuf_printf(e->out,
+                     "%s%%t%d = nvgpu.device_async_copy %s[%s, %s], %s[%s, %s, %s], 4 "
+                     "{bypassL1} : %s to %s\n",
+                     e->indent, toks[(*ntok)++], src, gi.s, gj.s, dst, st.s, rows[i].s,
+                     col.s, tsrc, tdst);
+  }
+}
+
 // Copies of k-tile `kt` into stage `st` and their group (`group` gets its
 // token's name).
 static void issue(emitter_t *e, const sgemm_shape_t *s, const coords_t *c,
@@ -190,16 +208,8 @@ static void issue(emitter_t *e, const sgemm_shape_t *s, const coords_t *c,
   name_t k0 = bin(e, "addi", c->k0, binc(e, "muli", kt, s->bk));
   int toks[2 * MAX_COPIES], ntok = 0;
   if (s->at) {
-    name_t gj = bin(e, "addi", c->row0, c->acol);
-    for (int i = 0; i < c->na; ++i) {
-      name_t gi = bin(e, "addi", k0, c->atk[i]);
-      toks[ntok] = e->next++;
-      kiln_sbuf_printf(e->out,
-                       "%s%%t%d = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], 4 "
-                       "{bypassL1} : %s to %s\n",
-                       e->indent, toks[ntok++], gi.s, gj.s, st.s, c->atk[i].s, c->acol.s,
-                       ta, tsa);
-    }
+    copy_chunks(e, "%A", "%sA", k0, c->row0, c->atk, c->acol, c->na, st, ta, tsa, toks,
+                &ntok);
   } else {
     for (int i = 0; i < c->na; ++i) {
       name_t gi = bin(e, "addi", c->row0, c->am[i]);
@@ -212,16 +222,8 @@ static void issue(emitter_t *e, const sgemm_shape_t *s, const coords_t *c,
                        ta, tsa);
     }
   }
-  name_t gj = bin(e, "addi", c->col0, c->bcol);
-  for (int i = 0; i < c->nb; ++i) {
-    name_t gi = bin(e, "addi", k0, c->br[i]);
-    toks[ntok] = e->next++;
-    kiln_sbuf_printf(e->out,
-                     "%s%%t%d = nvgpu.device_async_copy %%B[%s, %s], %%sB[%s, %s, %s], 4 "
-                     "{bypassL1} : %s to %s\n",
-                     e->indent, toks[ntok++], gi.s, gj.s, st.s, c->br[i].s, c->bcol.s,
-                     tb, tsb);
-  }
+  copy_chunks(e, "%B", "%sB", k0, c->col0, c->br, c->bcol, c->nb, st, tb, tsb, toks,
+              &ntok);
   snprintf(group, 24, "%%g%d", e->next++);
   kiln_sbuf_printf(e->out, "%s%s = nvgpu.device_async_create_group ", e->indent, group);
   for (int i = 0; i < ntok; ++i) kiln_sbuf_printf(e->out, "%s%%t%d", i ? ", " : "", toks[i]);

@@ -75,6 +75,18 @@ static int64_t row_block(int64_t rows, int64_t cols) {
   return 1;
 }
 
+// x (static, rank > 2) viewed as the [R, C] rows of its last dim: the form
+// of the CUDA row kernels (kernels/gpu_rows.c).
+static kiln_status_t emit_rows_view(kiln_emitter_t *e, const kiln_tv_t *x,
+                                    kiln_tv_t *out) {
+  int64_t C = x->type.dims[x->type.rank - 1];
+  kiln_type_t t = x->type;
+  t.rank = 2;
+  t.dims[0] = kiln_type_numel(&x->type) / (C ? C : 1);
+  t.dims[1] = C;
+  return kiln_emit_reshape(e, x, &t, out);
+}
+
 kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_tv_t *x0 = &e->values[n->operands[0].value];
   const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
@@ -128,15 +140,10 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &res, rt, &out));
   } else if (e->options.cuda && rank > 2 && d == rank - 1 &&
              kiln_type_is_static(&x0->type)) {
-    // CUDA: the rows of x viewed as [R, C], the row kernels' form
-    // (kernels/gpu_rows.c), as layer norm above.
-    int64_t C = x0->type.dims[rank - 1];
-    kiln_type_t x2t = x0->type;
-    x2t.rank = 2;
-    x2t.dims[0] = kiln_type_numel(&x0->type) / (C ? C : 1);
-    x2t.dims[1] = C;
+    // CUDA: over the rows of x viewed as [R, C] (emit_rows_view), one row
+    // kernel.
     kiln_tv_t x2, r;
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x0, &x2t, &x2));
+    KILN_RETURN_IF_ERROR_PLAIN(emit_rows_view(e, x0, &x2));
     bool red[KILN_MAX_RANK] = {false, true};
     KILN_RETURN_IF_ERROR_PLAIN(softmax_core(e, n->op, &x2, red, mt, rt->dtype, false, &r));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &r, rt, &out));
@@ -277,13 +284,8 @@ kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
     // CUDA: over the rows of x viewed as [R, C], the form of the row
     // kernels (kernels/gpu_rows.c: one kernel for the three passes, a row
     // per lanes of a warp); as [B, T, C] it was five kernels.
-    int64_t C = x0->type.dims[rank - 1];
-    kiln_type_t x2t = x0->type;
-    x2t.rank = 2;
-    x2t.dims[0] = kiln_type_numel(&x0->type) / (C ? C : 1);
-    x2t.dims[1] = C;
     kiln_tv_t x2, yb[3];
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x0, &x2t, &x2));
+    KILN_RETURN_IF_ERROR_PLAIN(emit_rows_view(e, x0, &x2));
     bool red[KILN_MAX_RANK] = {false, true};
     KILN_RETURN_IF_ERROR_PLAIN(layer_norm_core(e, n, &x2, red, mt, eps, &yb[0], &yb[1], &yb[2]));
     for (int k = 0; k < 3; ++k) {
