@@ -91,3 +91,57 @@ def test_transformer_layer_with_dynamic_shapes():
         for b, t in ((2, 8), (3, 5), (4, 16)):
             x = torch.randn(b, t, 32)
             torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
+
+
+class Attention(nn.Module):
+    """SDPA as models call it; on the CPU it dispatches to the flash op."""
+
+    def __init__(self, mask=None, causal=False, scale=None):
+        super().__init__()
+        self.mask, self.causal, self.scale = mask, causal, scale
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=self.mask, is_causal=self.causal, scale=self.scale) * 2.0
+
+
+ATTENTION = [
+    ("plain", dict(), torch.float32),
+    ("causal", dict(causal=True), torch.float32),
+    ("float_mask", dict(mask=torch.randn(7, 5)), torch.float32),
+    ("scale", dict(scale=0.3), torch.float32),
+    ("bf16", dict(), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("name,kw,dtype", ATTENTION, ids=[a[0] for a in ATTENTION])
+def test_attention_inference_runs_in_kiln(name, kw, dtype):
+    """Inference attention is kiln's (fallback="error" fails on any node
+    left to PyTorch), on fresh random inputs, L != S."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 7, 8, dtype=dtype)
+    k, v = torch.randn(2, 3, 5, 8, dtype=dtype), torch.randn(2, 3, 5, 8, dtype=dtype)
+    if "mask" in kw:
+        kw = dict(kw, mask=kw["mask"].to(dtype))
+    model = Attention(**kw)
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        check_close(compiled(q, k, v), model(q, k, v))
+
+
+def test_attention_training_keeps_flash_forward_in_pytorch(capfd, monkeypatch):
+    """A training forward saves the logsumexp for PyTorch's flash backward:
+    the forward op stays PyTorch's (reported), gradients match eager."""
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8, requires_grad=True) for _ in range(3))
+    model = Attention(causal=True)
+    compiled = torch.compile(model, backend="kiln")
+    compiled(q, k, v).square().sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    model(q, k, v).square().sum().backward()
+    for g, t in zip(got, (q, k, v)):
+        torch.testing.assert_close(g, t.grad, atol=1e-4, rtol=1e-4)
+    assert "its logsumexp is used" in capfd.readouterr().err
