@@ -194,7 +194,7 @@ static const char *const kStagePipelines[KILN_STAGE_COUNT] = {
         "builtin.module(convert-linalg-to-loops,"
         "lower-affine,expand-strided-metadata,lower-affine,"
         "finalize-memref-to-llvm{use-generic-functions=true},convert-scf-to-cf,convert-math-to-funcs,"
-        "convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{enable-x86vector},"
+        "convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{enable-x86vector reassociate-fp-reductions=true},"
         "convert-arith-to-llvm,convert-index-to-llvm,convert-ub-to-llvm,convert-cf-to-llvm,"
         "convert-func-to-llvm,convert-arith-to-llvm,convert-cf-to-llvm,"
         "convert-openmp-to-llvm,reconcile-unrealized-casts)",
