@@ -51,7 +51,8 @@ OPTIONS = {
 # Dynamo's allocators (what Inductor's generated code calls): a dense tensor
 # from sizes, strides and dtype, without torch.empty's argument parsing and
 # dispatch (0.5 against 1.9 us a call on the CPU; the GPU step allocates ~70
-# outputs). The CUDA one allocates on the current device: _fast checks it.
+# outputs). The CUDA one allocates on the current device: _alloc_outputs
+# takes it only while that is the partition's.
 try:
     from torch._C._dynamo.guards import _empty_strided_cpu, _empty_strided_cuda
 except ImportError:  # pragma: no cover - older builds

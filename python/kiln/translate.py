@@ -586,6 +586,9 @@ def _sdpa_cpu(e, n):
         if mask is not None:
             s4 = e.op("aten.add", [s4, e.operand(mask)])
         if causal:  # top-left aligned: query i sees keys j <= i
+            if max(L, S) > 65536:
+                raise Unsupported(f"a causal mask over {L}x{S} positions (kiln folds "
+                                  "position constants up to 65536)")
             rows = e.op("kiln.constant", [], {"value": "[" + ", ".join(map(str, range(L))) + "]"})
             e.lines[-1] += f" : i64[{L}]"
             cols = e.op("kiln.constant", [], {"value": "[" + ", ".join(map(str, range(S))) + "]"})
