@@ -899,6 +899,85 @@ static void plan_epilogue_fusion(const collect_t *c, kiln_kernel_fusion_t *fusio
   }
 }
 
+// arith.maxnumf -> select(a > b, a, b), one x86 max instruction (maxnumf's
+// rule, the non-NaN operand wins, costs a compare and a blend more). The
+// lowering emits maxnumf only where NaN need not propagate through the max
+// (kiln_emit_reduce_max_nan_free: softmax's row max, whose NaN rows turn
+// NaN through exp and the sum), so either operand may win on a NaN.
+typedef struct {
+  MlirOperation *ops;
+  int count, cap;
+  bool oom;
+} op_list_t;
+
+static MlirWalkResult collect_maxnumf(MlirOperation op, void *user) {
+  op_list_t *l = user;
+  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
+  if (n.length != 13 || memcmp(n.data, "arith.maxnumf", 13) != 0) return MlirWalkResultAdvance;
+  if (l->count == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 16;
+    MlirOperation *ops = realloc(l->ops, (size_t)cap * sizeof(*ops));
+    if (!ops) {
+      l->oom = true;
+      return MlirWalkResultInterrupt;
+    }
+    l->ops = ops;
+    l->cap = cap;
+  }
+  l->ops[l->count++] = op;
+  return MlirWalkResultAdvance;
+}
+
+static MlirOperation create_op(MlirContext ctx, const char *name, MlirLocation loc,
+                               intptr_t nops, MlirValue *operands, MlirType result,
+                               MlirNamedAttribute *attr) {
+  MlirOperationState st = mlirOperationStateGet(mlirStringRefCreateFromCString(name), loc);
+  mlirOperationStateAddOperands(&st, nops, operands);
+  mlirOperationStateAddResults(&st, 1, &result);
+  if (attr) mlirOperationStateAddAttributes(&st, 1, attr);
+  return mlirOperationCreate(&st);
+}
+
+static kiln_status_t relax_maxnumf(MlirContext ctx, MlirModule module) {
+  op_list_t l = {0};
+  mlirOperationWalk(mlirModuleGetOperation(module), collect_maxnumf, &l, MlirWalkPostOrder);
+  if (l.oom) {
+    free(l.ops);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "relaxing maxnumf");
+  }
+  MlirType i1 = mlirIntegerTypeGet(ctx, 1);
+  // arith::CmpFPredicate::OGT.
+  MlirNamedAttribute pred = mlirNamedAttributeGet(
+      mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("predicate")),
+      mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 2));
+  for (int i = 0; i < l.count; ++i) {
+    MlirOperation op = l.ops[i];
+    MlirValue a = mlirOperationGetOperand(op, 0), b = mlirOperationGetOperand(op, 1);
+    MlirType t = mlirValueGetType(a);
+    MlirType ct = i1;
+    if (mlirTypeIsAVector(t)) {
+      intptr_t rank = mlirShapedTypeGetRank(t);
+      int64_t shape[8];
+      if (rank > 8) continue;  // left as maxnumf: correct, only slower
+      for (intptr_t k = 0; k < rank; ++k) shape[k] = mlirShapedTypeGetDimSize(t, k);
+      ct = mlirVectorTypeGet(rank, shape, i1);
+    } else if (!mlirTypeIsAFloat(t)) {
+      continue;
+    }
+    MlirLocation loc = mlirOperationGetLocation(op);
+    MlirBlock block = mlirOperationGetBlock(op);
+    MlirOperation cmp = create_op(ctx, "arith.cmpf", loc, 2, (MlirValue[]){a, b}, ct, &pred);
+    mlirBlockInsertOwnedOperationBefore(block, op, cmp);
+    MlirOperation sel = create_op(ctx, "arith.select", loc, 3,
+                                  (MlirValue[]){mlirOperationGetResult(cmp, 0), a, b}, t, NULL);
+    mlirBlockInsertOwnedOperationBefore(block, op, sel);
+    mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, 0), mlirOperationGetResult(sel, 0));
+    mlirOperationDestroy(op);
+  }
+  free(l.ops);
+  return NULL;
+}
+
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
                                          const kiln_kernel_tiling_t *tiling) {
   // Without a target: AVX2-class registers, one thread.
@@ -929,6 +1008,7 @@ kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
   if (s) return s;
   s = kiln_kernels_apply_script(ctx, module, text, "CPU schedule");
   free(text);
+  if (!s) s = relax_maxnumf(ctx, module);
   return s;
 }
 

@@ -211,6 +211,11 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
   bool fl = kiln_dtype_is_float(mt), bo = mt == KILN_BOOL;
   *r_dtype = mt;
   char t1[24], t2[24], t3[24], c0[24], c1[24];
+  if (op == KILN_EMIT_OP_EXP_DIFF) {
+    inst(e, b, t1, "arith.subf", v[0], v[1], ty);
+    kiln_emit_math(e, b, "exp_nonpositive", t1, mt, r);
+    return NULL;
+  }
   switch (op) {
     case KILN_OP_NEG:
       if (fl) inst(e, b, r, "arith.negf", v[0], NULL, ty);
@@ -779,9 +784,27 @@ static int64_t full_reduction_rows(int64_t n) {
   return 0;
 }
 
+static kiln_status_t emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
+                                 const kiln_tv_t *x, const bool *reduced,
+                                 bool keepdim, kiln_dtype_t acc, bool nan_free,
+                                 kiln_tv_t *out);
+
 kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
                                const kiln_tv_t *x, const bool *reduced,
                                bool keepdim, kiln_dtype_t acc, kiln_tv_t *out) {
+  return emit_reduce(e, op, x, reduced, keepdim, acc, false, out);
+}
+
+kiln_status_t kiln_emit_reduce_max_nan_free(kiln_emitter_t *e, const kiln_tv_t *x,
+                                            const bool *reduced, bool keepdim,
+                                            kiln_dtype_t acc, kiln_tv_t *out) {
+  return emit_reduce(e, KILN_OP_AMAX, x, reduced, keepdim, acc, true, out);
+}
+
+static kiln_status_t emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
+                                 const kiln_tv_t *x, const bool *reduced,
+                                 bool keepdim, kiln_dtype_t acc, bool nan_free,
+                                 kiln_tv_t *out) {
   const kiln_type_t *xt0 = &x->type;
   bool all = xt0->rank > 0;
   for (int i = 0; i < xt0->rank; ++i) all &= reduced[i];
@@ -796,8 +819,8 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
     kiln_tv_t x2, part, r;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, x, &t2, &x2));
     bool by_row[KILN_MAX_RANK] = {false, true}, whole[KILN_MAX_RANK] = {true};
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, op, &x2, by_row, false, acc, &part));
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, op, &part, whole, false, acc, &r));
+    KILN_RETURN_IF_ERROR_PLAIN(emit_reduce(e, op, &x2, by_row, false, acc, nan_free, &part));
+    KILN_RETURN_IF_ERROR_PLAIN(emit_reduce(e, op, &part, whole, false, acc, nan_free, &r));
     if (!keepdim) {
       *out = r;
       return NULL;
@@ -813,7 +836,7 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
       collapse_reduced_runs(e, x, reduced, &collapsed, creduced)) {
     kiln_tv_t r;
     KILN_RETURN_IF_ERROR_PLAIN(
-        kiln_emit_reduce(e, op, &collapsed, creduced, false, acc, &r));
+        emit_reduce(e, op, &collapsed, creduced, false, acc, nan_free, &r));
     if (!keepdim) {
       *out = r;
       return NULL;
@@ -844,7 +867,7 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
     case KILN_OP_AMAX:
       init = fl ? -INFINITY : bo ? 0 : acc == KILN_I32 ? -2147483648.0
                                                        : -9223372036854775808.0;
-      combine = bo ? "arith.ori" : fl ? "arith.maximumf" : "arith.maxsi";
+      combine = bo ? "arith.ori" : !fl ? "arith.maxsi" : nan_free ? "arith.maxnumf" : "arith.maximumf";
       break;
     case KILN_OP_AMIN:
       init = fl ? INFINITY : bo ? 1 : acc == KILN_I32 ? 2147483647.0

@@ -80,6 +80,15 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
                                const kiln_tv_t *x, const bool *reduced,
                                bool keepdim, kiln_dtype_t acc, kiln_tv_t *out);
 
+// The float max of `x` over `reduced` for a consumer that is NaN wherever
+// an operand was (softmax: x - max feeds exp and the row sum), so the max
+// itself need not propagate NaN: combined with arith.maxnumf, which the CPU
+// pipeline relaxes to one max instruction per vector
+// (kiln_cpu_relax_maxnumf); arith.maximumf's NaN rule costs six on x86.
+kiln_status_t kiln_emit_reduce_max_nan_free(kiln_emitter_t *e, const kiln_tv_t *x,
+                                            const bool *reduced, bool keepdim,
+                                            kiln_dtype_t acc, kiln_tv_t *out);
+
 // Same elements, new static shape (collapse to 1-D and expand).
 kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
                                 const kiln_type_t *to, kiln_tv_t *out);
@@ -116,8 +125,15 @@ void kiln_emit_scalar_const(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_dtype_t t,
 kiln_status_t kiln_emit_error(kiln_emitter_t *e, kiln_status_code_t code,
                               const char *fmt, ...) KILN_PRINTF(3, 4);
 
+// Element functions only composite lowerings ask for, numbered past the
+// graph's ops: the graph never holds them, the emitter's bodies know them.
+//  - EXP_DIFF(x, y) = e^(x - y) where x <= y or either is NaN (softmax's
+//    exponentials against the row max): exp without its overflow clamp.
+#define KILN_EMIT_OP_EXP_DIFF ((kiln_op_id_t)KILN_OP_COUNT)
+
 // `math.<fn>` of scalar `x` in math dtype `mt`; exp, tanh and erf in f32 are
-// emitted as vectorizable arithmetic (lowering/math_approx.c).
+// emitted as vectorizable arithmetic (lowering/math_approx.c), as is
+// "exp_nonpositive", exp of an argument known to be <= 0 or NaN.
 void kiln_emit_math(kiln_emitter_t *e, kiln_sbuf_t *b, const char *fn,
                     const char *x, kiln_dtype_t mt, char out[24]);
 
