@@ -194,6 +194,11 @@ kiln_status_t kiln_cpu_fuse_loops(MlirContext ctx, MlirModule module, int thread
 // cache key: lib/api).
 kiln_status_t kiln_cpu_streaming_stores(MlirContext ctx, MlirModule module, int *count);
 bool kiln_streaming_stores_enabled(void);
+// CPU, on the bufferized module: the compute pass of a row-block kernel
+// prefetches the next block into L2 (lowering/prefetch.c); `*count` counts
+// the prefetches. KILN_PREFETCH=0 turns it off (part of the cache key).
+kiln_status_t kiln_cpu_prefetch_row_blocks(MlirContext ctx, MlirModule module, int *count);
+bool kiln_prefetch_enabled(void);
 // A program as bytes (the compile cache's payload for a CUDA variant) and
 // back; deserializing checks every count and index.
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *program,

@@ -285,6 +285,12 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
         }
       }
     } else {
+      if (stage == KILN_STAGE_LOOPS && opts && opts->vectorize && kiln_prefetch_enabled()) {
+        int prefetches = 0;
+        kiln_sbuf_free(&m->diags);
+        kiln_status_t s = kiln_cpu_prefetch_row_blocks(m->ctx, module, &prefetches);
+        if (s) return kiln_mlir_with_diagnostics(m, s);
+      }
       if (stage == KILN_STAGE_LOOPS && opts && opts->threads > 1) {
         // Thread-distributed loops become scf.parallel; independent ones
         // then run as one parallel region (lowering/hfuse.c).

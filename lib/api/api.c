@@ -642,13 +642,14 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
   kiln_hasher_update(&h, &build_id, sizeof(build_id));
   kiln_hasher_update_str(&h, kiln_jit_host_id());
   kiln_hasher_update_str(&h, f->target);
-  // KILN_HFUSE=0 (horizontal fusion off, lowering/hfuse.c) and
-  // KILN_STREAM_STORES=0 (lowering/streaming.c) change the code.
+  // KILN_HFUSE=0 (horizontal fusion off, lowering/hfuse.c),
+  // KILN_STREAM_STORES=0 (lowering/streaming.c) and KILN_PREFETCH=0
+  // (lowering/prefetch.c) change the code.
   const char *hfuse = getenv("KILN_HFUSE");
-  int32_t opts[6] = {f->options.opt_level, f->options.vectorize,
+  int32_t opts[7] = {f->options.opt_level, f->options.vectorize,
                      f->options.num_threads, (int32_t)f->options.autotune,
                      hfuse && strcmp(hfuse, "0") == 0,
-                     !kiln_streaming_stores_enabled()};
+                     !kiln_streaming_stores_enabled(), !kiln_prefetch_enabled()};
   kiln_hasher_update(&h, opts, sizeof(opts));
   kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
   // The graph's name is a label, not code: hash the text without it.
