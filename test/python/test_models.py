@@ -145,3 +145,30 @@ def test_attention_training_keeps_flash_forward_in_pytorch(capfd, monkeypatch):
     for g, t in zip(got, (q, k, v)):
         torch.testing.assert_close(g, t.grad, atol=1e-4, rtol=1e-4)
     assert "its logsumexp is used" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(7, 33), (4, 8, 128, 128), (2048, 4096)],
+                         ids=["flat", "cached", "row_blocks"])
+def test_softmax_special_values(fn, shape):
+    """Rows holding -inf, NaN and +inf, an all -inf row and a wide one match
+    eager's NaN and inf pattern in each CPU form of the softmax (flat passes,
+    exp kept in cache, blocks of rows): the row max may drop a NaN
+    (arith.maxnumf, one vmaxps) and exp(x - max) has no overflow clamp, since
+    the NaN reaches the row through exp and the sum (lowering/ops/nn.c)."""
+    x = torch.randn(*shape)
+    rows = x.view(-1, shape[-1])
+    rows[0, :] = float("-inf")
+    rows[1, 3] = float("nan")
+    rows[2, 5] = float("inf")
+    rows[3, ::2] = float("-inf")
+    rows[4] *= 100.0
+    compiled = torch.compile(lambda t: fn(t, -1), backend="kiln")
+    got, want = compiled(x), fn(x, -1)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf(), want.isinf())
+    finite = want.isfinite()
+    check_close(got[finite], want[finite])
+    # Masked positions are exact zeros, as eager's.
+    if fn is torch.softmax:
+        assert torch.equal(got.view(-1, shape[-1])[3, ::2], torch.zeros(shape[-1] // 2 + shape[-1] % 2))
