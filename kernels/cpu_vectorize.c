@@ -899,11 +899,16 @@ static void plan_epilogue_fusion(const collect_t *c, kiln_kernel_fusion_t *fusio
   }
 }
 
-// arith.maxnumf -> select(a > b, a, b), one x86 max instruction (maxnumf's
-// rule, the non-NaN operand wins, costs a compare and a blend more). The
-// lowering emits maxnumf only where NaN need not propagate through the max
-// (kiln_emit_reduce_max_nan_free: softmax's row max, whose NaN rows turn
-// NaN through exp and the sum), so either operand may win on a NaN.
+// arith.maxnumf(acc, x) -> select(acc > x, acc, x), one x86 max instruction
+// (maxnumf's rule, the non-NaN operand wins, costs a compare and a blend
+// more). The lowering emits maxnumf only where a NaN element need not
+// propagate through the max (kiln_emit_reduce_max_nan_free: softmax's row
+// max, whose NaN rows turn NaN through exp and the sum). The order matters:
+// the vectorized reduction starts its accumulators at maxnumf's identity,
+// NaN, and select(acc > x, acc, x) replaces a NaN accumulator by x, where
+// select(x > acc, x, acc) would keep it. So the accumulator, a loop-carried
+// block argument or a constant (the identity), goes first; an op with
+// neither operand of that kind stays maxnumf (correct, only slower).
 typedef struct {
   MlirOperation *ops;
   int count, cap;
@@ -938,6 +943,15 @@ static MlirOperation create_op(MlirContext ctx, const char *name, MlirLocation l
   return mlirOperationCreate(&st);
 }
 
+// A reduction's running value: a block argument (a loop's iter_arg) or a
+// constant (the identity it starts from).
+static bool accumulator_like(MlirValue v) {
+  if (mlirValueIsABlockArgument(v)) return true;
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(mlirOpResultGetOwner(v)));
+  return n.length == 14 && memcmp(n.data, "arith.constant", 14) == 0;
+}
+
 static kiln_status_t relax_maxnumf(MlirContext ctx, MlirModule module) {
   op_list_t l = {0};
   mlirOperationWalk(mlirModuleGetOperation(module), collect_maxnumf, &l, MlirWalkPostOrder);
@@ -953,6 +967,12 @@ static kiln_status_t relax_maxnumf(MlirContext ctx, MlirModule module) {
   for (int i = 0; i < l.count; ++i) {
     MlirOperation op = l.ops[i];
     MlirValue a = mlirOperationGetOperand(op, 0), b = mlirOperationGetOperand(op, 1);
+    if (!accumulator_like(a)) {
+      if (!accumulator_like(b)) continue;
+      MlirValue tmp = a;
+      a = b;
+      b = tmp;
+    }
     MlirType t = mlirValueGetType(a);
     MlirType ct = i1;
     if (mlirTypeIsAVector(t)) {

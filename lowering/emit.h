@@ -82,9 +82,10 @@ kiln_status_t kiln_emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
 
 // The float max of `x` over `reduced` for a consumer that is NaN wherever
 // an operand was (softmax: x - max feeds exp and the row sum), so the max
-// itself need not propagate NaN: combined with arith.maxnumf, which the CPU
-// pipeline relaxes to one max instruction per vector
-// (kiln_cpu_relax_maxnumf); arith.maximumf's NaN rule costs six on x86.
+// itself need not propagate NaN: combined with arith.maxnumf (accumulator
+// first), which the CPU schedule relaxes to one max instruction per vector
+// (relax_maxnumf, kernels/cpu_vectorize.c); arith.maximumf's NaN rule costs
+// six on x86.
 kiln_status_t kiln_emit_reduce_max_nan_free(kiln_emitter_t *e, const kiln_tv_t *x,
                                             const bool *reduced, bool keepdim,
                                             kiln_dtype_t acc, kiln_tv_t *out);

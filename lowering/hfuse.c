@@ -210,7 +210,8 @@ static MlirWalkResult scan_uses(MlirOperation op, void *user) {
   }
   static const char *const kReads[] = {"memref.load", "vector.load",
                                        "vector.transfer_read", "vector.maskedload",
-                                       "vector.gather", "memref.dim", NULL};
+                                       "vector.gather", "memref.dim",
+                                       "memref.prefetch", NULL};
   if (named_any(op, kReads)) return MlirWalkResultAdvance;
   // cp.async (kernels/gpu_sgemm.c, gpu_mma.c) writes its destination
   // (operand 0, shared memory) and reads its source.

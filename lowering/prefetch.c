@@ -14,7 +14,8 @@
 // step B >= 2 (blocks of rows), the innermost scf.for with the most fused
 // multiply-adds (at least kMinFma: a pass that computes, not one that
 // streams) gets, for each vector.transfer_read in it of a static 2-D
-// entry-function argument A[R, C] at [i, j] with i computed from the
+// entry-function argument A[R, C] (or a view of one: a [B, H, T, T] input
+// is read as its [B*H*T, T] rows) at [i, j] with i computed from the
 // forall's variable, and which an earlier pass of the block reads too, a
 //   memref.prefetch A[min(i + B, R - 1), j], read, locality<2>, data
 // (locality 2: prefetcht1, to L2, leaving L1 to the block in use). The last
@@ -153,13 +154,14 @@ static int prefetch_reads(MlirContext ctx, MlirOperation forall, MlirOperation l
   for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op)) {
     if (!kiln_gpu_op_named(op, "vector.transfer_read") || nreads == kMaxReads) continue;
-    MlirValue src = mlirOperationGetOperand(op, 0);
+    MlirValue src = mlirOperationGetOperand(op, 0), root = view_root(src);
     MlirType t = mlirValueGetType(src);
-    if (!mlirValueIsABlockArgument(src) || !mlirBlockEqual(mlirBlockArgumentGetOwner(src), entry) ||
-        !mlirTypeIsAMemRef(t) || mlirShapedTypeGetRank(t) != 2 ||
-        !mlirShapedTypeHasStaticShape(t) || mlirOperationGetNumOperands(op) < 3)
+    if (!mlirValueIsABlockArgument(root) ||
+        !mlirBlockEqual(mlirBlockArgumentGetOwner(root), entry) || !mlirTypeIsAMemRef(t) ||
+        mlirShapedTypeGetRank(t) != 2 || !mlirShapedTypeHasStaticShape(t) ||
+        mlirOperationGetNumOperands(op) < 3)
       continue;
-    if (!derives_from(mlirOperationGetOperand(op, 1), iv, 4) || !read_before(forall, loop, src))
+    if (!derives_from(mlirOperationGetOperand(op, 1), iv, 4) || !read_before(forall, loop, root))
       continue;
     reads[nreads++] = op;
   }
