@@ -178,11 +178,15 @@ def _train_step(model, loss_fn):
             self.opt_step = compile_fn(self.opt.step)
 
         def __call__(self, compiled, *inputs):
+            # Inductor's CUDA graph trees (max-autotune, reduce-overhead on
+            # CUDA) reuse their output memory on the next replay: a new step
+            # is declared, and the loss leaves as a copy. No-ops elsewhere.
+            torch.compiler.cudagraph_mark_step_begin()
             self.opt.zero_grad(set_to_none=True)
             loss = loss_fn(compiled(*inputs))
             loss.backward()
             self.opt_step()
-            return loss.detach()
+            return loss.detach().clone()
 
     return Step()
 
