@@ -867,7 +867,10 @@ static kiln_status_t emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
     case KILN_OP_AMAX:
       init = fl ? -INFINITY : bo ? 0 : acc == KILN_I32 ? -2147483648.0
                                                        : -9223372036854775808.0;
-      combine = bo ? "arith.ori" : !fl ? "arith.maxsi" : nan_free ? "arith.maxnumf" : "arith.maximumf";
+      combine = bo          ? "arith.ori"
+                : !fl         ? "arith.maxsi"
+                : nan_free    ? "arith.maxnumf"
+                              : "arith.maximumf";
       break;
     case KILN_OP_AMIN:
       init = fl ? INFINITY : bo ? 1 : acc == KILN_I32 ? 2147483647.0

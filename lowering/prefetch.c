@@ -81,7 +81,8 @@ static MlirOperation index_const(MlirContext ctx, MlirLocation loc, int64_t v) {
   MlirNamedAttribute a = mlirNamedAttributeGet(
       mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("value")),
       mlirIntegerAttrGet(index, v));
-  MlirOperationState st = mlirOperationStateGet(mlirStringRefCreateFromCString("arith.constant"), loc);
+  MlirOperationState st =
+      mlirOperationStateGet(mlirStringRefCreateFromCString("arith.constant"), loc);
   mlirOperationStateAddResults(&st, 1, &index);
   mlirOperationStateAddAttributes(&st, 1, &a);
   return mlirOperationCreate(&st);
