@@ -112,7 +112,7 @@ static bool is_inert(MlirOperation op) {
   return named_any(op, kInert) || is_view(op);
 }
 
-static MlirValue root_of(MlirValue v) {
+MlirValue kiln_memref_view_root(MlirValue v) {
   for (int depth = 0; depth < 16 && mlirValueIsAOpResult(v); ++depth) {
     MlirOperation def = mlirOpResultGetOwner(v);
     if (!is_view(def)) break;
@@ -427,7 +427,7 @@ static kiln_status_t read_node(hfuse_t *h, MlirOperation op, node_t *n) {
                         ? mlirRegionGetFirstBlock(mlirOperationGetRegion(n->func, 0))
                         : (MlirBlock){NULL};
   for (int i = 0; !s && i < bufs.count; ++i) {
-    n->roots[i] = root_of(bufs.v[i]);
+    n->roots[i] = kiln_memref_view_root(bufs.v[i]);
     int w = 1;
     if (n->kind != NODE_LAUNCH) {
       w = may_write(op, bufs.v[i]);

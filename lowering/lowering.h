@@ -182,6 +182,10 @@ void kiln_gpu_program_free(kiln_gpu_program_t *program);
 // outlined module become one kernel each; `*fused` counts the merged
 // kernels.
 kiln_status_t kiln_gpu_fuse_launches(MlirContext ctx, MlirModule module, int *fused);
+// The buffer a chain of memref views (subview, expand/collapse_shape, cast,
+// reshape, ...) starts from: a function argument or an allocation
+// (lowering/hfuse.c).
+MlirValue kiln_memref_view_root(MlirValue v);
 // CPU: independent top-level scf.parallel loops (thread-distributed ops,
 // before convert-scf-to-openmp) become one loop of `threads` iterations,
 // each running its thread's share of every member.

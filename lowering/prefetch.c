@@ -98,20 +98,6 @@ static MlirOperation index_binary(MlirContext ctx, MlirLocation loc, const char 
   return mlirOperationCreate(&st);
 }
 
-// The value a chain of memref views starts from.
-static MlirValue view_root(MlirValue v) {
-  for (int depth = 0; depth < 8 && mlirValueIsAOpResult(v); ++depth) {
-    MlirOperation def = mlirOpResultGetOwner(v);
-    if (!kiln_gpu_op_named(def, "memref.subview") &&
-        !kiln_gpu_op_named(def, "memref.expand_shape") &&
-        !kiln_gpu_op_named(def, "memref.collapse_shape") &&
-        !kiln_gpu_op_named(def, "memref.cast"))
-      break;
-    v = mlirOperationGetOperand(def, 0);
-  }
-  return v;
-}
-
 typedef struct {
   MlirValue arg;
   bool found;
@@ -120,7 +106,7 @@ typedef struct {
 static MlirWalkResult find_read_of(MlirOperation op, void *user) {
   reads_arg_t *r = user;
   if (kiln_gpu_op_named(op, "vector.transfer_read") &&
-      mlirValueEqual(view_root(mlirOperationGetOperand(op, 0)), r->arg)) {
+      mlirValueEqual(kiln_memref_view_root(mlirOperationGetOperand(op, 0)), r->arg)) {
     r->found = true;
     return MlirWalkResultInterrupt;
   }
@@ -155,7 +141,7 @@ static int prefetch_reads(MlirContext ctx, MlirOperation forall, MlirOperation l
   for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op)) {
     if (!kiln_gpu_op_named(op, "vector.transfer_read") || nreads == kMaxReads) continue;
-    MlirValue src = mlirOperationGetOperand(op, 0), root = view_root(src);
+    MlirValue src = mlirOperationGetOperand(op, 0), root = kiln_memref_view_root(src);
     MlirType t = mlirValueGetType(src);
     if (!mlirValueIsABlockArgument(root) ||
         !mlirBlockEqual(mlirBlockArgumentGetOwner(root), entry) || !mlirTypeIsAMemRef(t) ||
