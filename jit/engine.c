@@ -1,5 +1,6 @@
 // Object code: MLIR LLVM dialect -> LLVM IR -> object (in memory), linked by
 // LLVM ORC LLJIT; runtime symbols; libffi calls.
+#include <dlfcn.h>
 #include <ffi.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 
 #include "jit.h"
 #include "openmp_shim.h"
+#include "regions.h"
 
 // The OpenMP runtime in use (set once by kiln_jit_openmp_available).
 enum { OMP_NONE, OMP_LIBOMP, OMP_GOMP };
@@ -308,13 +310,30 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
   };
   // omp_mode was settled when the function was compiled (resolve_threads);
   // objects without parallel loops reference no __kmpc symbol at all.
+  // KILN_LOG=regions times each fork (jit/regions.c): __kmpc_fork_call
+  // binds to the timer, which calls the runtime's.
+  void *fork = omp_mode == OMP_GOMP     ? (void *)kiln_kmpc_fork_call
+               : omp_mode == OMP_LIBOMP ? dlsym(RTLD_DEFAULT, "__kmpc_fork_call")
+                                        : NULL;
+  const char *log = getenv("KILN_LOG");
+  bool timed = fork && log && strstr(log, "regions");
+  if (timed) kiln_regions_install((kiln_fork_call_fn)fork);
   int n = 0;
-  LLVMOrcCSymbolMapPair syms[N_RUNTIME + N_SHIM];
+  LLVMOrcCSymbolMapPair syms[N_RUNTIME + N_SHIM + 1];
+  if (timed) {
+    syms[n].Name = LLVMOrcLLJITMangleAndIntern(j->lljit, "__kmpc_fork_call");
+    syms[n].Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)kiln_regions_fork_call;
+    syms[n].Sym.Flags.GenericFlags =
+        LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable;
+    syms[n].Sym.Flags.TargetFlags = 0;
+    n++;
+  }
   for (int i = 0; i < N_RUNTIME + N_SHIM; ++i) {
     bool shim = i >= N_RUNTIME;
     if (shim && omp_mode != OMP_GOMP) break;
     const char *name = shim ? gomp_shim[i - N_RUNTIME].name : runtime[i].name;
     void *fn = shim ? gomp_shim[i - N_RUNTIME].fn : runtime[i].fn;
+    if (timed && fn == (void *)kiln_kmpc_fork_call) continue;
     syms[n].Name = LLVMOrcLLJITMangleAndIntern(j->lljit, name);
     syms[n].Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)fn;
     syms[n].Sym.Flags.GenericFlags =
@@ -337,8 +356,6 @@ kiln_status_t kiln_jit_load_object(const void *data, size_t size,
   *out_jit = j;
   return NULL;
 }
-
-#include <dlfcn.h>
 
 #ifndef KILN_OMP_LIBRARY
 #define KILN_OMP_LIBRARY "libomp.so.5"
