@@ -298,8 +298,8 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
 // threads. A tensor.pad reached bufferization whole and became a scalar
 // fill loop and one strided memref.copy on one thread: 2.9 of the bench's
 // resnet block's 21 ms. (A plain insert_slice would be vectorized into one
-// vector of the whole tensor.) The CUDA target and symbolic sizes keep
-// tensor.pad.
+// vector of the whole tensor.) The CUDA target, symbolic sizes and an
+// input of one row keep tensor.pad.
 static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int64_t lo_w,
                               int64_t hi_h, int64_t hi_w) {
   if (!lo_h && !lo_w && !hi_h && !hi_w) return NULL;
@@ -311,7 +311,9 @@ static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int
   kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
   kiln_mlir_tensor_type(&pt, pty, sizeof(pty));
   int id = e->next_id++;
-  if (!e->options.cuda && kiln_type_is_static(&x->type)) {
+  const int64_t *xd = x->type.dims;
+  bool one_row = xd[0] * xd[1] == 1 && xd[2] == 1;  // no loop to spread it over
+  if (!e->options.cuda && kiln_type_is_static(&x->type) && !one_row) {
     kiln_tv_t z;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, 0, &z));
     const int64_t *d = x->type.dims;
