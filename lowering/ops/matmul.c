@@ -316,11 +316,10 @@ static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int
   if (!e->options.cuda && kiln_type_is_static(&x->type) && !one_row) {
     kiln_tv_t z;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, 0, &z));
-    const int64_t *d = x->type.dims;
     // One plane per iteration, or one row of the only plane: never a
     // single iteration (canonicalization would fold the loop into a plain
     // insert_slice).
-    bool rows = d[0] * d[1] == 1;
+    bool rows = xd[0] * xd[1] == 1;
     kiln_type_t st = x->type;
     st.dims[0] = st.dims[1] = 1;
     if (rows) st.dims[2] = 1;
@@ -337,9 +336,9 @@ static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int
                        "        tensor.parallel_insert_slice %%ps%d into %%po%d[0, 0, %%ph%d, %lld] "
                        "[1, 1, 1, %lld] [1, 1, 1, 1] : %s into %s\n"
                        "      }\n    }\n",
-                       padded, id, (long long)d[2], id, z.ssa, pty, id, x->ssa, id,
-                       (long long)d[3], xty, sty, id, (long long)lo_h, id, id, id, id,
-                       (long long)lo_w, (long long)d[3], sty, pty);
+                       padded, id, (long long)xd[2], id, z.ssa, pty, id, x->ssa, id,
+                       (long long)xd[3], xty, sty, id, (long long)lo_h, id, id, id, id,
+                       (long long)lo_w, (long long)xd[3], sty, pty);
     else
       kiln_sbuf_printf(b,
                        "    %s = scf.forall (%%pn%d, %%pc%d) in (%lld, %lld) shared_outs(%%po%d = %s) "
@@ -350,9 +349,9 @@ static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int
                        "        tensor.parallel_insert_slice %%ps%d into %%po%d[%%pn%d, %%pc%d, %lld, %lld] "
                        "[1, 1, %lld, %lld] [1, 1, 1, 1] : %s into %s\n"
                        "      }\n    }\n",
-                       padded, id, id, (long long)d[0], (long long)d[1], id, z.ssa, pty, id,
-                       x->ssa, id, id, (long long)d[2], (long long)d[3], xty, sty, id, id, id, id,
-                       (long long)lo_h, (long long)lo_w, (long long)d[2], (long long)d[3], sty,
+                       padded, id, id, (long long)xd[0], (long long)xd[1], id, z.ssa, pty, id,
+                       x->ssa, id, id, (long long)xd[2], (long long)xd[3], xty, sty, id, id, id, id,
+                       (long long)lo_h, (long long)lo_w, (long long)xd[2], (long long)xd[3], sty,
                        pty);
   } else {
     kiln_emit_fresh(e, padded);
