@@ -289,7 +289,7 @@ static MlirWalkResult check_plain(MlirOperation op, void *user) {
 // a memory-bound op measured slower (the bench's MLP block: its second
 // weight's transpose merged into the first matmul's loop, 1.43 -> 1.55 ms
 // in kiln-run).
-static MlirWalkResult check_no_alloca(MlirOperation op, void *user) {
+static MlirWalkResult check_stays(MlirOperation op, void *user) {
   if (kiln_gpu_op_named(op, "memref.alloca") || kiln_gpu_op_named(op, "vector.fma")) {
     ((plain_t *)user)->plain = false;
     return MlirWalkResultInterrupt;
@@ -406,7 +406,7 @@ static void read_loop(node_t *n) {
     return;
   MlirOperation term = mlirBlockGetTerminator(body);
   plain_t p = {true};
-  mlirOperationWalk(op, check_no_alloca, &p, MlirWalkPreOrder);
+  mlirOperationWalk(op, check_stays, &p, MlirWalkPreOrder);
   n->mergeable = !mlirOperationIsNull(term) && kiln_gpu_op_named(term, "scf.reduce") &&
                  mlirOperationGetNumOperands(term) == 0 && p.plain;
 }

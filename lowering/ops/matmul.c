@@ -318,41 +318,30 @@ static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, 0, &z));
     // One plane per iteration, or one row of the only plane: never a
     // single iteration (canonicalization would fold the loop into a plain
-    // insert_slice).
+    // insert_slice). Loops (n, c, row block); unit ones fold away.
     bool rows = xd[0] * xd[1] == 1;
+    long long nr = rows ? xd[2] : 1, hs = rows ? 1 : xd[2];
     kiln_type_t st = x->type;
     st.dims[0] = st.dims[1] = 1;
-    if (rows) st.dims[2] = 1;
+    st.dims[2] = hs;
     char sty[256];
     kiln_mlir_tensor_type(&st, sty, sizeof(sty));
     kiln_emit_fresh(e, padded);
-    if (rows)
-      kiln_sbuf_printf(b,
-                       "    %s = scf.forall (%%pr%d) in (%lld) shared_outs(%%po%d = %s) -> (%s) {\n"
-                       "      %%ps%d = tensor.extract_slice %s[0, 0, %%pr%d, 0] [1, 1, 1, %lld] "
-                       "[1, 1, 1, 1] : %s to %s\n"
-                       "      %%ph%d = affine.apply affine_map<(d0) -> (d0 + %lld)>(%%pr%d)\n"
-                       "      scf.forall.in_parallel {\n"
-                       "        tensor.parallel_insert_slice %%ps%d into %%po%d[0, 0, %%ph%d, %lld] "
-                       "[1, 1, 1, %lld] [1, 1, 1, 1] : %s into %s\n"
-                       "      }\n    }\n",
-                       padded, id, (long long)xd[2], id, z.ssa, pty, id, x->ssa, id,
-                       (long long)xd[3], xty, sty, id, (long long)lo_h, id, id, id, id,
-                       (long long)lo_w, (long long)xd[3], sty, pty);
-    else
-      kiln_sbuf_printf(b,
-                       "    %s = scf.forall (%%pn%d, %%pc%d) in (%lld, %lld) shared_outs(%%po%d = %s) "
-                       "-> (%s) {\n"
-                       "      %%ps%d = tensor.extract_slice %s[%%pn%d, %%pc%d, 0, 0] [1, 1, %lld, %lld] "
-                       "[1, 1, 1, 1] : %s to %s\n"
-                       "      scf.forall.in_parallel {\n"
-                       "        tensor.parallel_insert_slice %%ps%d into %%po%d[%%pn%d, %%pc%d, %lld, %lld] "
-                       "[1, 1, %lld, %lld] [1, 1, 1, 1] : %s into %s\n"
-                       "      }\n    }\n",
-                       padded, id, id, (long long)xd[0], (long long)xd[1], id, z.ssa, pty, id,
-                       x->ssa, id, id, (long long)xd[2], (long long)xd[3], xty, sty, id, id, id, id,
-                       (long long)lo_h, (long long)lo_w, (long long)xd[2], (long long)xd[3], sty,
-                       pty);
+    kiln_sbuf_printf(b,
+                     "    %s = scf.forall (%%pn%d, %%pc%d, %%pr%d) in (%lld, %lld, %lld) "
+                     "shared_outs(%%po%d = %s) -> (%s) {\n"
+                     "      %%ph%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%pr%d)\n"
+                     "      %%pq%d = affine.apply affine_map<(d0) -> (d0 * %lld + %lld)>(%%pr%d)\n"
+                     "      %%ps%d = tensor.extract_slice %s[%%pn%d, %%pc%d, %%ph%d, 0] "
+                     "[1, 1, %lld, %lld] [1, 1, 1, 1] : %s to %s\n"
+                     "      scf.forall.in_parallel {\n"
+                     "        tensor.parallel_insert_slice %%ps%d into %%po%d[%%pn%d, %%pc%d, "
+                     "%%pq%d, %lld] [1, 1, %lld, %lld] [1, 1, 1, 1] : %s into %s\n"
+                     "      }\n    }\n",
+                     padded, id, id, id, (long long)xd[0], (long long)xd[1], nr, id, z.ssa, pty,
+                     id, hs, id, id, hs, (long long)lo_h, id, id, x->ssa, id, id, id, hs,
+                     (long long)xd[3], xty, sty, id, id, id, id, id, (long long)lo_w, hs,
+                     (long long)xd[3], sty, pty);
   } else {
     kiln_emit_fresh(e, padded);
     kiln_sbuf_printf(b, "    %s = tensor.pad %s low[0, 0, %lld, %lld] high[0, 0, %lld, %lld] {\n"
