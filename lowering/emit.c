@@ -248,7 +248,7 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
       memcpy(r, v[0], 24);
       return NULL;
     case KILN_OP_EXP: kiln_emit_math(e, b, "exp", v[0], mt, r); return NULL;
-    case KILN_OP_LOG: inst(e, b, r, "math.log", v[0], NULL, ty); return NULL;
+    case KILN_OP_LOG: kiln_emit_math(e, b, "log", v[0], mt, r); return NULL;
     case KILN_OP_SQRT: inst(e, b, r, "math.sqrt", v[0], NULL, ty); return NULL;
     case KILN_OP_RSQRT: inst(e, b, r, "math.rsqrt", v[0], NULL, ty); return NULL;
     case KILN_OP_TANH: kiln_emit_math(e, b, "tanh", v[0], mt, r); return NULL;

@@ -74,13 +74,30 @@ static const op_case_t kCases[] = {
                      " %b = aten.logical_or(%x, %y)\n %c = aten.logical_xor(%x, %y)\n return %a, %b, %c\n}"},
     {"where", ALL, "graph @t(%c: bool[3,17], %x: $T[3,17], %y: $T[17]) {\n %z = aten.where(%c, %x, %y)\n return %z\n}"},
     {"where", NUMERIC, "graph @t(%c: bool[3,17], %x: $T[3,17]) {\n %z = aten.where(%c, %x, 0)\n return %z\n}"},
-    // Special values through kiln's own f32 exp/tanh/erf (math_approx.c):
-    // infinities, NaN, overflow and underflow edges, tiny and large inputs.
+    // Special values through kiln's own f32 exp/log/tanh/erf
+    // (math_approx.c): infinities, NaN, overflow and underflow edges, tiny
+    // and large inputs.
     {"special", "f32 f16 bf16 f64", "graph @t(%x: $T[3]) {\n"
      " %c = kiln.constant() {value = [-inf, -104.0, -88.0, -87.0, -20.0, -2.5, -0.7, -0.001, 0.0, 1e-06, 0.3, 0.62, 0.63, 3.0, 9.5, 20.0, 88.0, 88.7, 88.73, 100.0, inf, nan]} : $T[22]\n"
      " %a = aten.exp(%c)\n %b = aten.tanh(%c)\n %d = aten.erf(%c)\n %e = aten.sigmoid(%c)\n"
-     " %f = aten.gelu(%c)\n %g = aten.gelu(%c) {approximate = \"tanh\"}\n %y = aten.neg(%x)\n"
-     " return %a, %b, %d, %e, %f, %g, %y\n}"},
+     " %f = aten.gelu(%c)\n %g = aten.gelu(%c) {approximate = \"tanh\"}\n %l = aten.log(%c)\n %y = aten.neg(%x)\n"
+     " return %a, %b, %d, %e, %f, %g, %l, %y\n}"},
+    // log across the range: subnormals, both sides of the reduction's
+    // sqrt(1/2) split, around 1, the largest finite floats, -0.
+    {"special", "f32 bf16 f64", "graph @t(%x: $T[3]) {\n"
+     " %c = kiln.constant() {value = [1e-45, 1e-40, 1.1e-38, 1.2e-38, 1e-30, 1e-10, 0.001, 0.5, 0.7071067, 0.7071068, 0.75, 0.9999999, 1.0, 1.0000001, 1.1, 1.4142135, 1.4142137, 2.0, 2.718282, 10.0, 12345.678, 1e10, 1e30, 3.4e38, -0.0, -1e-40]} : $T[26]\n"
+     " %l = aten.log(%c)\n %y = aten.neg(%x)\n return %l, %y\n}"},
+    // f32 log within 2 ulp of the correctly rounded result over 9 decades
+    // of magnitude (subnormals included): the graph measures its own
+    // relative error against the f64 log and answers a bool (the
+    // tolerances above would let a wrong coefficient through).
+    {"special", "f32", "graph @t(%x: $T[4096]) {\n"
+     " %s = kiln.constant() {value = [1e-40, 1e-30, 1e-10, 0.001, 1.0, 1.5, 1000.0, 1e10, 1e30]} : $T[9,1]\n"
+     " %a = aten.abs(%x)\n %b = aten.mul(%a, %s)\n %l = aten.log(%b)\n"
+     " %w = prims.convert_element_type(%b) {dtype = f64}\n %lw = aten.log(%w)\n"
+     " %l64 = prims.convert_element_type(%l) {dtype = f64}\n %d = aten.sub(%l64, %lw)\n"
+     " %r = aten.div(%d, %lw)\n %m = aten.abs(%r)\n %mx = aten.amax(%m)\n"
+     " %ok = aten.lt(%mx, 2.4e-07)\n return %ok\n}"},
     // Type promotion across dtypes.
     {"promote", "f16 bf16 i32", "graph @t(%x: $T[3,17], %y: f32[17]) {\n %z = aten.add(%x, %y)\n return %z\n}"},
     {"promote", "i32 i64 bool", "graph @t(%x: $T[3,17]) {\n %z = aten.add(%x, 1.5)\n return %z\n}"},
