@@ -149,7 +149,7 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                  "module attributes {transform.with_named_sequence} {\n"
                  "  transform.named_sequence @__transform_main(%root: "
                  "!transform.any_op {transform.readonly}) {\n");
-  bool peeled = false, folded = false;
+  bool peeled = false, folded = false, unit_reduction = false;
   for (int32_t i = 0; i < count; ++i) {
     const kiln_tile_config_t *t = &configs[i];
     int64_t sz[KILN_TILE_MAX_LOOPS];
@@ -292,6 +292,30 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                        scope, scope);
       folded = true;
     }
+    if (descs[i].kind != KILN_KERNEL_CONTRACTION && descs[i].reduction_mask) {
+      // A reduction's register tile reduces unit dims where its reduction
+      // loops are outside the vector (a column sum over [R, C] reads
+      // vector<1x16> per row). The vectorizer leaves a multi-reduction
+      // over the unit dim, or, where the body multiplies (sum(dy * x_hat):
+      // a weight gradient), a vector.contract with the parallel dim on
+      // both operands; the inner-reduction and outer-product lowerings
+      // unroll either into scalar adds, one per lane. Inside this op's
+      // loops the unit-dim reductions are folded to vector adds
+      // (canonicalization) and such contractions to a vector multiply-add
+      // (parallelarith) first (below). Marked on the outermost scf.for of
+      // the register level, or of the cache level: the loops the vector
+      // code ends up in.
+      int64_t scratch[KILN_TILE_MAX_LOOPS];
+      int lv = level_sizes(&descs[i], t, 2, scratch) ? 2
+               : level_sizes(&descs[i], t, 1, scratch) ? 1 : 0;
+      if (lv) {
+        kiln_sbuf_printf(&b,
+                         "    transform.annotate %%loop%d_%d_0 \"kiln.unit_reduction\" : "
+                         "!transform.any_op\n",
+                         i, lv);
+        unit_reduction = true;
+      }
+    }
     if (t->reduction_dim >= 0) {
       for (int k = 0; k < t->loop_count; ++k)
         sz[k] = k == t->reduction_dim ? t->reduction_tile : 0;
@@ -329,7 +353,18 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                        "    } : !transform.any_op\n");
   kiln_sbuf_puts(&b,
                  "    %vec = transform.structured.vectorize_children_and_apply_"
-                 "patterns %funcs : (!transform.any_op) -> !transform.any_op\n"
+                 "patterns %funcs : (!transform.any_op) -> !transform.any_op\n");
+  if (unit_reduction)
+    kiln_sbuf_puts(&b,
+                   "    %unitred = transform.structured.match attributes "
+                   "{kiln.unit_reduction} in %vec : (!transform.any_op) -> "
+                   "!transform.any_op\n"
+                   "    transform.apply_patterns to %unitred {\n"
+                   "      transform.apply_patterns.vector.lower_contraction "
+                   "lowering_strategy = \"parallelarith\"\n"
+                   "      transform.apply_patterns.canonicalization\n"
+                   "    } : !transform.any_op\n");
+  kiln_sbuf_puts(&b,
                  // Lower the n-D vector ops the vectorizer made to forms
                  // convert-vector-to-llvm handles: contractions as outer
                  // products (FMAs), multi-reductions along the inner dim.

@@ -192,7 +192,20 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
     break;
   }
   int f = forall_dim(d, c->reg);
-  if (f >= 0) c->forall[f] = c->reg[f];
+  if (f < 0) return;
+  c->forall[f] = c->reg[f];
+  if (d->kind == KILN_KERNEL_ELEMENTWISE && d->reduction_mask && f == r - 1 &&
+      !is_dynamic(d, f) && t->threads > 0) {
+    // A column reduction (its reduction loops outside the innermost,
+    // vectorized dim): a thread's share of the columns, not one vector of
+    // them, so each thread walks the rows in order and adds each row's run
+    // of its columns into accumulators that stay in L1. With a vector of
+    // columns per tile, every row was a strided 64-byte read (a page apart
+    // for rows of 1024 floats).
+    int64_t share = (d->range[f] + t->threads - 1) / t->threads;
+    for (int64_t s = c->reg[f]; s <= share; s += c->reg[f])
+      if (d->range[f] % s == 0) c->forall[f] = s;
+  }
 }
 
 bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
