@@ -155,6 +155,7 @@ kiln_status_t kiln_lower_shape(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_create(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n);
 

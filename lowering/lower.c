@@ -18,6 +18,7 @@ static kiln_lower_fn lowering_for(const kiln_node_t *n) {
         case KILN_OP_SOFTMAX:
         case KILN_OP_LOG_SOFTMAX: return kiln_lower_softmax;
         case KILN_OP_LAYER_NORM: return kiln_lower_layer_norm;
+        case KILN_OP_LAYER_NORM_BACKWARD: return kiln_lower_layer_norm_backward;
         case KILN_OP_EMBEDDING: return kiln_lower_embedding;
         case KILN_OP_INDEX_PUT: return kiln_lower_index_put;
         default: return NULL;

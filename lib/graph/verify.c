@@ -778,6 +778,52 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
       res[2] = res[1];
       return NULL;
     }
+    case KILN_OP_LAYER_NORM_BACKWARD: {
+      // (grad_out, x, mean, rstd, weight) -> (grad_x, grad_weight,
+      // grad_bias): mean and rstd as the forward returned them (x's dims,
+      // the normalized ones 1), the weight over normalized_shape.
+      KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 5, 5));
+      const kiln_type_t *in[5];
+      for (int k = 0; k < 5; ++k) KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, k, &in[k]));
+      x = in[1];
+      const kiln_attr_t *ns;
+      KILN_RETURN_IF_ERROR_PLAIN(need_int_list(c, "normalized_shape", true, &ns));
+      if (!kiln_dtype_is_float(x->dtype))
+        return verr(c, "%s: expected a floating-point input",
+                    opnd_str(c, 1, o, sizeof(o)));
+      if (ns->count < 1 || ns->count > x->rank)
+        return verr(c, "'normalized_shape' has %d dims; expected 1 to %d for %s",
+                    ns->count, x->rank, kiln_type_str(c->g, x, t, sizeof(t)));
+      int lead = x->rank - ns->count;
+      kiln_type_t stat = *x, wt = {0};
+      wt.rank = ns->count;
+      wt.dtype = x->dtype;
+      for (int i = 0; i < ns->count; ++i) {
+        if (x->dims[lead + i] != ns->ints[i])
+          return verr(c, "'normalized_shape' does not match the trailing dims of %s",
+                      kiln_type_str(c->g, x, t, sizeof(t)));
+        stat.dims[lead + i] = 1;
+        wt.dims[i] = ns->ints[i];
+      }
+      const kiln_type_t *want[5] = {x, x, &stat, &stat, &wt};
+      const char *what[5] = {"x's type", "", "x's dims with the normalized ones 1",
+                             "x's dims with the normalized ones 1",
+                             "[normalized_shape] in x's dtype"};
+      for (int k = 0; k < 5; ++k) {
+        if (k == 1) continue;
+        bool ok = in[k]->rank == want[k]->rank &&
+                  (k == 2 || k == 3 ? kiln_dtype_is_float(in[k]->dtype)
+                                    : in[k]->dtype == want[k]->dtype);
+        for (int i = 0; ok && i < in[k]->rank; ++i) ok = in[k]->dims[i] == want[k]->dims[i];
+        if (!ok)
+          return verr(c, "%s: expected %s (%s)", opnd_str(c, k, o, sizeof(o)), what[k],
+                      kiln_type_str(c->g, want[k], t, sizeof(t)));
+      }
+      res[0] = *x;
+      res[1] = wt;
+      res[2] = wt;
+      return NULL;
+    }
     case KILN_OP_EMBEDDING: {
       const kiln_type_t *w = NULL, *idx = NULL;
       KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 2, 2));
@@ -848,6 +894,7 @@ static const char *known_attrs(kiln_op_id_t op) {
     case KILN_OP_CONSTANT: return "value";
     case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX: return "dim half_to_float";
     case KILN_OP_LAYER_NORM: return "normalized_shape eps";
+    case KILN_OP_LAYER_NORM_BACKWARD: return "normalized_shape";
     case KILN_OP_INDEX_PUT: return "accumulate";
     default: return "";
   }
@@ -893,7 +940,7 @@ kiln_status_t kiln_graph_verify(kiln_graph_t *g, const char *filename) {
       case KILN_CLASS_SHAPE: s = infer_shape(&c, res); break;
       case KILN_CLASS_CREATE: s = infer_create(&c, res, annotated); break;
       case KILN_CLASS_NN:
-        nres = n->op == KILN_OP_LAYER_NORM ? 3 : 1;
+        nres = n->op == KILN_OP_LAYER_NORM || n->op == KILN_OP_LAYER_NORM_BACKWARD ? 3 : 1;
         s = infer_nn(&c, res);
         break;
       default: s = infer_elementwise(&c, res); break;

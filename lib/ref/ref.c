@@ -558,6 +558,50 @@ static void run_layer_norm(ref_t *r, const kiln_node_t *n, rt_t *outs) {
   }
 }
 
+// Per row of N normalized elements, x_hat = (x - mean) rstd and g = dy w:
+// dx = rstd / N (N g - sum(g) - x_hat sum(g x_hat)); over the rows,
+// dw = sum(dy x_hat) and db = sum(dy).
+static kiln_status_t run_layer_norm_backward(ref_t *r, const kiln_node_t *n,
+                                             rt_t *outs) {
+  const rt_t *dy = &r->vals[n->operands[0].value];
+  const rt_t *x = &r->vals[n->operands[1].value];
+  const rt_t *mean = &r->vals[n->operands[2].value];
+  const rt_t *rstd = &r->vals[n->operands[3].value];
+  const rt_t *w = &r->vals[n->operands[4].value];
+  int64_t row = numel(&w->type);
+  int64_t rows = row ? numel(&x->type) / row : 0;
+  double *dw = calloc((size_t)(row ? row : 1), sizeof(double));
+  double *db = calloc((size_t)(row ? row : 1), sizeof(double));
+  if (!dw || !db) {
+    free(dw);
+    free(db);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "reference layer norm backward");
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const double *xr = x->data + i * row, *gr = dy->data + i * row;
+    double m = mean->data[i], s = rstd->data[i], a = 0, b = 0;
+    for (int64_t k = 0; k < row; ++k) {
+      double g = gr[k] * w->data[k], xh = (xr[k] - m) * s;
+      a += g;
+      b += g * xh;
+      dw[k] += gr[k] * xh;
+      db[k] += gr[k];
+    }
+    for (int64_t k = 0; k < row; ++k) {
+      double g = gr[k] * w->data[k], xh = (xr[k] - m) * s;
+      double d = s / (double)row * ((double)row * g - a - xh * b);
+      outs[0].data[i * row + k] = kiln_ref_round(outs[0].type.dtype, d);
+    }
+  }
+  for (int64_t k = 0; k < row; ++k) {
+    outs[1].data[k] = kiln_ref_round(outs[1].type.dtype, dw[k]);
+    outs[2].data[k] = kiln_ref_round(outs[2].type.dtype, db[k]);
+  }
+  free(dw);
+  free(db);
+  return NULL;
+}
+
 static void run_embedding(ref_t *r, const kiln_node_t *n, rt_t *out) {
   const rt_t *w = &r->vals[n->operands[0].value];
   const rt_t *idx = &r->vals[n->operands[1].value];
@@ -633,6 +677,7 @@ kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
       case KILN_CLASS_CREATE: run_create(n, out); break;
       case KILN_CLASS_NN:
         if (n->op == KILN_OP_LAYER_NORM) run_layer_norm(&r, n, outs);
+        else if (n->op == KILN_OP_LAYER_NORM_BACKWARD) s = run_layer_norm_backward(&r, n, outs);
         else if (n->op == KILN_OP_EMBEDDING) run_embedding(&r, n, out);
         else if (n->op == KILN_OP_INDEX_PUT) run_index_put(&r, n, out);
         else run_softmax(&r, n, out);

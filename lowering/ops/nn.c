@@ -324,6 +324,179 @@ kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
   return NULL;
 }
 
+// The layer norm backward over rows reduced along `row`, in math dtype mt:
+// x_hat = (x - mean) rstd, g = dy w, and
+//   dx = rstd / N (N g - sum(g) - x_hat sum(g x_hat)),
+// with dw = sum(dy x_hat) and db = sum(dy) reduced along `col` (the rows).
+static kiln_status_t ln_backward_core(kiln_emitter_t *e, const kiln_tv_t *dy,
+                                      const kiln_tv_t *x, const kiln_tv_t *mean,
+                                      const kiln_tv_t *rstd, const kiln_tv_t *w,
+                                      const bool *row, const bool *col,
+                                      bool col_keepdim, kiln_dtype_t mt,
+                                      kiln_tv_t *dx, kiln_tv_t *dw, kiln_tv_t *db) {
+  kiln_tv_t d, xh, g, a, gx, bs, t1, t2, t3, t4, sc, dyx;
+  kiln_arg_t count = kiln_emit_count(e, &x->type, row, mt, 0);
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(x),
+                                              kiln_arg_tensor(mean), mt, &d));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&d),
+                                              kiln_arg_tensor(rstd), mt, &xh));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(dy),
+                                              kiln_arg_tensor(w), mt, &g));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &g, row, true, mt, &a));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&g),
+                                              kiln_arg_tensor(&xh), mt, &gx));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &gx, row, true, mt, &bs));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&g), count,
+                                              mt, &t1));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(&t1),
+                                              kiln_arg_tensor(&a), mt, &t2));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&xh),
+                                              kiln_arg_tensor(&bs), mt, &t3));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_SUB, kiln_arg_tensor(&t2),
+                                              kiln_arg_tensor(&t3), mt, &t4));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_DIV, kiln_arg_tensor(rstd), count,
+                                              mt, &sc));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(&sc),
+                                              kiln_arg_tensor(&t4), mt, dx));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MUL, kiln_arg_tensor(dy),
+                                              kiln_arg_tensor(&xh), mt, &dyx));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &dyx, col, col_keepdim, mt, dw));
+  return kiln_emit_reduce(e, KILN_OP_SUM, dy, col, col_keepdim, mt, db);
+}
+
+// Rows per block of the backward: a power of two up to 64 that divides the
+// rows, whose [B, C] blocks of x and dy (and the block's intermediates)
+// stay in the core's L2 between the passes, and gives blocks of at most 32
+// KB. Fewer, larger blocks than the forward's: each block also writes a row
+// of partial weight and bias gradients.
+static int64_t ln_backward_block(int64_t rows, int64_t cols) {
+  for (int64_t b = 64; b > 1; b /= 2)
+    if (rows % b == 0 && b * cols * 4 <= (32 << 10)) return b;
+  return 1;
+}
+
+kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_tv_t *in[5];
+  for (int k = 0; k < 5; ++k) in[k] = &e->values[n->operands[k].value];
+  const kiln_tv_t *x0 = in[1];
+  const kiln_type_t *rt[3];
+  for (int k = 0; k < 3; ++k) rt[k] = kiln_node_result_type(e->g, n, k);
+  kiln_dtype_t mt = kiln_math_dtype(rt[0]->dtype);
+  const kiln_attr_t *ns = kiln_node_attr(n, "normalized_shape");
+  int rank = x0->type.rank;
+  kiln_tv_t dx, dw, db, outs[3];
+  if (e->options.cpu_rows && ns->count == 1 && rank >= 2 &&
+      kiln_type_is_static(&x0->type) && kiln_type_numel(&x0->type) * 4 >= (1 << 20)) {
+    // A forall over blocks of B rows: each block's row sums, dx and its
+    // partial dw / db (a row of [P, C] each) while the block of x and dy
+    // stays in cache; then dw and db sum the P partials. The flat form
+    // reads x and dy from memory about four times (x_hat and g written out
+    // for the row sums, the column sums and dx).
+    int64_t C = x0->type.dims[rank - 1];
+    int64_t R = kiln_type_numel(&x0->type) / (C ? C : 1);
+    int64_t B = ln_backward_block(R, C), P = R / B;
+    kiln_type_t rows = x0->type, stat = x0->type, blk, part, pblk;
+    rows.rank = stat.rank = 2;
+    rows.dims[0] = stat.dims[0] = R;
+    rows.dims[1] = C;
+    stat.dims[1] = 1;
+    kiln_tv_t v[4];  // dy, x as [R, C]; mean, rstd as [R, 1]
+    for (int k = 0; k < 4; ++k) {
+      kiln_type_t t = k < 2 ? rows : stat;
+      t.dtype = in[k]->type.dtype;
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, in[k], &t, &v[k]));
+    }
+    kiln_type_t dxt = rows;
+    dxt.dtype = rt[0]->dtype;
+    memset(&part, 0, sizeof(part));
+    part.dtype = mt;
+    part.rank = 2;
+    part.dims[0] = P;
+    part.dims[1] = C;
+    pblk = part;
+    pblk.dims[0] = 1;
+    blk = dxt;
+    blk.dims[0] = B;
+    char init[3][24], ty[3][256], bty[3][256], res[24], iv[24], r0[24], acc[3][24];
+    kiln_emit_empty(e, &dxt, init[0]);
+    kiln_emit_empty(e, &part, init[1]);
+    kiln_emit_empty(e, &part, init[2]);
+    kiln_mlir_tensor_type(&dxt, ty[0], sizeof(ty[0]));
+    kiln_mlir_tensor_type(&part, ty[1], sizeof(ty[1]));
+    kiln_mlir_tensor_type(&part, ty[2], sizeof(ty[2]));
+    kiln_mlir_tensor_type(&blk, bty[0], sizeof(bty[0]));
+    kiln_mlir_tensor_type(&pblk, bty[1], sizeof(bty[1]));
+    kiln_mlir_tensor_type(&pblk, bty[2], sizeof(bty[2]));
+    kiln_emit_fresh(e, res);
+    int id = e->next_id++;
+    snprintf(iv, sizeof(iv), "%%lnbblk%d", id);
+    snprintf(r0, sizeof(r0), "%%lnbrow%d", id);
+    for (int k = 0; k < 3; ++k) snprintf(acc[k], sizeof(acc[k]), "%%lnbout%d_%d", id, k);
+    kiln_sbuf_t *b = &e->out;
+    kiln_sbuf_printf(b, "    %s:3 = scf.forall (%s) in (%lld) shared_outs(%s = %s, %s = %s, "
+                        "%s = %s) -> (%s, %s, %s) {\n",
+                     res, iv, (long long)P, acc[0], init[0], acc[1], init[1], acc[2],
+                     init[2], ty[0], ty[1], ty[2]);
+    kiln_sbuf_printf(b, "    %s = affine.apply affine_map<(d0) -> (d0 * %lld)>(%s)\n", r0,
+                     (long long)B, iv);
+    kiln_tv_t s[4];
+    for (int k = 0; k < 4; ++k) {
+      kiln_type_t ft = k < 2 ? rows : stat, st;
+      ft.dtype = in[k]->type.dtype;
+      st = ft;
+      st.dims[0] = B;
+      char fty[256];
+      kiln_mlir_tensor_type(&ft, fty, sizeof(fty));
+      kiln_emit_fresh(e, s[k].ssa);
+      s[k].type = st;
+      char sty[256];
+      kiln_mlir_tensor_type(&st, sty, sizeof(sty));
+      kiln_sbuf_printf(b, "    %s = tensor.extract_slice %s[%s, 0] [%lld, %lld] [1, 1] : "
+                          "%s to %s\n", s[k].ssa, v[k].ssa, r0, (long long)B,
+                       (long long)st.dims[1], fty, sty);
+    }
+    bool row[KILN_MAX_RANK] = {false, true}, col[KILN_MAX_RANK] = {true, false};
+    kiln_tv_t dxb, dwb, dbb, dxc;
+    KILN_RETURN_IF_ERROR_PLAIN(ln_backward_core(e, &s[0], &s[1], &s[2], &s[3], in[4], row,
+                                                col, true, mt, &dxb, &dwb, &dbb));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dxb, rt[0]->dtype, &dxc));
+    kiln_sbuf_printf(b, "    scf.forall.in_parallel {\n"
+                        "      tensor.parallel_insert_slice %s into %s[%s, 0] [%lld, %lld] "
+                        "[1, 1] : %s into %s\n",
+                     dxc.ssa, acc[0], r0, (long long)B, (long long)C, bty[0], ty[0]);
+    const kiln_tv_t *pb[2] = {&dwb, &dbb};
+    for (int k = 1; k < 3; ++k)
+      kiln_sbuf_printf(b, "      tensor.parallel_insert_slice %s into %s[%s, 0] [1, %lld] "
+                          "[1, 1] : %s into %s\n",
+                       pb[k - 1]->ssa, acc[k], iv, (long long)C, bty[k], ty[k]);
+    kiln_sbuf_puts(b, "    }\n  }\n");
+    kiln_tv_t r[3];
+    for (int k = 0; k < 3; ++k) {
+      snprintf(r[k].ssa, sizeof(r[k].ssa), "%.20s#%d", res, k);
+      r[k].type = k == 0 ? dxt : part;
+    }
+    bool parts[KILN_MAX_RANK] = {true, false};
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &r[0], rt[0], &outs[0]));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &r[1], parts, false, mt, &dw));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &r[2], parts, false, mt, &db));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dw, rt[1]->dtype, &outs[1]));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &db, rt[2]->dtype, &outs[2]));
+  } else {
+    bool row[KILN_MAX_RANK] = {0}, col[KILN_MAX_RANK] = {0};
+    for (int i = 0; i < rank; ++i) {
+      row[i] = i >= rank - ns->count;
+      col[i] = !row[i];
+    }
+    KILN_RETURN_IF_ERROR_PLAIN(ln_backward_core(e, in[0], in[1], in[2], in[3], in[4], row,
+                                                col, false, mt, &dx, &dw, &db));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dx, rt[0]->dtype, &outs[0]));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dw, rt[1]->dtype, &outs[1]));
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &db, rt[2]->dtype, &outs[2]));
+  }
+  for (int k = 0; k < 3; ++k) kiln_emit_set_result(e, n, k, &outs[k]);
+  return NULL;
+}
+
 kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_tv_t *w = &e->values[n->operands[0].value];
   const kiln_tv_t *idx = &e->values[n->operands[1].value];

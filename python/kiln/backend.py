@@ -574,7 +574,26 @@ def _decompositions():
     involved), so SDPA stays one op and runs in PyTorch."""
     table = dict(core_aten_decompositions())
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    ln_bwd = torch.ops.aten.native_layer_norm_backward.default
+    table[ln_bwd] = _layer_norm_backward_decomposition(table.get(ln_bwd))
     return table
+
+
+def _layer_norm_backward_decomposition(decompose):
+    """The layer norm backward stays one op where kiln has a kernel for it
+    (kiln_lower_layer_norm_backward: the row sums, dx and the weight and
+    bias gradients in one pass over blocks of rows): f32 on the CPU, with a
+    weight and a bias and every gradient wanted. Elsewhere (CUDA, no affine
+    parameters, a partial output mask) PyTorch's decomposition."""
+    def decomposition(grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+        if (x.device.type == "cpu" and x.dtype == torch.float32 and
+                grad_out.dtype == torch.float32 and weight is not None and
+                bias is not None and weight.dtype == torch.float32 and
+                all(output_mask)):
+            return NotImplemented
+        return decompose(grad_out, x, normalized_shape, mean, rstd, weight, bias,
+                         output_mask)
+    return decomposition
 
 
 def kiln_backend(gm: torch.fx.GraphModule, example_inputs, mode=None,

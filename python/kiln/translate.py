@@ -326,6 +326,19 @@ def _layer_norm(e, n):
     return names
 
 
+def _layer_norm_backward(e, n):
+    """native_layer_norm_backward, as the decomposition table leaves it (f32
+    on the CPU, affine, every output wanted): kiln's op takes (grad_out, x,
+    mean, rstd, weight); the bias only decides that its gradient is wanted."""
+    dy, x, shape, mean, rstd, w = n.args[:6]
+    if w is None or not all(n.args[7]):
+        raise Unsupported("native_layer_norm_backward without a weight or with a "
+                          "partial output mask")
+    return e.op("aten.native_layer_norm_backward",
+                [e.operand(dy), e.operand(x), e.operand(mean), e.operand(rstd), e.operand(w)],
+                {"normalized_shape": _int_list(shape, "normalized_shape")}, nresults=3)
+
+
 def _embedding(e, n):
     return e.op("aten.embedding", [e.operand(n.args[0]), e.operand(n.args[1])])
 
@@ -754,6 +767,7 @@ TRANSLATORS = {
     aten._softmax.default: _softmax("aten._softmax"),
     aten._log_softmax.default: _softmax("aten._log_softmax"),
     aten.native_layer_norm.default: _layer_norm,
+    aten.native_layer_norm_backward.default: _layer_norm_backward,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_cpu,
     aten.embedding.default: _embedding,
     aten.index_put.default: _index_put,
@@ -812,6 +826,7 @@ def support_reason(node) -> str | None:
         src = node.args[0]
         if isinstance(src, torch.fx.Node) and (
                 src.target in (aten.native_layer_norm.default,
+                               aten.native_layer_norm_backward.default,
                                aten._native_batch_norm_legit_no_training.default) or
                 getattr(TRANSLATORS.get(src.target), "own_types", False)):
             return support_reason(src)
@@ -837,6 +852,7 @@ def support_reason(node) -> str | None:
             if isinstance(a.meta.get("val"), torch.Tensor):
                 tensor_type(a.meta["val"])
             elif a.target not in (aten.native_layer_norm.default,
+                                  aten.native_layer_norm_backward.default,
                                   aten._native_batch_norm_legit_no_training.default):
                 return f"operand {a.name} is not a tensor"
         # Dry run: translate with placeholder names for the operands.

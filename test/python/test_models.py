@@ -60,6 +60,46 @@ def test_forward_and_backward(name, make, shape):
         torch.testing.assert_close(g, w, atol=1e-3, rtol=1e-3)
 
 
+LAYER_NORMS = [
+    # [B, T, C] of 1 MB: the backward in blocks of rows (kiln_lower_layer_norm_backward)
+    ("rows", dict(), (8, 64, 512)),
+    # rows not a multiple of the block: blocks of 4 rows
+    ("odd_rows", dict(), (5, 52, 1024)),
+    ("small", dict(), (3, 5, 40)),
+    # no weight and bias: PyTorch's decomposition, kiln's elementwise ops
+    ("no_affine", dict(elementwise_affine=False), (4, 16, 64)),
+]
+
+
+@pytest.mark.parametrize("name,kw,shape", LAYER_NORMS, ids=[c[0] for c in LAYER_NORMS])
+def test_layer_norm_training_in_kiln(name, kw, shape):
+    """The layer norm's forward and backward are kiln's (fallback="error"),
+    its input, weight and bias gradients as eager's, over a few steps with
+    fresh inputs and gradients."""
+    torch.manual_seed(0)
+    model = nn.LayerNorm(shape[-1], **kw)
+    if kw.get("elementwise_affine", True):
+        with torch.no_grad():
+            model.weight.normal_()
+            model.bias.normal_()
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    for _ in range(2):
+        x = torch.randn(*shape) * 3 + 1
+        dy = torch.randn(*shape)
+        xk = x.clone().requires_grad_()
+        compiled(xk).backward(dy)
+        got = [xk.grad] + [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        xe = x.clone().requires_grad_()
+        model(xe).backward(dy)
+        want = [xe.grad] + [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        for g, w in zip(got, want):
+            # (weight and bias gradients sum over every row: atol scales with them)
+            torch.testing.assert_close(g, w, atol=2e-4 * max(1.0, w.abs().max().item()),
+                                       rtol=1e-4)
+
+
 def test_bf16_autocast():
     model = mlp()
     x = torch.randn(8, 32)

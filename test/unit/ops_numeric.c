@@ -224,6 +224,18 @@ static const op_case_t kCases[] = {
                                " %y, %m, %r = aten.native_layer_norm(%x, %w, %b) {normalized_shape = [4100], eps = 1e-5}\n"
                                " %z, %n, %s = aten.native_layer_norm(%x, none, none) {normalized_shape = [4100], eps = 1e-5}\n"
                                " return %y, %m, %r, %z, %n, %s\n}"},
+    // Layer norm backward: flat (small, two normalized dims), and from 1 MB
+    // in blocks of rows with partial weight and bias gradients per block
+    // (260 rows in blocks of 4).
+    {"layer_norm", FLOATS, "graph @t(%dy: $T[3,5,16], %x: $T[3,5,16], %m: $T[3,5,1], %r: $T[3,5,1], %w: $T[16]) {\n"
+                           " %a, %b, %c = aten.native_layer_norm_backward(%dy, %x, %m, %r, %w) {normalized_shape = [16]}\n"
+                           " return %a, %b, %c\n}"},
+    {"layer_norm", "f32 f64", "graph @t(%dy: $T[3,5,8], %x: $T[3,5,8], %m: $T[3,1,1], %r: $T[3,1,1], %w: $T[5,8]) {\n"
+                              " %a, %b, %c = aten.native_layer_norm_backward(%dy, %x, %m, %r, %w) {normalized_shape = [5, 8]}\n"
+                              " return %a, %b, %c\n}"},
+    {"layer_norm", "f32 bf16", "graph @t(%dy: $T[5,52,1024], %x: $T[5,52,1024], %m: $T[5,52,1], %r: $T[5,52,1], %w: $T[1024]) {\n"
+                               " %a, %b, %c = aten.native_layer_norm_backward(%dy, %x, %m, %r, %w) {normalized_shape = [1024]}\n"
+                               " return %a, %b, %c\n}"},
     {"embedding", "f32 bf16 f64 i64", "graph @t(%w: $T[10,4], %i: i64[3,5]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
     {"embedding", "f32", "graph @t(%w: $T[10,4], %i: i32[7]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
     // Embedding gradients: indices in [-5, 5] over 4 rows wrap (negative)
