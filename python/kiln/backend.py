@@ -575,7 +575,8 @@ def _decompositions():
     table = dict(core_aten_decompositions())
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     ln_bwd = torch.ops.aten.native_layer_norm_backward.default
-    table[ln_bwd] = _layer_norm_backward_decomposition(table.get(ln_bwd))
+    if ln_bwd in table:
+        table[ln_bwd] = _layer_norm_backward_decomposition(table[ln_bwd])
     return table
 
 
