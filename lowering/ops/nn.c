@@ -84,12 +84,13 @@ static bool rows_in_blocks(const kiln_type_t *t) {
   return kiln_type_is_static(t) && kiln_type_numel(t) * 4 > (8 << 20);
 }
 
-// Rows per block: each block's scratch (row statistics) is allocated once
-// per block, and up to 16 rows of C floats stay in the core's cache between
-// the passes over them.
-static int64_t row_block(int64_t rows, int64_t cols) {
-  for (int64_t b = 16; b > 1; b /= 2)
-    if (rows % b == 0 && b * cols * 4 <= (512 << 10)) return b;
+// Rows per block: a power of two up to `most` that divides the rows, with
+// blocks of at most `bytes` of f32 columns. Each block's scratch (row
+// statistics) is allocated once per block, and its rows stay in the core's
+// cache between the passes over them.
+static int64_t row_block(int64_t rows, int64_t cols, int64_t most, int64_t bytes) {
+  for (int64_t b = most; b > 1; b /= 2)
+    if (rows % b == 0 && b * cols * 4 <= bytes) return b;
   return 1;
 }
 
@@ -119,7 +120,7 @@ kiln_status_t kiln_lower_softmax(kiln_emitter_t *e, const kiln_node_t *n) {
     // read from memory once and the output written once.
     int64_t C = x0->type.dims[rank - 1];
     int64_t R = kiln_type_numel(&x0->type) / (C ? C : 1);
-    int64_t B = row_block(R, C);
+    int64_t B = row_block(R, C, 16, 512 << 10);
     kiln_type_t t2d = x0->type;
     t2d.rank = 2;
     t2d.dims[0] = R;
@@ -239,7 +240,7 @@ kiln_status_t kiln_lower_layer_norm(kiln_emitter_t *e, const kiln_node_t *n) {
     // flat passes read it three times).
     int64_t C = x0->type.dims[rank - 1];
     int64_t R = kiln_type_numel(&x0->type) / (C ? C : 1);
-    int64_t B = row_block(R, C);
+    int64_t B = row_block(R, C, 16, 512 << 10);
     kiln_type_t full[3], part[3];  // [R, C] / [R, 1] and their [B, ...] blocks
     for (int k = 0; k < 3; ++k) {
       memset(&full[k], 0, sizeof(full[k]));
@@ -364,16 +365,6 @@ static kiln_status_t ln_backward_core(kiln_emitter_t *e, const kiln_tv_t *dy,
   return kiln_emit_reduce(e, KILN_OP_SUM, dy, col, col_keepdim, mt, db);
 }
 
-// Rows per block of the backward: a power of two up to 64 that divides the
-// rows, whose [B, C] blocks of x and dy (and the block's intermediates)
-// stay in the core's L2 between the passes, and gives blocks of at most 32
-// KB. Fewer, larger blocks than the forward's: each block also writes a row
-// of partial weight and bias gradients.
-static int64_t ln_backward_block(int64_t rows, int64_t cols) {
-  for (int64_t b = 64; b > 1; b /= 2)
-    if (rows % b == 0 && b * cols * 4 <= (32 << 10)) return b;
-  return 1;
-}
 
 kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_tv_t *in[5];
@@ -394,7 +385,10 @@ kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_
     // for the row sums, the column sums and dx).
     int64_t C = x0->type.dims[rank - 1];
     int64_t R = kiln_type_numel(&x0->type) / (C ? C : 1);
-    int64_t B = ln_backward_block(R, C), P = R / B;
+    // Up to 64 rows and 32 KB of x per block: fewer, larger blocks than
+    // the forward's, since each block also writes a row of partial weight
+    // and bias gradients.
+    int64_t B = row_block(R, C, 64, 32 << 10), P = R / B;
     kiln_type_t rows = x0->type, stat = x0->type, blk, part, pblk;
     rows.rank = stat.rank = 2;
     rows.dims[0] = stat.dims[0] = R;
