@@ -98,6 +98,19 @@ static const op_case_t kCases[] = {
      " %l64 = prims.convert_element_type(%l) {dtype = f64}\n %d = aten.sub(%l64, %lw)\n"
      " %r = aten.div(%d, %lw)\n %m = aten.abs(%r)\n %mx = aten.amax(%m)\n"
      " %ok = aten.lt(%mx, 2.4e-07)\n return %ok\n}"},
+    // f32 erf within 4e-7 of the f64 erf on [-5, 5] (math_approx.c's
+    // rational form, 3.3e-7 at worst), and saturated: GELU below -15 is
+    // exactly 0 (as the f64 reference rounds it), where an erf a rounding
+    // error short of -1 would give |x| times that error.
+    {"special", "f32", "graph @t(%x: $T[4096]) {\n"
+     " %s = kiln.constant() {value = [0.5, 2.0, 3.5, 5.0]} : $T[4,1]\n"
+     " %b = aten.mul(%x, %s)\n %e = aten.erf(%b)\n"
+     " %w = prims.convert_element_type(%b) {dtype = f64}\n %ew = aten.erf(%w)\n"
+     " %e64 = prims.convert_element_type(%e) {dtype = f64}\n %d = aten.sub(%e64, %ew)\n"
+     " %m = aten.abs(%d)\n %mx = aten.amax(%m)\n %ok = aten.lt(%mx, 4e-07)\n"
+     " %a = aten.abs(%x)\n %n = aten.mul(%a, -10000.0)\n %n6 = aten.sub(%n, 15.0)\n"
+     " %g = aten.gelu(%n6)\n %ga = aten.abs(%g)\n %gm = aten.amax(%ga)\n"
+     " %z = aten.eq(%gm, 0.0)\n return %ok, %z\n}"},
     // Type promotion across dtypes.
     {"promote", "f16 bf16 i32", "graph @t(%x: $T[3,17], %y: f32[17]) {\n %z = aten.add(%x, %y)\n return %z\n}"},
     {"promote", "i32 i64 bool", "graph @t(%x: $T[3,17]) {\n %z = aten.add(%x, 1.5)\n return %z\n}"},
