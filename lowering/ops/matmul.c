@@ -17,16 +17,121 @@
 // tile of `rm` rows x 32 columns keeps 2*rm f32 accumulators in registers
 // across the whole K loop. Row blocks go to threads (scf.forall).
 //
+// M may be symbolic (a batch under torch.compile's dynamic shapes; K and N
+// are a weight's): the row blocks are then sized at run time, a block's
+// rows run as full register tiles and a tail of one-row tiles. (Symbolic
+// bf16 matmuls took the generic contraction, 2.3x slower than eager.)
+//
 // Upstream's x86vector contract-to-dot patterns need contracts unrolled to
 // one row, which no transform op here produces; the loop nest is small
 // enough to write directly.
 static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
                              const kiln_tv_t *b) {
-  return e->options.x86_bf16_dot && a->type.dtype == KILN_BF16 &&
-         b->type.dtype == KILN_BF16 && a->type.rank == 2 && b->type.rank == 2 &&
-         kiln_type_is_static(&a->type) && kiln_type_is_static(&b->type) &&
-         a->type.dims[1] % 2 == 0 && b->type.dims[1] % 32 == 0 &&
-         a->type.dims[0] % 2 == 0 && a->type.dims[1] >= 2;
+  if (!e->options.x86_bf16_dot || a->type.dtype != KILN_BF16 ||
+      b->type.dtype != KILN_BF16 || a->type.rank != 2 || b->type.rank != 2 ||
+      !kiln_type_is_static(&b->type) || KILN_IS_SYM(a->type.dims[1]))
+    return false;
+  bool sym_m = KILN_IS_SYM(a->type.dims[0]);
+  return a->type.dims[1] % 2 == 0 && b->type.dims[1] % 32 == 0 && a->type.dims[1] >= 2 &&
+         (sym_m || a->type.dims[0] % 2 == 0);
+}
+
+// One register tile: rows %i .. %i + rm - 1 of the block at %row0 (rows of
+// the block tensor `blk`, typed `bty`, threaded through as `cur`), columns
+// %j .. %j + 31, the whole K loop. Names are suffixed by `tag` (one tile
+// form per loop). `ae` is A as [M, K/2, 2] (`aty`), `bp` packed B.
+static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *cur,
+                           const char *bty, const char *el, bool store_bf16,
+                           bool masked, const char *ae, const char *aty, const char *bp,
+                           long long K2, long long N, char next[24]) {
+  // A masked tile (the block's last rows % rm rows, %tailn of them) reads
+  // row min(r, %tailn - 1) in place of the rows past the end and writes
+  // only its first %tailn rows.
+  for (int r = 0; r < rm; ++r) {
+    if (masked)
+      kiln_sbuf_printf(o, "          %%gr%s%d = affine.min affine_map<(d0, d1)[s0] -> "
+                          "(d0 + d1 + %d, d0 + d1 + s0 - 1)>(%%row0, %%i%s)[%%tailn]\n",
+                       tag, r, r, tag);
+    else
+      kiln_sbuf_printf(o, "          %%gr%s%d = affine.apply affine_map<(d0, d1) -> "
+                          "(d0 + d1 + %d)>(%%row0, %%i%s)\n", tag, r, r, tag);
+  }
+  kiln_sbuf_printf(o, "          %%acc%s:%d = scf.for %%kk%s = %%c0 to %%ck2 step %%c1 "
+                      "iter_args(", tag, 2 * rm, tag);
+  for (int t = 0; t < 2 * rm; ++t)
+    kiln_sbuf_printf(o, "%s%%x%s%d = %%zero", t ? ", " : "", tag, t);
+  kiln_sbuf_puts(o, ") -> (");
+  for (int t = 0; t < 2 * rm; ++t)
+    kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
+  kiln_sbuf_puts(o, ") {\n");
+  for (int h = 0; h < 2; ++h)
+    kiln_sbuf_printf(o,
+        "            %%b%s%d = vector.transfer_read %s[%%kk%s, %%p%d], %%padb "
+        "{in_bounds = [true]} : tensor<%lldx%lldxbf16>, vector<32xbf16>\n",
+        tag, h, bp, tag, h, K2, 2 * N);
+  for (int r = 0; r < rm; ++r) {
+    kiln_sbuf_printf(o,
+        "            %%av%s%d = vector.transfer_read %s[%%gr%s%d, %%kk%s, %%c0], %%padb "
+        "{in_bounds = [true]} : %s, vector<2xbf16>\n"
+        "            %%ai%s%d = vector.bitcast %%av%s%d : vector<2xbf16> to vector<1xi32>\n"
+        "            %%as%s%d = vector.extract %%ai%s%d[0] : i32 from vector<1xi32>\n"
+        "            %%ab%s%d = vector.broadcast %%as%s%d : i32 to vector<16xi32>\n"
+        "            %%a%s%d = vector.bitcast %%ab%s%d : vector<16xi32> to vector<32xbf16>\n",
+        tag, r, ae, tag, r, tag, aty, tag, r, tag, r, tag, r, tag, r, tag, r, tag, r, tag,
+        r, tag, r);
+    for (int h = 0; h < 2; ++h)
+      kiln_sbuf_printf(o,
+          "            %%y%s%d = x86vector.avx512.dot %%x%s%d, %%a%s%d, %%b%s%d : "
+          "vector<32xbf16> -> vector<16xf32>\n",
+          tag, 2 * r + h, tag, 2 * r + h, tag, r, tag, h);
+  }
+  kiln_sbuf_puts(o, "            scf.yield ");
+  for (int t = 0; t < 2 * rm; ++t) kiln_sbuf_printf(o, "%s%%y%s%d", t ? ", " : "", tag, t);
+  kiln_sbuf_puts(o, " : ");
+  for (int t = 0; t < 2 * rm; ++t)
+    kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
+  kiln_sbuf_puts(o, "\n          }\n");
+  // Write the tile: row i + r, columns j and j + 16, threading the tensor.
+  char prev[24];
+  snprintf(prev, sizeof(prev), "%s", cur);
+  for (int r = 0; r < rm; ++r) {
+    kiln_sbuf_printf(o, "          %%li%s%d = affine.apply affine_map<(d0) -> "
+                        "(d0 + %d)>(%%i%s)\n", tag, r, r, tag);
+    if (masked && r > 0)
+      kiln_sbuf_printf(o, "          %%cr%s%d = arith.constant %d : index\n", tag, r, r);
+    for (int h = 0; h < 2; ++h) {
+      char w[24], val[24];
+      snprintf(w, sizeof(w), "%%w%s%d", tag, 2 * r + h);
+      snprintf(val, sizeof(val), "%%acc%s#%d", tag, 2 * r + h);
+      if (store_bf16) {
+        kiln_sbuf_printf(o, "          %%tr%s%d = arith.truncf %s : vector<16xf32> "
+                            "to vector<16xbf16>\n", tag, 2 * r + h, val);
+        snprintf(val, sizeof(val), "%%tr%s%d", tag, 2 * r + h);
+      }
+      if (masked && r > 0) {
+        if (h == 0)
+          kiln_sbuf_printf(o, "          %%in%s%d = arith.cmpi ult, %%cr%s%d, %%tailn : index\n",
+                           tag, r, tag, r);
+        kiln_sbuf_printf(o,
+            "          %s = scf.if %%in%s%d -> (%s) {\n"
+            "            %%ww%s%d = vector.transfer_write %s, %s[%%li%s%d, %s] "
+            "{in_bounds = [true]} : vector<16x%s>, %s\n"
+            "            scf.yield %%ww%s%d : %s\n"
+            "          } else {\n"
+            "            scf.yield %s : %s\n"
+            "          }\n",
+            w, tag, r, bty, tag, 2 * r + h, val, prev, tag, r, h ? "%j16" : "%j", el, bty,
+            tag, 2 * r + h, bty, prev, bty);
+      } else {
+        kiln_sbuf_printf(o,
+            "          %s = vector.transfer_write %s, %s[%%li%s%d, %s] "
+            "{in_bounds = [true]} : vector<16x%s>, %s\n",
+            w, val, prev, tag, r, h ? "%j16" : "%j", el, bty);
+      }
+      snprintf(prev, sizeof(prev), "%s", w);
+    }
+  }
+  snprintf(next, 24, "%s", prev);
 }
 
 // `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
@@ -36,13 +141,14 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
                           const char *oty, bool store_bf16, char out[24]) {
   const char *el = store_bf16 ? "bf16" : "f32";
   int64_t m = a->type.dims[0], k = a->type.dims[1], nn = b->type.dims[1];
+  bool sym_m = KILN_IS_SYM(m);
   int64_t k2 = k / 2;
-  int rm = m % 8 == 0 ? 8 : m % 4 == 0 ? 4 : 2;
+  int rm = sym_m || m % 8 == 0 ? 8 : m % 4 == 0 ? 4 : 2;
   // Row blocks for threads: four (fewer when M is small), whole register
   // tiles each. Inside a block the 32-column panel of Bp (K x 64 bytes) is
   // the outer loop, so it stays in L1/L2 while the block's rows go by.
-  int64_t mb = m;
-  for (int split = 0; split < 2 && mb % 2 == 0 && (mb / 2) % rm == 0; ++split)
+  int64_t mb = sym_m ? 0 : m;
+  for (int split = 0; !sym_m && split < 2 && mb % 2 == 0 && (mb / 2) % rm == 0; ++split)
     mb /= 2;
   char ae[24], be[24], bpe[24], bpt[24], bp[24], res[24];
   kiln_emit_fresh(e, bpt);
@@ -52,11 +158,18 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
   kiln_emit_fresh(e, bp);
   kiln_emit_fresh(e, res);
   kiln_sbuf_t *o = &e->out;
-  long long M = m, K = k, N = nn, K2 = k2, MB = mb;
+  long long K = k, N = nn, K2 = k2, MB = mb;
+  // M as text (a number, or the symbol's index value) and in types.
+  char msz[24], mty[24];
+  kiln_emit_size_operand(e, &a->type, 0, msz);
+  snprintf(mty, sizeof(mty), "%s", sym_m ? "?" : msz);
+  char aty[96], ae_ty[96], bty[96];
+  snprintf(aty, sizeof(aty), "tensor<%sx%lldxbf16>", mty, K);
+  snprintf(ae_ty, sizeof(ae_ty), "tensor<%sx%lldx2xbf16>", mty, K2);
   kiln_sbuf_printf(o,
-      "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%lld, %lld, 2] "
-      ": tensor<%lldx%lldxbf16> into tensor<%lldx%lldx2xbf16>\n",
-      ae, a->ssa, M, K2, M, K, M, K2);
+      "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%s, %lld, 2] "
+      ": %s into %s\n",
+      ae, a->ssa, msz, K2, aty, ae_ty);
   kiln_sbuf_printf(o,
       "    %s = tensor.expand_shape %s [[0, 1], [2]] output_shape [%lld, 2, %lld] "
       ": tensor<%lldx%lldxbf16> into tensor<%lldx2x%lldxbf16>\n",
@@ -72,102 +185,97 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
       "    %s = tensor.collapse_shape %s [[0], [1, 2]] : tensor<%lldx%lldx2xbf16> "
       "into tensor<%lldx%lldxbf16>\n",
       bp, bpt, K2, N, K2, 2 * N);
+  // Blocks: MB rows each, or with a symbolic M a quarter of the rows
+  // rounded up to whole register tiles (at least one), computed here.
+  char nblk[32], mbv[32], mbs[24];
+  snprintf(mbs, sizeof(mbs), "%lld", MB);
+  if (sym_m) {
+    int id = e->next_id++;
+    snprintf(nblk, sizeof(nblk), "%%bnb%d", id);
+    snprintf(mbv, sizeof(mbv), "%%bmb%d", id);
+    kiln_sbuf_printf(o,
+        "    %%bc4_%d = arith.constant 4 : index\n"
+        "    %%bcrm_%d = arith.constant %d : index\n"
+        "    %%bq_%d = arith.ceildivui %s, %%bc4_%d : index\n"
+        "    %%bqt_%d = arith.ceildivui %%bq_%d, %%bcrm_%d : index\n"
+        "    %%bqr_%d = arith.muli %%bqt_%d, %%bcrm_%d : index\n"
+        "    %s = arith.maxui %%bqr_%d, %%bcrm_%d : index\n"
+        "    %s = arith.ceildivui %s, %s : index\n",
+        id, id, rm, id, msz, id, id, id, id, id, id, id, mbv, id, id, nblk, msz, mbv);
+  } else {
+    snprintf(nblk, sizeof(nblk), "%lld", MB > 0 ? (long long)(m / MB) : 1LL);
+  }
+  if (sym_m)
+    snprintf(bty, sizeof(bty), "tensor<?x%lldx%s>", N, el);
+  else
+    snprintf(bty, sizeof(bty), "tensor<%lldx%lldx%s>", MB, N, el);
   // Constants live inside the forall body so it stays isolated-friendly.
   kiln_sbuf_printf(o,
-      "    %s = scf.forall (%%blk) in (%lld) shared_outs(%%cout = %s) -> (%s) {\n"
+      "    %s = scf.forall (%%blk) in (%s) shared_outs(%%cout = %s) -> (%s) {\n"
       "      %%c0 = arith.constant 0 : index\n"
       "      %%c1 = arith.constant 1 : index\n"
       "      %%c16 = arith.constant 16 : index\n"
       "      %%c32 = arith.constant 32 : index\n"
-      "      %%cmb = arith.constant %lld : index\n"
       "      %%crm = arith.constant %d : index\n"
       "      %%cn = arith.constant %lld : index\n"
       "      %%ck2 = arith.constant %lld : index\n"
       "      %%padb = arith.constant 0.0 : bf16\n"
       "      %%padf = arith.constant 0.0 : f32\n"
-      "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n"
-      "      %%row0 = arith.muli %%blk, %%cmb : index\n"
-      "      %%cblk = tensor.extract_slice %%cout[%%row0, 0] [%lld, %lld] [1, 1] : "
-      "%s to tensor<%lldx%lldx%s>\n"
+      "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n",
+      res, nblk, init, oty, rm, N, K2);
+  if (sym_m)
+    kiln_sbuf_printf(o,
+        "      %%row0 = arith.muli %%blk, %s : index\n"
+        "      %%left = arith.subi %s, %%row0 : index\n"
+        "      %%rows = arith.minui %s, %%left : index\n"
+        "      %%tailn = arith.remui %%rows, %%crm : index\n"
+        "      %%full = arith.subi %%rows, %%tailn : index\n"
+        "      %%cblk = tensor.extract_slice %%cout[%%row0, 0] [%%rows, %lld] [1, 1] : "
+        "%s to %s\n",
+        mbv, msz, mbv, N, oty, bty);
+  else
+    kiln_sbuf_printf(o,
+        "      %%cmb = arith.constant %lld : index\n"
+        "      %%full = arith.constant %lld : index\n"
+        "      %%row0 = arith.muli %%blk, %%cmb : index\n"
+        "      %%cblk = tensor.extract_slice %%cout[%%row0, 0] [%lld, %lld] [1, 1] : "
+        "%s to %s\n",
+        MB, MB, MB, N, oty, bty);
+  kiln_sbuf_printf(o,
       "      %%r1 = scf.for %%j = %%c0 to %%cn step %%c32 iter_args(%%c1t = %%cblk) "
-      "-> (tensor<%lldx%lldx%s>) {\n"
-      "        %%r2 = scf.for %%i = %%c0 to %%cmb step %%crm iter_args(%%c2t = %%c1t) "
-      "-> (tensor<%lldx%lldx%s>) {\n"
+      "-> (%s) {\n"
       "          %%j16 = arith.addi %%j, %%c16 : index\n"
       "          %%p0 = arith.addi %%j, %%j : index\n"
-      "          %%p1 = arith.addi %%p0, %%c32 : index\n",
-      res, MB > 0 ? M / MB : 1, init, oty, MB, rm, N, K2, MB, N, oty, MB, N, el,
-      MB, N, el, MB, N, el);
-  for (int r = 0; r < rm; ++r)
-    kiln_sbuf_printf(o, "          %%gr%d = affine.apply affine_map<(d0, d1) -> "
-                        "(d0 + d1 + %d)>(%%row0, %%i)\n", r, r);
-  kiln_sbuf_puts(o, "          %acc:");
-  kiln_sbuf_printf(o, "%d = scf.for %%kk = %%c0 to %%ck2 step %%c1 iter_args(", 2 * rm);
-  for (int t = 0; t < 2 * rm; ++t)
-    kiln_sbuf_printf(o, "%s%%x%d = %%zero", t ? ", " : "", t);
-  kiln_sbuf_puts(o, ") -> (");
-  for (int t = 0; t < 2 * rm; ++t)
-    kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
-  kiln_sbuf_puts(o, ") {\n");
-  for (int h = 0; h < 2; ++h)
+      "          %%p1 = arith.addi %%p0, %%c32 : index\n"
+      "        %%r2 = scf.for %%i = %%c0 to %%full step %%crm iter_args(%%c2t = %%c1t) "
+      "-> (%s) {\n",
+      bty, bty);
+  char next[24];
+  emit_bf16_tile(o, rm, "", "%c2t", bty, el, store_bf16, false, ae, ae_ty, bp, K2, N, next);
+  kiln_sbuf_printf(o, "          scf.yield %s : %s\n        }\n", next, bty);
+  const char *done = "%r2";
+  if (sym_m) {
+    // The block's last rows % rm rows: one masked register tile at %full
+    // (a one-row tile per row ran two accumulator chains, latency-bound).
     kiln_sbuf_printf(o,
-        "            %%b%d = vector.transfer_read %s[%%kk, %%p%d], %%padb "
-        "{in_bounds = [true]} : tensor<%lldx%lldxbf16>, vector<32xbf16>\n",
-        h, bp, h, K2, 2 * N);
-  for (int r = 0; r < rm; ++r) {
-    kiln_sbuf_printf(o,
-        "            %%av%d = vector.transfer_read %s[%%gr%d, %%kk, %%c0], %%padb "
-        "{in_bounds = [true]} : tensor<%lldx%lldx2xbf16>, vector<2xbf16>\n"
-        "            %%ai%d = vector.bitcast %%av%d : vector<2xbf16> to vector<1xi32>\n"
-        "            %%as%d = vector.extract %%ai%d[0] : i32 from vector<1xi32>\n"
-        "            %%ab%d = vector.broadcast %%as%d : i32 to vector<16xi32>\n"
-        "            %%a%d = vector.bitcast %%ab%d : vector<16xi32> to vector<32xbf16>\n",
-        r, ae, r, M, K2, r, r, r, r, r, r, r, r);
-    for (int h = 0; h < 2; ++h)
-      kiln_sbuf_printf(o,
-          "            %%y%d = x86vector.avx512.dot %%x%d, %%a%d, %%b%d : "
-          "vector<32xbf16> -> vector<16xf32>\n",
-          2 * r + h, 2 * r + h, r, h);
-  }
-  kiln_sbuf_puts(o, "            scf.yield ");
-  for (int t = 0; t < 2 * rm; ++t) kiln_sbuf_printf(o, "%s%%y%d", t ? ", " : "", t);
-  kiln_sbuf_puts(o, " : ");
-  for (int t = 0; t < 2 * rm; ++t)
-    kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
-  kiln_sbuf_puts(o, "\n          }\n");
-  // Write the tile: row i + r, columns j and j + 16, threading the tensor.
-  char prev[24] = "%c2t";
-  for (int r = 0; r < rm; ++r) {
-    kiln_sbuf_printf(o, "          %%li%d = affine.apply affine_map<(d0) -> "
-                        "(d0 + %d)>(%%i)\n", r, r);
-    for (int h = 0; h < 2; ++h) {
-      char cur[24];
-      snprintf(cur, sizeof(cur), "%%w%d", 2 * r + h);
-      char val[24];
-      snprintf(val, sizeof(val), "%%acc#%d", 2 * r + h);
-      if (store_bf16) {
-        kiln_sbuf_printf(o, "          %%tr%d = arith.truncf %s : vector<16xf32> "
-                            "to vector<16xbf16>\n", 2 * r + h, val);
-        snprintf(val, sizeof(val), "%%tr%d", 2 * r + h);
-      }
-      kiln_sbuf_printf(o,
-          "          %s = vector.transfer_write %s, %s[%%li%d, %s] "
-          "{in_bounds = [true]} : vector<16x%s>, tensor<%lldx%lldx%s>\n",
-          cur, val, prev, r, h ? "%j16" : "%j", el, MB, N, el);
-      memcpy(prev, cur, sizeof(prev));
-    }
+        "        %%hastail = arith.cmpi ugt, %%tailn, %%c0 : index\n"
+        "        %%r3 = scf.if %%hastail -> (%s) {\n"
+        "          %%it = arith.addi %%full, %%c0 : index\n",
+        bty);
+    emit_bf16_tile(o, rm, "t", "%r2", bty, el, store_bf16, true, ae, ae_ty, bp, K2, N, next);
+    kiln_sbuf_printf(o, "          scf.yield %s : %s\n        } else {\n"
+                        "          scf.yield %%r2 : %s\n        }\n", next, bty, bty);
+    done = "%r3";
   }
   kiln_sbuf_printf(o,
-      "          scf.yield %s : tensor<%lldx%lldx%s>\n"
-      "        }\n"
-      "        scf.yield %%r2 : tensor<%lldx%lldx%s>\n"
+      "        scf.yield %s : %s\n"
       "      }\n"
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %%r1 into %%cout[%%row0, 0] [%lld, %lld] "
-      "[1, 1] : tensor<%lldx%lldx%s> into %s\n"
+      "        tensor.parallel_insert_slice %%r1 into %%cout[%%row0, 0] [%s, %lld] "
+      "[1, 1] : %s into %s\n"
       "      }\n"
       "    }\n",
-      prev, MB, N, el, MB, N, el, MB, N, MB, N, el, oty);
+      done, bty, sym_m ? "%rows" : mbs, N, bty, oty);
   snprintf(out, 24, "%s", res);
 }
 

@@ -111,6 +111,20 @@ def test_bf16_autocast():
     check_close(got, want)
 
 
+def test_bf16_linear_with_a_symbolic_batch():
+    """A bf16 linear layer under dynamic shapes: M symbolic, K and N the
+    weight's. On CPUs with AVX512-BF16 it takes the microkernel with row
+    blocks sized at run time (batches not a multiple of its 8-row tile
+    included); elsewhere the generic contraction."""
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 64, bias=False).to(torch.bfloat16)
+    compiled = torch.compile(lin, backend="kiln", dynamic=True)
+    with torch.no_grad():
+        for m in (1, 7, 64, 203):
+            x = torch.randn(m, 96, dtype=torch.bfloat16)
+            check_close(compiled(x), lin(x))
+
+
 def test_strided_input():
     model = mlp()
     x = torch.randn(32, 16).t()  # non-contiguous view

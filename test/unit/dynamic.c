@@ -29,9 +29,16 @@ static const char *kGraph =
     "  %gw = aten.mm(%xt, %h)\n"
     // A softmax down the symbolic dim.
     "  %sc = aten._softmax(%h) {dim = 0}\n"
+    // A bf16 matmul with a symbolic M: the AVX512-BF16 microkernel where
+    // the CPU has it (row blocks sized at run time, a tail of one-row
+    // tiles), the generic contraction elsewhere.
+    "  %xb = prims.convert_element_type(%x) {dtype = bf16}\n"
+    "  %w2 = aten.cat(%w, %w) {dim = 1}\n"
+    "  %wb = prims.convert_element_type(%w2) {dtype = bf16}\n"
+    "  %mb = aten.mm(%xb, %wb)\n"
     // A run of columns of every row: a strided copy by contiguous runs.
     "  %cr = aten.slice(%x) {dim = 1, start = 4, end = 20, step = 1}\n"
-    "  return %s, %m, %v, %r, %p, %l, %z, %k, %gw, %sc, %cr\n}\n";
+    "  return %s, %m, %v, %r, %p, %l, %z, %k, %gw, %sc, %cr, %mb\n}\n";
 
 #define MAXT 16
 
