@@ -158,9 +158,13 @@ def test_dynamic_batch_compiles_once(capfd, monkeypatch):
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32)).eval()
     compiled = torch.compile(model, backend="kiln", dynamic=True)
     with torch.no_grad():
-        for n in (3, 1, 7, 64, 13):
+        # Sizes repeated and revisited: a repeated call takes the steady-state
+        # path with the output shapes of the call before; a new size refills.
+        for n in (3, 3, 1, 7, 7, 64, 13, 13, 7, 64):
             x = torch.randn(n, 16)
-            torch.testing.assert_close(compiled(x), model(x), **TOL[torch.float32])
+            got = compiled(x)
+            assert got.shape == (n, 32)
+            torch.testing.assert_close(got, model(x), **TOL[torch.float32])
     err = capfd.readouterr().err
     # One symbolic variant per kiln partition, compiled on its first call.
     recompiles = [l for l in err.splitlines() if l.startswith("[kiln recompiles]")]
