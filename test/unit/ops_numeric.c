@@ -165,6 +165,15 @@ static const op_case_t kCases[] = {
     {"matmul", "bf16", "graph @t(%a: $T[12,34], %b: $T[34,64]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"matmul", "bf16", "graph @t(%a: $T[6,2], %b: $T[2,32]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"matmul", "bf16", "graph @t(%c: $T[96], %a: $T[40,256], %b: $T[256,96]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
+    // A linear layer's transposed weight: B = W^T packed by 8x8 transposes
+    // of W's bf16 pairs (K a multiple of 16), plain mm and addmm; K of 34
+    // takes the generic pack.
+    {"matmul", "bf16", "graph @t(%a: $T[24,48], %w: $T[64,48]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                       " %c = aten.mm(%a, %t)\n return %c\n}"},
+    {"matmul", "bf16", "graph @t(%c: $T[96], %a: $T[10,32], %w: $T[96,32]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                       " %d = aten.addmm(%c, %a, %t)\n return %d\n}"},
+    {"matmul", "bf16", "graph @t(%a: $T[8,34], %w: $T[32,34]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                       " %c = aten.mm(%a, %t)\n return %c\n}"},
     {"conv", FLOATS, "graph @t(%x: $T[2,4,9,9], %w: $T[6,4,3,3], %b: $T[6]) {\n"
                      " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 f64", "graph @t(%x: $T[2,4,9,8], %w: $T[6,2,3,2]) {\n"
