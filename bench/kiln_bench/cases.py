@@ -63,6 +63,18 @@ def linear_gelu(m, k, n):
     return build
 
 
+def linear_dynamic(m, k, n):
+    """A linear layer with its batch dim marked dynamic: every backend gets
+    a graph with a symbolic M (as after torch.compile's recompile on a new
+    batch size), K and N the weight's."""
+    def build(dev, dt):
+        lin = nn.Linear(k, n, bias=False).to(dev, dt)
+        x = torch.randn(m, k, device=dev, dtype=dt)
+        torch._dynamo.mark_dynamic(x, 0)
+        return lin, (x,)
+    return build
+
+
 def mlp_block(tokens, dim):
     def build(dev, dt):
         m = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(),
@@ -235,6 +247,9 @@ def suite(device: str) -> list[Case]:
     m, k, n = (4096, 4096, 4096) if big else (512, 512, 1024)
     cases.append(Case("matmul_bias_gelu", "kernels", linear_gelu(m, k, n), f32,
                       flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 4))
+    m = k = n = 4096 if big else 512
+    cases.append(Case("linear_dyn_bf16", "kernels", linear_dynamic(m, k, n), bf16,
+                      flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 2))
     tokens, dim = (4096, 1024) if big else (256, 256)
     cases += [
         Case("mlp", "blocks", mlp_block(tokens, dim), f32, quick=True, demo=True),
