@@ -19,8 +19,9 @@
 //
 // M may be symbolic (a batch under torch.compile's dynamic shapes; K and N
 // are a weight's): the row blocks are then sized at run time, a block's
-// rows run as full register tiles and a tail of one-row tiles. (Symbolic
-// bf16 matmuls took the generic contraction, 2.3x slower than eager.)
+// rows run as full register tiles and one masked tile for the rest.
+// (Symbolic bf16 matmuls took the generic contraction, 2.3x slower than
+// eager.)
 //
 // Upstream's x86vector contract-to-dot patterns need contracts unrolled to
 // one row, which no transform op here produces; the loop nest is small
@@ -38,10 +39,11 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
          (sym_m || a->type.dims[0] % 2 == 0);
 }
 
-// One register tile: rows %i .. %i + rm - 1 of the block at %row0 (rows of
-// the block tensor `blk`, typed `bty`, threaded through as `cur`), columns
-// %j .. %j + 31, the whole K loop. Names are suffixed by `tag` (one tile
-// form per loop). `ae` is A as [M, K/2, 2] (`aty`), `bp` packed B.
+// One register tile: rows %i<tag> .. + rm - 1 of the block at %row0, columns
+// %j .. %j + 31, the whole K loop, written into the block tensor `cur`
+// (typed `bty`); `next` gets the tensor after the writes. Names are
+// suffixed by `tag` (one tile form per loop). `ae` is A as [M, K/2, 2]
+// (`aty`), `bp` packed B.
 static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *cur,
                            const char *bty, const char *el, bool store_bf16,
                            bool masked, const char *ae, const char *aty, const char *bp,
@@ -136,15 +138,12 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
   snprintf(next, 24, "%s", prev);
 }
 
-// `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
-// are rounded as they are stored (a plain mm: no f32 C written and re-read).
-//
-// `bt` (or NULL): B's untransposed source W [N, K] when B = W^T (a linear
-// layer's weight). Bp[kk, n, 0..1] = W[n, 2kk..2kk+1] is then a transpose
-// of W's 32-bit pairs, done in 8x8 blocks: eight 16-element row reads,
-// bitcast to i32, one vector.transpose (shuffles), eight 16-element writes.
-// (The generic pack of W^T moved one pair per scalar load and store: 0.075
-// of a 512^3 linear's 0.66 ms.)
+// Packed B (`bp`, [K/2, 2N]) from W [N, K] where B = W^T (a linear layer's
+// weight): Bp[kk, n, 0..1] = W[n, 2kk..2kk+1] is a transpose of W's 32-bit
+// pairs, done in 8x8 blocks: eight 16-element row reads, bitcast to i32,
+// one vector.transpose (shuffles), eight 16-element writes. (The generic
+// pack of W^T moved one pair per scalar load and store: 0.075 of a 512^3
+// linear's 0.66 ms.) K/2 and N multiples of 8.
 static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
                                       long long K2, long long N, const char *bp) {
   kiln_sbuf_t *o = &e->out;
@@ -199,6 +198,9 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
       slice, K2, 2 * N);
 }
 
+// `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
+// are rounded as they are stored (a plain mm: no f32 C written and re-read).
+// `bt` (or NULL): B's untransposed source W when B = W^T, packed from W.
 static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
                           const kiln_tv_t *b, const kiln_tv_t *bt, const char *init,
                           const char *oty, bool store_bf16, char out[24]) {
