@@ -23,6 +23,11 @@
 // (Symbolic bf16 matmuls took the generic contraction, 2.3x slower than
 // eager.)
 //
+// N need not be a multiple of 32: packed B is zero-padded to whole 32-column
+// panels and the last panel's writes stop at N (masked). (With the generic
+// contraction a bf16 [512, 512] x [512, 500] took 5.7 ms against eager's
+// 0.65.)
+//
 // Upstream's x86vector contract-to-dot patterns need contracts unrolled to
 // one row, which no transform op here produces; the loop nest is small
 // enough to write directly.
@@ -35,7 +40,7 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
       !kiln_type_is_static(&b->type) || KILN_IS_SYM(a->type.dims[1]))
     return false;
   bool sym_m = KILN_IS_SYM(a->type.dims[0]);
-  return a->type.dims[1] % 2 == 0 && b->type.dims[1] % 32 == 0 && a->type.dims[1] >= 2 &&
+  return a->type.dims[1] % 2 == 0 && b->type.dims[1] >= 1 && a->type.dims[1] >= 2 &&
          (sym_m || a->type.dims[0] % 2 == 0);
 }
 
@@ -46,8 +51,9 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
 // (`aty`), `bp` packed B.
 static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *cur,
                            const char *bty, const char *el, bool store_bf16,
-                           bool masked, const char *ae, const char *aty, const char *bp,
-                           long long K2, long long N, char next[24]) {
+                           bool masked, const int cols[2], const char *ae,
+                           const char *aty, const char *bp, long long K2, long long N,
+                           char next[24]) {
   // A masked tile (the block's last rows % rm rows, %tailn of them) reads
   // row min(r, %tailn - 1) in place of the rows past the end and writes
   // only its first %tailn rows.
@@ -60,6 +66,9 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
       kiln_sbuf_printf(o, "          %%gr%s%d = affine.apply affine_map<(d0, d1) -> "
                           "(d0 + d1 + %d)>(%%row0, %%i%s)\n", tag, r, r, tag);
   }
+  // `cols`: the columns of each 16-column half inside N (the last panel
+  // of an N that is not a multiple of 32): 16 writes the half, 0 skips it,
+  // others write it masked (in_bounds = false).
   kiln_sbuf_printf(o, "          %%acc%s:%d = scf.for %%kk%s = %%c0 to %%ck2 step %%c1 "
                       "iter_args(", tag, 2 * rm, tag);
   for (int t = 0; t < 2 * rm; ++t)
@@ -104,6 +113,8 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
     if (masked && r > 0)
       kiln_sbuf_printf(o, "          %%cr%s%d = arith.constant %d : index\n", tag, r, r);
     for (int h = 0; h < 2; ++h) {
+      if (cols[h] == 0) continue;
+      const char *inb = cols[h] == 16 ? "true" : "false";
       char w[24], val[24];
       snprintf(w, sizeof(w), "%%w%s%d", tag, 2 * r + h);
       snprintf(val, sizeof(val), "%%acc%s#%d", tag, 2 * r + h);
@@ -119,18 +130,18 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
         kiln_sbuf_printf(o,
             "          %s = scf.if %%in%s%d -> (%s) {\n"
             "            %%ww%s%d = vector.transfer_write %s, %s[%%li%s%d, %s] "
-            "{in_bounds = [true]} : vector<16x%s>, %s\n"
+            "{in_bounds = [%s]} : vector<16x%s>, %s\n"
             "            scf.yield %%ww%s%d : %s\n"
             "          } else {\n"
             "            scf.yield %s : %s\n"
             "          }\n",
-            w, tag, r, bty, tag, 2 * r + h, val, prev, tag, r, h ? "%j16" : "%j", el, bty,
-            tag, 2 * r + h, bty, prev, bty);
+            w, tag, r, bty, tag, 2 * r + h, val, prev, tag, r, h ? "%j16" : "%j", inb, el,
+            bty, tag, 2 * r + h, bty, prev, bty);
       } else {
         kiln_sbuf_printf(o,
             "          %s = vector.transfer_write %s, %s[%%li%s%d, %s] "
-            "{in_bounds = [true]} : vector<16x%s>, %s\n",
-            w, val, prev, tag, r, h ? "%j16" : "%j", el, bty);
+            "{in_bounds = [%s]} : vector<16x%s>, %s\n",
+            w, val, prev, tag, r, h ? "%j16" : "%j", inb, el, bty);
       }
       snprintf(prev, sizeof(prev), "%s", w);
     }
@@ -145,13 +156,12 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
 // pack of W^T moved one pair per scalar load and store: 0.075 of a 512^3
 // linear's 0.66 ms.) K/2 and N multiples of 8.
 static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
-                                      long long K2, long long N, const char *bp) {
+                                      long long K2, long long N, long long N32,
+                                      const char *init, const char *bp) {
   kiln_sbuf_t *o = &e->out;
-  int id = e->next_id++;
   long long K = 2 * K2;
-  kiln_sbuf_printf(o, "    %%bpk%d = tensor.empty() : tensor<%lldx%lldxbf16>\n", id, K2, 2 * N);
   kiln_sbuf_printf(o,
-      "    %s = scf.forall (%%pk, %%pn) in (%lld, %lld) shared_outs(%%po = %%bpk%d) -> "
+      "    %s = scf.forall (%%pk, %%pn) in (%lld, %lld) shared_outs(%%po = %s) -> "
       "(tensor<%lldx%lldxbf16>) {\n"
       "      %%pz = arith.constant dense<0> : vector<8x8xi32>\n"
       "      %%ppad = arith.constant 0.0 : bf16\n"
@@ -159,7 +169,7 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
       "      %%pkc = affine.apply affine_map<(d0) -> (d0 * 16)>(%%pk)\n"
       "      %%pn0 = affine.apply affine_map<(d0) -> (d0 * 8)>(%%pn)\n"
       "      %%pnc = affine.apply affine_map<(d0) -> (d0 * 16)>(%%pn)\n",
-      bp, K2 / 8, N / 8, id, K2, 2 * N);
+      bp, K2 / 8, N / 8, init, K2, 2 * N32);
   const char *prev = "%pz";
   char cur[24];
   for (int r = 0; r < 8; ++r) {
@@ -177,7 +187,7 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
       "      %%pt = vector.transpose %%pm7, [1, 0] : vector<8x8xi32> to vector<8x8xi32>\n"
       "      %%ps = tensor.extract_slice %%po[%%pk0, %%pnc] [8, 16] [1, 1] : "
       "tensor<%lldx%lldxbf16> to tensor<8x16xbf16>\n",
-      K2, 2 * N);
+      K2, 2 * N32);
   char slice[24] = "%ps";
   for (int c = 0; c < 8; ++c) {
     kiln_sbuf_printf(o,
@@ -195,7 +205,7 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
       "tensor<8x16xbf16> into tensor<%lldx%lldxbf16>\n"
       "      }\n"
       "    }\n",
-      slice, K2, 2 * N);
+      slice, K2, 2 * N32);
 }
 
 // `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
@@ -215,15 +225,14 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
   int64_t mb = sym_m ? 0 : m;
   for (int split = 0; !sym_m && split < 2 && mb % 2 == 0 && (mb / 2) % rm == 0; ++split)
     mb /= 2;
-  char ae[24], be[24], bpe[24], bpt[24], bp[24], res[24];
+  char ae[24], be[24], bpt[24], bp[24], res[24];
   kiln_emit_fresh(e, bpt);
   kiln_emit_fresh(e, ae);
   kiln_emit_fresh(e, be);
-  kiln_emit_fresh(e, bpe);
   kiln_emit_fresh(e, bp);
   kiln_emit_fresh(e, res);
   kiln_sbuf_t *o = &e->out;
-  long long K = k, N = nn, K2 = k2, MB = mb;
+  long long K = k, N = nn, K2 = k2, MB = mb, N32 = (nn + 31) / 32 * 32;
   // M as text (a number, or the symbol's index value) and in types.
   char msz[24], mty[24];
   kiln_emit_size_operand(e, &a->type, 0, msz);
@@ -235,24 +244,59 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
       "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%s, %lld, 2] "
       ": %s into %s\n",
       ae, a->ssa, msz, K2, aty, ae_ty);
+  // Packed B is [K/2, 2 * N32]: columns past N (to whole 32-column panels)
+  // are zeros, written by a fill the pack then overwrites in part.
+  char bpinit[24];
+  if (N32 != N) {
+    kiln_type_t zt = {.dtype = KILN_BF16, .rank = 3, .dims = {K2, N32, 2}};
+    kiln_tv_t z;
+    kiln_emit_filled(e, &zt, 0, &z);
+    snprintf(bpinit, sizeof(bpinit), "%s", z.ssa);
+  } else {
+    kiln_emit_fresh(e, bpinit);
+    kiln_sbuf_printf(o, "    %s = tensor.empty() : tensor<%lldx%lldx2xbf16>\n", bpinit, K2, N);
+  }
   if (bt && K2 % 8 == 0 && N % 8 == 0) {
-    emit_bf16_pack_transposed(e, bt, K2, N, bp);
+    char flat[24];
+    kiln_emit_fresh(e, flat);
+    kiln_sbuf_printf(o,
+        "    %s = tensor.collapse_shape %s [[0], [1, 2]] : tensor<%lldx%lldx2xbf16> "
+        "into tensor<%lldx%lldxbf16>\n",
+        flat, bpinit, K2, N32, K2, 2 * N32);
+    emit_bf16_pack_transposed(e, bt, K2, N, N32, flat, bp);
   } else {
     kiln_sbuf_printf(o,
         "    %s = tensor.expand_shape %s [[0, 1], [2]] output_shape [%lld, 2, %lld] "
         ": tensor<%lldx%lldxbf16> into tensor<%lldx2x%lldxbf16>\n",
         be, b->ssa, K2, N, K, N, K2, N);
-    kiln_sbuf_printf(o, "    %s = tensor.empty() : tensor<%lldx%lldx2xbf16>\n", bpe, K2, N);
+    char dst[24];
+    snprintf(dst, sizeof(dst), "%s", bpinit);
+    if (N32 != N) {
+      kiln_emit_fresh(e, dst);
+      kiln_sbuf_printf(o,
+          "    %s = tensor.extract_slice %s[0, 0, 0] [%lld, %lld, 2] [1, 1, 1] : "
+          "tensor<%lldx%lldx2xbf16> to tensor<%lldx%lldx2xbf16>\n",
+          dst, bpinit, K2, N, K2, N32, K2, N);
+    }
     kiln_sbuf_printf(o,
         "    %s = linalg.transpose ins(%s : tensor<%lldx2x%lldxbf16>) outs(%s : "
         "tensor<%lldx%lldx2xbf16>) permutation = [0, 2, 1]\n",
-        bpt, be, K2, N, bpe, K2, N);
+        bpt, be, K2, N, dst, K2, N);
+    char full[24];
+    snprintf(full, sizeof(full), "%s", bpt);
+    if (N32 != N) {
+      kiln_emit_fresh(e, full);
+      kiln_sbuf_printf(o,
+          "    %s = tensor.insert_slice %s into %s[0, 0, 0] [%lld, %lld, 2] [1, 1, 1] : "
+          "tensor<%lldx%lldx2xbf16> into tensor<%lldx%lldx2xbf16>\n",
+          full, bpt, bpinit, K2, N, K2, N, K2, N32);
+    }
     // Rows of pairs as one dim: 16 column pairs are one contiguous 1-D read
     // (a 2-D vector<16x2> read would be split into 16 scalar loads).
     kiln_sbuf_printf(o,
         "    %s = tensor.collapse_shape %s [[0], [1, 2]] : tensor<%lldx%lldx2xbf16> "
         "into tensor<%lldx%lldxbf16>\n",
-        bp, bpt, K2, N, K2, 2 * N);
+        bp, full, K2, N32, K2, 2 * N32);
   }
   // Blocks: MB rows each, or with a symbolic M a quarter of the rows
   // rounded up to whole register tiles (at least one), computed here.
@@ -286,12 +330,11 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
       "      %%c16 = arith.constant 16 : index\n"
       "      %%c32 = arith.constant 32 : index\n"
       "      %%crm = arith.constant %d : index\n"
-      "      %%cn = arith.constant %lld : index\n"
       "      %%ck2 = arith.constant %lld : index\n"
       "      %%padb = arith.constant 0.0 : bf16\n"
       "      %%padf = arith.constant 0.0 : f32\n"
       "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n",
-      res, nblk, init, oty, rm, N, K2);
+      res, nblk, init, oty, rm, K2);
   if (sym_m)
     kiln_sbuf_printf(o,
         "      %%row0 = arith.muli %%blk, %s : index\n"
@@ -310,41 +353,59 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
         "      %%cblk = tensor.extract_slice %%cout[%%row0, 0] [%lld, %lld] [1, 1] : "
         "%s to %s\n",
         MB, MB, MB, N, oty, bty);
-  kiln_sbuf_printf(o,
-      "      %%r1 = scf.for %%j = %%c0 to %%cn step %%c32 iter_args(%%c1t = %%cblk) "
-      "-> (%s) {\n"
-      "          %%j16 = arith.addi %%j, %%c16 : index\n"
-      "          %%p0 = arith.addi %%j, %%j : index\n"
-      "          %%p1 = arith.addi %%p0, %%c32 : index\n"
-      "        %%r2 = scf.for %%i = %%c0 to %%full step %%crm iter_args(%%c2t = %%c1t) "
-      "-> (%s) {\n",
-      bty, bty);
-  char next[24];
-  emit_bf16_tile(o, rm, "", "%c2t", bty, el, store_bf16, false, ae, ae_ty, bp, K2, N, next);
-  kiln_sbuf_printf(o, "          scf.yield %s : %s\n        }\n", next, bty);
-  const char *done = "%r2";
-  if (sym_m) {
-    // The block's last rows % rm rows: one masked register tile at %full
-    // (a one-row tile per row ran two accumulator chains, latency-bound).
+  // Panels of 32 columns: the full ones, then (N not a multiple of 32) the
+  // last, whose writes stop at N; packed B is zero-padded to whole panels.
+  long long NF = N / 32 * 32;
+  const char *blk_in = "%cblk";
+  for (int panel = 0; panel < 2; ++panel) {
+    long long lo = panel ? NF : 0, hi = panel ? N32 : NF;
+    if (lo == hi) continue;
+    int cols[2] = {16, 16};
+    if (panel) {
+      long long w = N - NF;
+      cols[0] = (int)(w < 16 ? w : 16);
+      cols[1] = (int)(w > 16 ? w - 16 : 0);
+    }
     kiln_sbuf_printf(o,
-        "        %%hastail = arith.cmpi ugt, %%tailn, %%c0 : index\n"
-        "        %%r3 = scf.if %%hastail -> (%s) {\n"
-        "          %%it = arith.addi %%full, %%c0 : index\n",
-        bty);
-    emit_bf16_tile(o, rm, "t", "%r2", bty, el, store_bf16, true, ae, ae_ty, bp, K2, N, next);
-    kiln_sbuf_printf(o, "          scf.yield %s : %s\n        } else {\n"
-                        "          scf.yield %%r2 : %s\n        }\n", next, bty, bty);
-    done = "%r3";
+        "      %%cl%d = arith.constant %lld : index\n"
+        "      %%ch%d = arith.constant %lld : index\n"
+        "      %%rp%d = scf.for %%j = %%cl%d to %%ch%d step %%c32 iter_args(%%c1t = %s) "
+        "-> (%s) {\n"
+        "          %%j16 = arith.addi %%j, %%c16 : index\n"
+        "          %%p0 = arith.addi %%j, %%j : index\n"
+        "          %%p1 = arith.addi %%p0, %%c32 : index\n"
+        "        %%r2 = scf.for %%i = %%c0 to %%full step %%crm iter_args(%%c2t = %%c1t) "
+        "-> (%s) {\n",
+        panel, lo, panel, hi, panel, panel, panel, blk_in, bty, bty);
+    char next[24];
+    emit_bf16_tile(o, rm, "", "%c2t", bty, el, store_bf16, false, cols, ae, ae_ty, bp, K2,
+                   N32, next);
+    kiln_sbuf_printf(o, "          scf.yield %s : %s\n        }\n", next, bty);
+    const char *done = "%r2";
+    if (sym_m) {
+      // The block's last rows % rm rows: one masked register tile at %full
+      // (a one-row tile per row ran two accumulator chains, latency-bound).
+      kiln_sbuf_printf(o,
+          "        %%hastail = arith.cmpi ugt, %%tailn, %%c0 : index\n"
+          "        %%r3 = scf.if %%hastail -> (%s) {\n"
+          "          %%it = arith.addi %%full, %%c0 : index\n",
+          bty);
+      emit_bf16_tile(o, rm, "t", "%r2", bty, el, store_bf16, true, cols, ae, ae_ty, bp, K2,
+                     N32, next);
+      kiln_sbuf_printf(o, "          scf.yield %s : %s\n        } else {\n"
+                          "          scf.yield %%r2 : %s\n        }\n", next, bty, bty);
+      done = "%r3";
+    }
+    kiln_sbuf_printf(o, "        scf.yield %s : %s\n      }\n", done, bty);
+    blk_in = panel ? "%rp1" : "%rp0";
   }
   kiln_sbuf_printf(o,
-      "        scf.yield %s : %s\n"
-      "      }\n"
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %%r1 into %%cout[%%row0, 0] [%s, %lld] "
+      "        tensor.parallel_insert_slice %s into %%cout[%%row0, 0] [%s, %lld] "
       "[1, 1] : %s into %s\n"
       "      }\n"
       "    }\n",
-      done, bty, sym_m ? "%rows" : mbs, N, bty, oty);
+      blk_in, sym_m ? "%rows" : mbs, N, bty, oty);
   snprintf(out, 24, "%s", res);
 }
 

@@ -111,13 +111,15 @@ def test_bf16_autocast():
     check_close(got, want)
 
 
-def test_bf16_linear_with_a_symbolic_batch():
+@pytest.mark.parametrize("n", [64, 72, 70])
+def test_bf16_linear_with_a_symbolic_batch(n):
     """A bf16 linear layer under dynamic shapes: M symbolic, K and N the
     weight's. On CPUs with AVX512-BF16 it takes the microkernel with row
     blocks sized at run time (batches not a multiple of its 8-row tile
-    included); elsewhere the generic contraction."""
+    included) and, for N not a multiple of 32, a zero-padded packed weight
+    and a masked last panel; elsewhere the generic contraction."""
     torch.manual_seed(0)
-    lin = nn.Linear(96, 64, bias=False).to(torch.bfloat16)
+    lin = nn.Linear(96, n, bias=False).to(torch.bfloat16)
     compiled = torch.compile(lin, backend="kiln", dynamic=True)
     with torch.no_grad():
         for m in (1, 7, 64, 203):

@@ -174,6 +174,16 @@ static const op_case_t kCases[] = {
                        " %d = aten.addmm(%c, %a, %t)\n return %d\n}"},
     {"matmul", "bf16", "graph @t(%a: $T[8,34], %w: $T[32,34]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
                        " %c = aten.mm(%a, %t)\n return %c\n}"},
+    // N not a multiple of 32: packed B zero-padded to whole 32-column
+    // panels, the last panel's writes stopping at N (a masked half, a
+    // skipped half); the transposed pack with N a multiple of 8 (40) and
+    // the generic one (37); addmm's f32 accumulator path.
+    {"matmul", "bf16", "graph @t(%a: $T[8,64], %b: $T[64,37], %c: $T[64,48], %d: $T[64,50]) {\n"
+                       " %x = aten.mm(%a, %b)\n %y = aten.mm(%a, %c)\n %z = aten.mm(%a, %d)\n return %x, %y, %z\n}"},
+    {"matmul", "bf16", "graph @t(%a: $T[16,32], %w: $T[40,32], %v: $T[37,32]) {\n"
+                       " %wt = aten.permute(%w) {dims = [1, 0]}\n %vt = aten.permute(%v) {dims = [1, 0]}\n"
+                       " %x = aten.mm(%a, %wt)\n %y = aten.mm(%a, %vt)\n return %x, %y\n}"},
+    {"matmul", "bf16", "graph @t(%c: $T[70], %a: $T[12,96], %b: $T[96,70]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
     {"conv", FLOATS, "graph @t(%x: $T[2,4,9,9], %w: $T[6,4,3,3], %b: $T[6]) {\n"
                      " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 f64", "graph @t(%x: $T[2,4,9,8], %w: $T[6,2,3,2]) {\n"
