@@ -34,6 +34,30 @@ static int level_sizes(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c,
   return n;
 }
 
+// True when some tile of loop `k` at `level` is partial: a static range
+// that a tile of this or an enclosing level does not divide (the schedule
+// peels it, as it does a symbolic loop's).
+static bool partial_tile(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c,
+                         int level, int k) {
+  if ((d->dynamic_mask >> k) & 1u) return false;
+  const int64_t *lv[3] = {c->forall, c->cache, c->reg};
+  int64_t within = d->range[k];
+  for (int l = 0; l <= level; ++l) {
+    int64_t s = lv[l][k];
+    if (s <= 0 || s >= within) continue;
+    if (within % s) return true;
+    within = s;
+  }
+  return false;
+}
+
+// True when any loop of the op has a partial tile at any level.
+static bool any_partial_tile(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c) {
+  for (int k = 0; k < c->loop_count; ++k)
+    if (partial_tile(d, c, 2, k)) return true;
+  return false;
+}
+
 static void put_sizes(kiln_sbuf_t *b, const int64_t *s, int n) {
   kiln_sbuf_puts(b, "[");
   for (int k = 0; k < n; ++k)
@@ -177,7 +201,7 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
     // below; plan_fill_fusion fuses only distributed contractions.)
     int64_t scratch[KILN_TILE_MAX_LOOPS];
     bool regfuse = fill >= 0 && !level_sizes(&descs[i], t, 1, scratch) &&
-                   descs[i].dynamic_mask == 0;
+                   descs[i].dynamic_mask == 0 && !any_partial_tile(&descs[i], t);
     // Threads first: one forall over the distributed loops.
     if (level_sizes(&descs[i], t, 0, sz)) {
       kiln_sbuf_printf(&b, "    %%par%d, %%forall%d = transform.structured."
@@ -228,7 +252,8 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
       for (int k = 0, j = 0; k < t->loop_count; ++k) {
         if (!sz[k]) continue;
         // (A step-1 loop has no partial tile: a tile of one is static.)
-        if (((descs[i].dynamic_mask >> k) & 1u) && sz[k] > 1) {
+        if ((((descs[i].dynamic_mask >> k) & 1u) || partial_tile(&descs[i], t, level, k)) &&
+            sz[k] > 1) {
           peel[npeel][0] = level;
           peel[npeel++][1] = j;
         }
@@ -774,7 +799,8 @@ static void plan_fill_fusion(const collect_t *c, kiln_kernel_fusion_t *fusion) {
     // (A symbolic output dim would leave the fused init's vector tiles
     // unpeeled, partial and scalar: such an init stays a kernel of its own.)
     if (c->descs[i].kind != KILN_KERNEL_CONTRACTION ||
-        (c->descs[i].dynamic_mask & ~c->descs[i].reduction_mask))
+        (c->descs[i].dynamic_mask & ~c->descs[i].reduction_mask) ||
+        any_partial_tile(&c->descs[i], &c->configs[i]))
       continue;
     int64_t scratch[KILN_TILE_MAX_LOOPS];
     if (!level_sizes(&c->descs[i], &c->configs[i], 0, scratch)) continue;

@@ -92,6 +92,12 @@ static void init_config(const kiln_kernel_desc_t *d, kiln_tile_config_t *c) {
   c->reduction_dim = -1;
 }
 
+// A contraction whose output tiles may be partial: a plain matmul's three
+// loops (no convolution taps folded into sums).
+static bool ragged_contraction(const kiln_kernel_desc_t *d) {
+  return d->kind == KILN_KERNEL_CONTRACTION && d->loop_count == 3 && !d->sum_maps;
+}
+
 static void heuristic_contraction(const kiln_kernel_desc_t *d,
                                   const kiln_cpu_target_t *t,
                                   kiln_tile_config_t *c) {
@@ -101,6 +107,13 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
   // Register tile: the widest N (in whole vectors, up to two) and then the
   // tallest M whose accumulators fit the register file.
   int64_t rn = pick(d->range[n], (int64_t[]){2 * l, l, 8, 4, 2, 1}, 6);
+  // A static N with no whole-vector divisor (1000 = 8 x 125) still gets two
+  // vectors: the schedule peels the partial last tile, which vectorizes at
+  // its own static width. (Dividing tiles only gave N = 1000 a tile of 8
+  // lanes: a [256, 2048] x [2048, 1000] matmul ran 3.6x slower than eager.)
+  bool ragged_n = ragged_contraction(d) && !is_dynamic(d, n) && rn < l &&
+                  d->range[n] > 2 * l;
+  if (ragged_n) rn = 2 * l;
   int64_t rm = 1;
   for (int64_t cand = 16; cand >= 1; cand /= 2)
     if (d->range[m] % cand == 0 &&
@@ -108,6 +121,16 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
       rm = cand;
       break;
     }
+  // The same for M (a batch of 500 rows got 4-row tiles).
+  bool ragged_m = false;
+  if (ragged_contraction(d) && !is_dynamic(d, m) && rm < 8 && d->range[m] > 8)
+    for (int64_t cand = 16; cand > rm; cand /= 2)
+      if (contraction_registers(d, t, cand, rn) <= t->vector_registers &&
+          cand < d->range[m]) {
+        rm = cand;
+        ragged_m = true;
+        break;
+      }
   c->reg[m] = rm;
   c->reg[n] = rn;
   if (d->nested || kiln_kernel_work(d) < KILN_MIN_PARALLEL_WORK) return;
@@ -129,10 +152,24 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
   // direct convolution reduces over three loops, c, kh and kw, and gets no
   // K blocks: a thread's block of input rows stays in L2 as it is.)
   int64_t nc = block_divisor(d->range[n], rn, 512);
+  if (ragged_n && d->range[n] > 512) {
+    // Column blocks of whole register tiles, the last one partial.
+    int64_t blocks = (d->range[n] + 511) / 512;
+    nc = ((d->range[n] + blocks - 1) / blocks + rn - 1) / rn * rn;
+  }
   int64_t mc = d->range[m];
-  int64_t col_tiles = d->range[n] / nc;
+  int64_t col_tiles = (d->range[n] + nc - 1) / nc;
+  if (ragged_m || (ragged_n && batch_tiles == 1)) {
+    // Row blocks of whole register tiles (the last one partial): enough
+    // for the threads, at most 128 rows.
+    int64_t want = t->threads > col_tiles ? (t->threads + col_tiles - 1) / col_tiles : 1;
+    int64_t tiles = (d->range[m] + 127) / 128;
+    if (tiles < want) tiles = want;
+    int64_t rows = ((d->range[m] + tiles - 1) / tiles + rm - 1) / rm * rm;
+    if (batch_tiles == 1 && rows < d->range[m]) mc = rows;
+  }
   while (batch_tiles == 1 && mc > rm && mc % 2 == 0 && (mc / 2) % rm == 0 &&
-         (mc > 128 || (d->range[m] / mc) * col_tiles < t->threads))
+         (mc > 128 || ((d->range[m] + mc - 1) / mc) * col_tiles < t->threads))
     mc /= 2;
   if (mc < d->range[m]) c->forall[m] = mc;
   if (nc < d->range[n]) c->forall[n] = nc;
@@ -225,7 +262,11 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
     for (int level = 0; level < 3; ++level) {
       int64_t s = lv[level][i];
       int64_t within = enclosing(d, c, level, i);
-      if (s < 0 || (s > 0 && (within <= 0 || within % s != 0))) {
+      // The output loops of a plain contraction may have a partial last
+      // tile at the thread and register levels (the schedule peels it).
+      bool ragged_ok = ragged_contraction(d) && level != 1 && !is_reduction(d, i) &&
+                       !is_dynamic(d, i) && (i == d->m_dim || i == d->n_dim);
+      if (s < 0 || (s > 0 && (within <= 0 || (within % s != 0 && !ragged_ok)))) {
         snprintf(why, why_len, "loop %d: tile %lld does not divide %lld", i,
                  (long long)s, (long long)within);
         return false;

@@ -146,6 +146,14 @@ static void test_heuristic_matmul(void) {
   d = rows(KILN_KERNEL_ROW_REDUCTION, 4096, 24);
   kiln_autotune_heuristic(&d, &kAvx512x2, &c);
   CHECK(c.reduction_dim == 1 && c.reduction_tile == 8);
+  // Output sizes with no whole-vector divisor (1000 columns, 500 rows)
+  // keep the full register tile and thread tiles of whole register tiles;
+  // the last tiles are partial.
+  d = matmul(500, 1000, 2048);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 8 && c.reg[1] == 32);
+  CHECK(c.forall[1] > 0 && c.forall[1] % 32 == 0 && c.forall[0] > 0 && c.forall[0] % 8 == 0);
+  CHECK(kiln_autotune_config_valid(&d, &kAvx512x2, &c, NULL, 0));
 }
 
 static void test_validity_rejects(void) {
@@ -154,9 +162,13 @@ static void test_validity_rejects(void) {
   kiln_autotune_heuristic(&d, &kAvx512x2, &c);
   char why[256];
   kiln_tile_config_t bad = c;
-  bad.reg[0] = 6;  // 6 does not divide 64
+  bad.cache[2] = 48;  // 48 does not divide K = 64
   CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
   CHECK(strstr(why, "does not divide") != NULL);
+  // A plain matmul's output tiles may be partial (peeled by the schedule).
+  bad = c;
+  bad.reg[0] = 6;
+  CHECK(kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
   bad = c;
   bad.cache[0] = 32;  // a cache tile of an output dim
   CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
