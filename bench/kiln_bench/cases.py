@@ -247,6 +247,10 @@ def suite(device: str) -> list[Case]:
     m, k, n = (4096, 4096, 4096) if big else (512, 512, 1024)
     cases.append(Case("matmul_bias_gelu", "kernels", linear_gelu(m, k, n), f32,
                       flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 4))
+    # A classifier head's shape: N = 1000 has no whole-vector divisor.
+    m, k, n = (4096, 4096, 1000) if big else (256, 2048, 1000)
+    cases.append(Case("matmul_ragged", "kernels", matmul(m, k, n), f32,
+                      flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 4))
     m = k = n = 4096 if big else 512
     cases.append(Case("linear_dyn_bf16", "kernels", linear_dynamic(m, k, n), bf16,
                       flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 2))
