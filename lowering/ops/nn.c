@@ -365,7 +365,6 @@ static kiln_status_t ln_backward_core(kiln_emitter_t *e, const kiln_tv_t *dy,
   return kiln_emit_reduce(e, KILN_OP_SUM, dy, col, col_keepdim, mt, db);
 }
 
-
 kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_tv_t *in[5];
   for (int k = 0; k < 5; ++k) in[k] = &e->values[n->operands[k].value];
@@ -473,8 +472,6 @@ kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &r[0], rt[0], &outs[0]));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &r[1], parts, false, mt, &dw));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reduce(e, KILN_OP_SUM, &r[2], parts, false, mt, &db));
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dw, rt[1]->dtype, &outs[1]));
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &db, rt[2]->dtype, &outs[2]));
   } else {
     bool row[KILN_MAX_RANK] = {0}, col[KILN_MAX_RANK] = {0};
     for (int i = 0; i < rank; ++i) {
@@ -484,9 +481,9 @@ kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_
     KILN_RETURN_IF_ERROR_PLAIN(ln_backward_core(e, in[0], in[1], in[2], in[3], in[4], row,
                                                 col, false, mt, &dx, &dw, &db));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dx, rt[0]->dtype, &outs[0]));
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dw, rt[1]->dtype, &outs[1]));
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &db, rt[2]->dtype, &outs[2]));
   }
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &dw, rt[1]->dtype, &outs[1]));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &db, rt[2]->dtype, &outs[2]));
   for (int k = 0; k < 3; ++k) kiln_emit_set_result(e, n, k, &outs[k]);
   return NULL;
 }
