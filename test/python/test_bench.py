@@ -51,3 +51,11 @@ def test_partition_times_cover_forward_and_backward():
     assert any(n.startswith("backward_") for n in names)
     for _, ms, c in rows:
         assert 0 < c <= ms  # the C call is part of the partition's time
+
+
+def test_call_cost_covers_every_backend_and_kind():
+    from kiln_bench.callcost import measure
+    got = measure(calls=20)
+    assert set(got) == {("eager", "static"), ("inductor", "static"), ("inductor", "dynamic"),
+                        ("kiln", "static"), ("kiln", "dynamic")}
+    assert all(us > 0 for us in got.values())
