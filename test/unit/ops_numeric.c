@@ -154,8 +154,8 @@ static const op_case_t kCases[] = {
     // K in cache blocks of 256 (the [1024, 512] slab of B outgrows L2): the
     // zero fill stays at the thread tile, ahead of the blocks.
     {"matmul", "f32", "graph @t(%a: $T[16,1024], %b: $T[1024,512]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
-    // bf16 shapes the AVX512-BF16 microkernel takes (K even, N a multiple
-    // of 32; M of 8, 4 and 2 rows per register tile), strided A included,
+    // bf16 shapes the AVX512-BF16 microkernel takes (K even; M of 8, 4 and
+    // 2 rows per register tile; other N below), strided A included,
     // and an addmm epilogue; on other CPUs the f32-FMA path.
     {"matmul", "bf16", "graph @t(%a: $T[64,96], %b: $T[96,128]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     // Empty dims: nothing to tile (an empty K gives zeros; an empty output
