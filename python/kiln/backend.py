@@ -27,7 +27,7 @@ try:  # Dynamo's C++ tensor check (dtype, device, sizes, strides, dispatch keys)
 except ImportError:  # pragma: no cover - older or stripped builds
     _TensorGuards = None
 
-from . import _capi
+from . import _capi, hoist
 from .translate import DTYPES, Unsupported, support_reason, translate
 
 log = logging.getLogger("kiln")
@@ -46,6 +46,9 @@ OPTIONS = {
     # mode "reduce-overhead" as an option (Inductor's triton.cudagraphs):
     # CUDA partitions replay recorded CUDA graphs
     "cuda_graphs": (True, False),
+    # inference graphs: work on parameters alone (a linear's weight
+    # transpose) runs once and again only when a parameter changes (hoist.py)
+    "hoist_params": (True, False),
 }
 
 # Dynamo's allocators (what Inductor's generated code calls): a dense tensor
@@ -105,7 +108,8 @@ def parse_options(mode, options) -> dict:
         raise ValueError(f"kiln: unknown mode {mode!r}; valid modes: "
                          f"{', '.join(repr(m) for m in MODES)}")
     opts = {"fallback": "partition", "opt_level": 3, "vectorize": True,
-            "max_variants": 8, "mode": mode or "default", "autotune_budget": 20}
+            "max_variants": 8, "mode": mode or "default", "autotune_budget": 20,
+            "hoist_params": True}
     for k, v in (options or {}).items():
         if k not in OPTIONS:
             raise ValueError(f"kiln: unknown option {k!r}; valid options: "
@@ -619,10 +623,21 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs, mode=None,
     def bw(g, ex):
         return _boxed(compile_graph(g, ex, opts, "backward"))
 
+    def inference(g, ex):
+        # A graph without a backward: parameters change between calls
+        # rarely, so what it computes from them alone is prepared once.
+        sp = hoist.split(g, hoist.static_input_indices()) if opts["hoist_params"] else None
+        if sp is None:
+            return fw(g, ex)
+        main = compile_graph(sp.main, ex, opts, "forward")
+        from torch._functorch.aot_autograd import make_boxed_func
+        return make_boxed_func(hoist.Prepared(sp, main.forward,
+                                              lambda m: _note("hoist", f"forward: {m}")))
+
     # Inference graphs keep their input mutations (an optimizer step's
     # parameter and state updates) as copy_ nodes, which kiln performs in
     # place, instead of AOTAutograd copying outputs back after the call.
-    return aot_autograd(fw_compiler=fw, bw_compiler=bw,
+    return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
                         decompositions=_decompositions(),
                         keep_inference_input_mutations=True)(gm, example_inputs)
 

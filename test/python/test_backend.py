@@ -50,8 +50,9 @@ def test_fallback_error_option():
 def test_unknown_option_lists_valid_ones():
     compiled = torch.compile(nn.ReLU(), backend="kiln", options={"bogus": 1})
     with pytest.raises(Exception, match="unknown option 'bogus'; valid options: "
-                                        "autotune_budget, cuda_graphs, fallback, max_autotune, "
-                                        "max_variants, opt_level, vectorize"):
+                                        "autotune_budget, cuda_graphs, fallback, hoist_params, "
+                                        "max_autotune, max_variants, opt_level, "
+                                        "vectorize"):
         compiled(torch.randn(2))
 
 
