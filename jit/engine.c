@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <llvm-c/Core.h>
@@ -405,7 +406,27 @@ bool kiln_jit_openmp_available(void) {
 }
 
 static char host_id[4096];
+static bool host_amx;
 static pthread_once_t host_id_once = PTHREAD_ONCE_INIT;
+
+// AMX (Intel Sapphire Rapids and later): Linux (5.16+) gives a process the
+// tile registers' state only once it asks, with arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA (PyTorch's oneDNN asks the
+// same); the permission is the whole process's, for every thread.
+// KILN_AMX=0 leaves AMX unused (the AVX512-BF16 microkernel then, for
+// comparisons).
+static bool request_amx(const char *features) {
+  if (!features || !strstr(features, "+amx-bf16") || !strstr(features, "+amx-tile"))
+    return false;
+  const char *env = getenv("KILN_AMX");
+  if (env && strcmp(env, "0") == 0) return false;
+#if defined(__x86_64__) && defined(SYS_arch_prctl)
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+  return false;
+#endif
+}
 
 static void init_host_id(void) {
   char *triple = LLVMGetDefaultTargetTriple();
@@ -413,9 +434,11 @@ static void init_host_id(void) {
   char *features = LLVMGetHostCPUFeatures();
   unsigned major = 0, minor = 0, patch = 0;
   LLVMGetVersion(&major, &minor, &patch);
-  snprintf(host_id, sizeof(host_id), "llvm-%u.%u.%u/%s/%s/%s", major, minor,
+  host_amx = request_amx(features);
+  // "/amx": code with tile instructions is reused only where it may run.
+  snprintf(host_id, sizeof(host_id), "llvm-%u.%u.%u/%s/%s/%s%s", major, minor,
            patch, triple ? triple : "?", cpu ? cpu : "?",
-           features ? features : "");
+           features ? features : "", host_amx ? "/amx" : "");
   LLVMDisposeMessage(triple);
   LLVMDisposeMessage(cpu);
   LLVMDisposeMessage(features);
@@ -424,6 +447,11 @@ static void init_host_id(void) {
 const char *kiln_jit_host_id(void) {
   pthread_once(&host_id_once, init_host_id);
   return host_id;
+}
+
+bool kiln_jit_amx_available(void) {
+  pthread_once(&host_id_once, init_host_id);
+  return host_amx;
 }
 
 struct kiln_ffi_sig {

@@ -28,6 +28,9 @@ bool kiln_jit_openmp_available(void);
 // "x86_64-pc-linux-gnu/znver4/+avx2,+fma,..." and the LLVM version: code
 // compiled for one host id is only reused on the same.
 const char *kiln_jit_host_id(void);
+// The CPU has AMX-BF16 and this process may use its tiles (asked of the
+// kernel once; KILN_AMX=0 says no). The host id ends in "/amx" then.
+bool kiln_jit_amx_available(void);
 void kiln_jit_destroy(kiln_jit_t *jit);
 // The address of function `name`, or NULL.
 void *kiln_jit_lookup(kiln_jit_t *jit, const char *name);

@@ -34,6 +34,7 @@ typedef struct kiln_emitter {
   const kiln_node_t *node;  // the node being lowered, for error messages
   char (*sym_ssa)[24];      // index SSA value of each symbolic size
   kiln_lower_options_t options;
+  const bool *input_strided;  // per graph input (NULL: all contiguous)
 } kiln_emitter_t;
 
 // Fresh SSA name "%t<N>".

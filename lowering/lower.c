@@ -51,6 +51,7 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   memset(&e, 0, sizeof(e));
   e.g = g;
   if (options) e.options = *options;
+  e.input_strided = input_strided;
   kiln_sbuf_init(&e.out);
   e.values = calloc((size_t)g->value_count + 1, sizeof(kiln_tv_t));
   e.sym_ssa = calloc((size_t)g->symbol_count + 1, sizeof(*e.sym_ssa));

@@ -49,6 +49,9 @@ typedef struct kiln_lower_options {
   bool split_full_reductions;
   // CUDA: lhs_transpose_map is subject to kiln_kernels_sgemm_applies (f32).
   bool cuda;
+  // AMX-BF16 (with x86_bf16_dot): the bf16 microkernel's 32-row tiles run
+  // on the tile unit (tdpbf16ps over packed B), lowering/ops/matmul.c.
+  bool x86_amx;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

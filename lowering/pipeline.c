@@ -193,10 +193,12 @@ static const char *const kStagePipelines[KILN_STAGE_COUNT] = {
     [KILN_STAGE_LLVM] =
         "builtin.module(convert-linalg-to-loops,"
         "lower-affine,expand-strided-metadata,lower-affine,"
-        "finalize-memref-to-llvm{use-generic-functions=true},convert-scf-to-cf,convert-math-to-funcs,"
+        "finalize-memref-to-llvm{use-generic-functions=true},"
+        "convert-vector-to-llvm{enable-x86vector enable-amx reassociate-fp-reductions=true},"
+        "convert-scf-to-cf,convert-math-to-funcs,"
         "convert-math-to-llvm,convert-math-to-libm,convert-vector-to-llvm{enable-x86vector reassociate-fp-reductions=true},"
-        "convert-arith-to-llvm,convert-index-to-llvm,convert-ub-to-llvm,convert-cf-to-llvm,"
-        "convert-func-to-llvm,convert-arith-to-llvm,convert-cf-to-llvm,"
+        "convert-arith-to-llvm,convert-index-to-llvm,convert-ub-to-llvm,"
+        "convert-func-to-llvm,convert-arith-to-llvm,convert-to-llvm,"
         "convert-openmp-to-llvm,reconcile-unrealized-casts)",
 };
 

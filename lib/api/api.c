@@ -673,6 +673,7 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   double t0 = now_seconds();
   kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL,
                                 false, true, true, true, true, true};
+  lopts.x86_amx = lopts.x86_bf16_dot && kiln_jit_amx_available();
   kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
   free(strided);
   double t1 = now_seconds();
@@ -2186,6 +2187,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   char *mlir_text = NULL;
   kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
                                 cuda, !cuda, !cuda, true, !cuda, !cuda, cuda};
+  lopts.x86_amx = lopts.x86_bf16_dot && kiln_jit_amx_available();
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

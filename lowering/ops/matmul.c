@@ -149,6 +149,106 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
   snprintf(next, 24, "%s", prev);
 }
 
+// Whether matrix `value` is certain to have unit inner stride once
+// bufferized (what amx.tile_load needs of A's memref): a contiguous input,
+// a computed tensor (a fresh buffer), or a reshape or unit-step slice of
+// such. A strided input or a slice with a step in the last dim may not.
+static bool unit_inner_stride(const kiln_emitter_t *e, int value) {
+  const kiln_value_t *v = &e->g->values[value];
+  if (v->node < 0) {
+    for (int i = 0; i < e->g->input_count; ++i)
+      if (e->g->inputs[i] == value) return !(e->input_strided && e->input_strided[i]);
+    return false;
+  }
+  const kiln_node_t *p = &e->g->nodes[v->node];
+  switch (p->op) {
+    case KILN_OP_VIEW:
+    case KILN_OP_RESHAPE:
+    case KILN_OP_SQUEEZE:
+    case KILN_OP_UNSQUEEZE:
+      return p->operands[0].kind == KILN_OPERAND_VALUE &&
+             unit_inner_stride(e, p->operands[0].value);
+    case KILN_OP_SLICE: {
+      const kiln_type_t *t = &e->g->values[p->operands[0].value].type;
+      int32_t d;
+      kiln_normalize_dim(kiln_node_attr_int(p, "dim", 0), t->rank, &d);
+      return (d != t->rank - 1 || kiln_node_attr_int(p, "step", 1) == 1) &&
+             unit_inner_stride(e, p->operands[0].value);
+    }
+    default:
+      return true;
+  }
+}
+
+// The AMX form of the bf16 microkernel's row loop: tiles of 32 rows x 32
+// columns (the panel), rows %cl1t.. of the block from 0 to %fx, each four
+// 16x16 f32 accumulator tiles over the whole K loop, 32 k per step: two A
+// tiles (16 rows x 32 k, read in place from A's memref `am`) and two B
+// tiles (16 row pairs x 16 columns of packed B, `bpm`, which is already in
+// the tile unit's pair layout), four tdpbf16ps. The accumulators go
+// through a 32x32 f32 scratch (`%scr`, one per thread block) into vectors
+// and are written like the vector tiles' (rounded to bf16 where the output
+// is; a last panel's columns past N are not written). Rows from %fx on are
+// the vector microkernel's.
+static void emit_amx_rows(kiln_sbuf_t *o, const char *bty, const char *el, bool store_bf16,
+                          const int cols[2], const char *am, const char *amty,
+                          const char *bpm, const char *bpmty, char next[24]) {
+  const char *tt = "!amx.tile<16x16xf32>", *it = "!amx.tile<16x32xbf16>";
+  kiln_sbuf_printf(o,
+      "        %%rx = scf.for %%ix = %%c0 to %%fx step %%c32 iter_args(%%cxt = %%c1t) "
+      "-> (%s) {\n"
+      "          %%gx0 = arith.addi %%row0, %%ix : index\n"
+      "          %%gx1 = arith.addi %%gx0, %%c16 : index\n"
+      "          %%xz = amx.tile_zero : %s\n"
+      "          %%xacc:4 = scf.for %%xk = %%c0 to %%ck2 step %%c16 iter_args(%%xa0 = %%xz, "
+      "%%xa1 = %%xz, %%xa2 = %%xz, %%xa3 = %%xz) -> (%s, %s, %s, %s) {\n"
+      "            %%xk2 = arith.addi %%xk, %%xk : index\n"
+      "            %%xta0 = amx.tile_load %s[%%gx0, %%xk2] : %s into %s\n"
+      "            %%xta1 = amx.tile_load %s[%%gx1, %%xk2] : %s into %s\n"
+      "            %%xtb0 = amx.tile_load %s[%%xk, %%p0] : %s into %s\n"
+      "            %%xtb1 = amx.tile_load %s[%%xk, %%p1] : %s into %s\n",
+      bty, tt, tt, tt, tt, tt, am, amty, it, am, amty, it, bpm, bpmty, it, bpm, bpmty, it);
+  static const char *const pairs[4][2] = {{"0", "0"}, {"0", "1"}, {"1", "0"}, {"1", "1"}};
+  for (int t = 0; t < 4; ++t)
+    kiln_sbuf_printf(o, "            %%xu%d = amx.tile_mulf %%xta%s, %%xtb%s, %%xa%d : %s, %s, %s\n",
+                     t, pairs[t][0], pairs[t][1], t, it, it, tt);
+  kiln_sbuf_printf(o,
+      "            scf.yield %%xu0, %%xu1, %%xu2, %%xu3 : %s, %s, %s, %s\n"
+      "          }\n",
+      tt, tt, tt, tt);
+  for (int t = 0; t < 4; ++t)
+    kiln_sbuf_printf(o, "          amx.tile_store %%scr[%s, %s], %%xacc#%d : "
+                        "memref<32x32xf32, strided<[32, 1], offset: ?>>, %s\n",
+                     t < 2 ? "%c0" : "%c16", t % 2 ? "%c16" : "%c0", t, tt);
+  // The rows, one at a time: two 16-column reads of the scratch, written
+  // into the block (a loop: 32 unrolled rows cost compile time, not speed).
+  kiln_sbuf_printf(o, "          %%xo = scf.for %%xr = %%c0 to %%c32 step %%c1 "
+                      "iter_args(%%xb = %%cxt) -> (%s) {\n"
+                      "            %%xl = arith.addi %%ix, %%xr : index\n", bty);
+  char prev[24] = "%xb";
+  for (int h = 0; h < 2; ++h) {
+    if (cols[h] == 0) continue;
+    kiln_sbuf_printf(o, "            %%xv%d = vector.load %%scr[%%xr, %s] : "
+                        "memref<32x32xf32, strided<[32, 1], offset: ?>>, vector<16xf32>\n",
+                     h, h ? "%c16" : "%c0");
+    char val[24];
+    snprintf(val, sizeof(val), "%%xv%d", h);
+    if (store_bf16) {
+      kiln_sbuf_printf(o, "            %%xt%d = arith.truncf %s : vector<16xf32> "
+                          "to vector<16xbf16>\n", h, val);
+      snprintf(val, sizeof(val), "%%xt%d", h);
+    }
+    kiln_sbuf_printf(o,
+        "            %%xw%d = vector.transfer_write %s, %s[%%xl, %s] "
+        "{in_bounds = [%s]} : vector<16x%s>, %s\n",
+        h, val, prev, h ? "%j16" : "%j", cols[h] == 16 ? "true" : "false", el, bty);
+    snprintf(prev, sizeof(prev), "%%xw%d", h);
+  }
+  kiln_sbuf_printf(o, "            scf.yield %s : %s\n          }\n"
+                      "          scf.yield %%xo : %s\n        }\n", prev, bty, bty);
+  snprintf(next, 24, "%%rx");
+}
+
 // Packed B (`bp`, [K/2, 2N]) from W [N, K] where B = W^T (a linear layer's
 // weight): Bp[kk, n, 0..1] = W[n, 2kk..2kk+1] is a transpose of W's 32-bit
 // pairs, done in 8x8 blocks: eight 16-element row reads, bitcast to i32,
@@ -211,9 +311,10 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
 // `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
 // are rounded as they are stored (a plain mm: no f32 C written and re-read).
 // `bt` (or NULL): B's untransposed source W when B = W^T, packed from W.
-static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
-                          const kiln_tv_t *b, const kiln_tv_t *bt, const char *init,
-                          const char *oty, bool store_bf16, char out[24]) {
+static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
+                          const kiln_tv_t *bt, const char *init, const char *oty,
+                          bool store_bf16, char out[24]) {
+  const kiln_tv_t *a = &e->values[a_value];
   const char *el = store_bf16 ? "bf16" : "f32";
   int64_t m = a->type.dims[0], k = a->type.dims[1], nn = b->type.dims[1];
   bool sym_m = KILN_IS_SYM(m);
@@ -298,6 +399,21 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
         "into tensor<%lldx%lldxbf16>\n",
         bp, full, K2, N32, K2, 2 * N32);
   }
+  // AMX (32-row tiles, 32 k a step) reads A in place: K a multiple of 32
+  // and A's rows contiguous.
+  bool amx = e->options.x86_amx && K % 32 == 0 && unit_inner_stride(e, a_value);
+  char am[24], bpm[24], amty[160], bpmty[160];
+  if (amx) {
+    kiln_emit_fresh(e, am);
+    kiln_emit_fresh(e, bpm);
+    snprintf(amty, sizeof(amty), "memref<%sx%lldxbf16, strided<[?, 1], offset: ?>>", mty, K);
+    snprintf(bpmty, sizeof(bpmty), "memref<%lldx%lldxbf16, strided<[?, 1], offset: ?>>", K2,
+             2 * N32);
+    kiln_sbuf_printf(o,
+        "    %s = bufferization.to_buffer %s read_only : %s to %s\n"
+        "    %s = bufferization.to_buffer %s read_only : tensor<%lldx%lldxbf16> to %s\n",
+        am, a->ssa, aty, amty, bpm, bp, K2, 2 * N32, bpmty);
+  }
   // Blocks: MB rows each, or with a symbolic M a quarter of the rows
   // rounded up to whole register tiles (at least one), computed here.
   char nblk[32], mbv[32], mbs[24];
@@ -322,6 +438,19 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
     snprintf(bty, sizeof(bty), "tensor<?x%lldx%s>", N, el);
   else
     snprintf(bty, sizeof(bty), "tensor<%lldx%lldx%s>", MB, N, el);
+  // The AMX accumulators' scratch, 32x32 f32 per block, on the stack
+  // outside the parallel loop (an alloca inside it is wrapped in an
+  // alloca_scope, whose lowering the loops inside it do not survive).
+  char scr[24] = "";
+  if (amx) {
+    kiln_emit_fresh(e, scr);
+    if (sym_m)
+      kiln_sbuf_printf(o, "    %s = memref.alloca(%s) {alignment = 64 : i64} : "
+                          "memref<?x32x32xf32>\n", scr, nblk);
+    else
+      kiln_sbuf_printf(o, "    %s = memref.alloca() {alignment = 64 : i64} : "
+                          "memref<%sx32x32xf32>\n", scr, nblk);
+  }
   // Constants live inside the forall body so it stays isolated-friendly.
   kiln_sbuf_printf(o,
       "    %s = scf.forall (%%blk) in (%s) shared_outs(%%cout = %s) -> (%s) {\n"
@@ -353,6 +482,16 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
         "      %%cblk = tensor.extract_slice %%cout[%%row0, 0] [%lld, %lld] [1, 1] : "
         "%s to %s\n",
         MB, MB, MB, N, oty, bty);
+  if (amx && sym_m)
+    kiln_sbuf_puts(o, "      %fxr = arith.remui %full, %c32 : index\n"
+                      "      %fx = arith.subi %full, %fxr : index\n");
+  else if (amx)
+    kiln_sbuf_printf(o, "      %%fx = arith.constant %lld : index\n", MB / 32 * 32);
+  if (amx)
+    kiln_sbuf_printf(o,
+        "      %%scr = memref.subview %s[%%blk, 0, 0] [1, 32, 32] [1, 1, 1] : "
+        "memref<%sx32x32xf32> to memref<32x32xf32, strided<[32, 1], offset: ?>>\n",
+        scr, sym_m ? "?" : nblk);
   // Panels of 32 columns: the full ones, then (N not a multiple of 32) the
   // last, whose writes stop at N; packed B is zero-padded to whole panels.
   long long NF = N / 32 * 32;
@@ -373,11 +512,14 @@ static void emit_bf16_dot(kiln_emitter_t *e, const kiln_tv_t *a,
         "-> (%s) {\n"
         "          %%j16 = arith.addi %%j, %%c16 : index\n"
         "          %%p0 = arith.addi %%j, %%j : index\n"
-        "          %%p1 = arith.addi %%p0, %%c32 : index\n"
-        "        %%r2 = scf.for %%i = %%c0 to %%full step %%crm iter_args(%%c2t = %%c1t) "
-        "-> (%s) {\n",
-        panel, lo, panel, hi, panel, panel, panel, blk_in, bty, bty);
+        "          %%p1 = arith.addi %%p0, %%c32 : index\n",
+        panel, lo, panel, hi, panel, panel, panel, blk_in, bty);
     char next[24];
+    if (amx) emit_amx_rows(o, bty, el, store_bf16, cols, am, amty, bpm, bpmty, next);
+    kiln_sbuf_printf(o,
+        "        %%r2 = scf.for %%i = %s to %%full step %%crm iter_args(%%c2t = %s) "
+        "-> (%s) {\n",
+        amx ? "%fx" : "%c0", amx ? "%rx" : "%c1t", bty);
     emit_bf16_tile(o, rm, "", "%c2t", bty, el, store_bf16, false, cols, ae, ae_ty, bp, K2,
                    N32, next);
     kiln_sbuf_printf(o, "          scf.yield %s : %s\n        }\n", next, bty);
@@ -452,8 +594,8 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     char rty[256];
     kiln_mlir_tensor_type(rt, rty, sizeof(rty));
     kiln_emit_empty(e, rt, init.ssa);
-    emit_bf16_dot(e, a, b, bf16_dot_bt(e, n->operands[base + 1].value), init.ssa, rty, true,
-                  out.ssa);
+    emit_bf16_dot(e, n->operands[base].value, b, bf16_dot_bt(e, n->operands[base + 1].value),
+                  init.ssa, rty, true, out.ssa);
     out.type = *rt;
     kiln_emit_set_result(e, n, 0, &out);
     return NULL;
@@ -469,8 +611,8 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   if (bf16_dot) {
     // Every element is written by the kernel: no fill.
     kiln_emit_empty(e, &at, init.ssa);
-    emit_bf16_dot(e, a, b, bf16_dot_bt(e, n->operands[base + 1].value), init.ssa, oty, false,
-                  mm.ssa);
+    emit_bf16_dot(e, n->operands[base].value, b, bf16_dot_bt(e, n->operands[base + 1].value),
+                  init.ssa, oty, false, mm.ssa);
   } else {
     if (bias_init) {
       // init = beta * bias, broadcast to [M, N] in the accumulator type.

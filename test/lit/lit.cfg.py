@@ -27,3 +27,5 @@ except OSError:
     flags = []
 if "avx512_bf16" in flags:
     config.available_features.add("avx512bf16")
+if "amx_bf16" in flags and "amx_tile" in flags:
+    config.available_features.add("amx")

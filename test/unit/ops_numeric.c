@@ -184,6 +184,13 @@ static const op_case_t kCases[] = {
                        " %wt = aten.permute(%w) {dims = [1, 0]}\n %vt = aten.permute(%v) {dims = [1, 0]}\n"
                        " %x = aten.mm(%a, %wt)\n %y = aten.mm(%a, %vt)\n return %x, %y\n}"},
     {"matmul", "bf16", "graph @t(%c: $T[70], %a: $T[12,96], %b: $T[96,70]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
+    // AMX (where the CPU has it): 32x32 tiles over K in steps of 32, rows
+    // past the last whole tile (8 of 136) on the vector microkernel, a
+    // ragged last panel (N = 40); the f32 accumulator of an addmm with a
+    // transposed weight (blocks of 32 rows); K = 48 stays off AMX.
+    {"matmul", "bf16", "graph @t(%a: $T[136,64], %b: $T[64,40]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", "bf16", "graph @t(%c: $T[64], %a: $T[128,96], %w: $T[64,96]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                       " %d = aten.addmm(%c, %a, %t)\n %g = aten.gelu(%d)\n return %g\n}"},
     {"conv", FLOATS, "graph @t(%x: $T[2,4,9,9], %w: $T[6,4,3,3], %b: $T[6]) {\n"
                      " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 f64", "graph @t(%x: $T[2,4,9,8], %w: $T[6,2,3,2]) {\n"
