@@ -117,12 +117,14 @@ def test_bf16_linear_with_a_symbolic_batch(n):
     weight's. On CPUs with AVX512-BF16 it takes the microkernel with row
     blocks sized at run time (batches not a multiple of its 8-row tile
     included) and, for N not a multiple of 32, a zero-padded packed weight
-    and a masked last panel; elsewhere the generic contraction."""
+    and a masked last panel; with AMX, 32-row tiles on the tile unit first
+    (m = 203 and 300: blocks of 56 and 80 rows); elsewhere the generic
+    contraction."""
     torch.manual_seed(0)
     lin = nn.Linear(96, n, bias=False).to(torch.bfloat16)
     compiled = torch.compile(lin, backend="kiln", dynamic=True)
     with torch.no_grad():
-        for m in (1, 7, 64, 203):
+        for m in (1, 7, 64, 203, 300):
             x = torch.randn(m, 96, dtype=torch.bfloat16)
             check_close(compiled(x), lin(x))
 
