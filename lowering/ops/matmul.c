@@ -79,9 +79,9 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
   kiln_sbuf_puts(o, ") {\n");
   for (int h = 0; h < 2; ++h)
     kiln_sbuf_printf(o,
-        "            %%b%s%d = vector.transfer_read %s[%%kk%s, %%p%d], %%padb "
-        "{in_bounds = [true]} : tensor<%lldx%lldxbf16>, vector<32xbf16>\n",
-        tag, h, bp, tag, h, K2, 2 * N);
+        "            %%b%s%d = vector.transfer_read %s[%%p%d, %%kk%s, %%c0], %%padb "
+        "{in_bounds = [true]} : tensor<%lldx%lldx32xbf16>, vector<32xbf16>\n",
+        tag, h, bp, h, tag, N / 16, K2);
   for (int r = 0; r < rm; ++r) {
     kiln_sbuf_printf(o,
         "            %%av%s%d = vector.transfer_read %s[%%gr%s%d, %%kk%s, %%c0], %%padb "
@@ -205,8 +205,8 @@ static void emit_amx_rows(kiln_sbuf_t *o, const char *bty, const char *el, bool 
       "            %%xk2 = arith.addi %%xk, %%xk : index\n"
       "            %%xta0 = amx.tile_load %s[%%gx0, %%xk2] : %s into %s\n"
       "            %%xta1 = amx.tile_load %s[%%gx1, %%xk2] : %s into %s\n"
-      "            %%xtb0 = amx.tile_load %s[%%xk, %%p0] : %s into %s\n"
-      "            %%xtb1 = amx.tile_load %s[%%xk, %%p1] : %s into %s\n",
+      "            %%xtb0 = amx.tile_load %s[%%p0, %%xk, %%c0] : %s into %s\n"
+      "            %%xtb1 = amx.tile_load %s[%%p1, %%xk, %%c0] : %s into %s\n",
       bty, tt, tt, tt, tt, tt, am, amty, it, am, amty, it, bpm, bpmty, it, bpm, bpmty, it);
   static const char *const pairs[4][2] = {{"0", "0"}, {"0", "1"}, {"1", "0"}, {"1", "1"}};
   for (int t = 0; t < 4; ++t)
@@ -262,14 +262,15 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
   long long K = 2 * K2;
   kiln_sbuf_printf(o,
       "    %s = scf.forall (%%pk, %%pn) in (%lld, %lld) shared_outs(%%po = %s) -> "
-      "(tensor<%lldx%lldxbf16>) {\n"
+      "(tensor<%lldx%lldx32xbf16>) {\n"
       "      %%pz = arith.constant dense<0> : vector<8x8xi32>\n"
       "      %%ppad = arith.constant 0.0 : bf16\n"
       "      %%pk0 = affine.apply affine_map<(d0) -> (d0 * 8)>(%%pk)\n"
       "      %%pkc = affine.apply affine_map<(d0) -> (d0 * 16)>(%%pk)\n"
       "      %%pn0 = affine.apply affine_map<(d0) -> (d0 * 8)>(%%pn)\n"
-      "      %%pnc = affine.apply affine_map<(d0) -> (d0 * 16)>(%%pn)\n",
-      bp, K2 / 8, N / 8, init, K2, 2 * N32);
+      "      %%png = affine.apply affine_map<(d0) -> (d0 floordiv 2)>(%%pn)\n"
+      "      %%pnc = affine.apply affine_map<(d0) -> ((d0 mod 2) * 16)>(%%pn)\n",
+      bp, K2 / 8, N / 8, init, N32 / 16, K2);
   const char *prev = "%pz";
   char cur[24];
   for (int r = 0; r < 8; ++r) {
@@ -285,9 +286,9 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
   }
   kiln_sbuf_printf(o,
       "      %%pt = vector.transpose %%pm7, [1, 0] : vector<8x8xi32> to vector<8x8xi32>\n"
-      "      %%ps = tensor.extract_slice %%po[%%pk0, %%pnc] [8, 16] [1, 1] : "
-      "tensor<%lldx%lldxbf16> to tensor<8x16xbf16>\n",
-      K2, 2 * N32);
+      "      %%ps = tensor.extract_slice %%po[%%png, %%pk0, %%pnc] [1, 8, 16] [1, 1, 1] : "
+      "tensor<%lldx%lldx32xbf16> to tensor<8x16xbf16>\n",
+      N32 / 16, K2);
   char slice[24] = "%ps";
   for (int c = 0; c < 8; ++c) {
     kiln_sbuf_printf(o,
@@ -301,11 +302,11 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
   }
   kiln_sbuf_printf(o,
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %s into %%po[%%pk0, %%pnc] [8, 16] [1, 1] : "
-      "tensor<8x16xbf16> into tensor<%lldx%lldxbf16>\n"
+      "        tensor.parallel_insert_slice %s into %%po[%%png, %%pk0, %%pnc] [1, 8, 16] "
+      "[1, 1, 1] : tensor<8x16xbf16> into tensor<%lldx%lldx32xbf16>\n"
       "      }\n"
       "    }\n",
-      slice, K2, 2 * N32);
+      slice, N32 / 16, K2);
 }
 
 // `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
@@ -345,59 +346,54 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
       "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%s, %lld, 2] "
       ": %s into %s\n",
       ae, a->ssa, msz, K2, aty, ae_ty);
-  // Packed B is [K/2, 2 * N32]: columns past N (to whole 32-column panels)
-  // are zeros, written by a fill the pack then overwrites in part.
-  char bpinit[24];
-  if (N32 != N) {
-    kiln_type_t zt = {.dtype = KILN_BF16, .rank = 3, .dims = {K2, N32, 2}};
-    kiln_tv_t z;
-    kiln_emit_filled(e, &zt, 0, &z);
-    snprintf(bpinit, sizeof(bpinit), "%s", z.ssa);
-  } else {
-    kiln_emit_fresh(e, bpinit);
-    kiln_sbuf_printf(o, "    %s = tensor.empty() : tensor<%lldx%lldx2xbf16>\n", bpinit, K2, N);
-  }
+  // Packed B is [N32/16, K/2, 32]: per group of 16 columns, row pair kk
+  // holds B[2kk, n], B[2kk+1, n] for its 16 columns, so a group's rows are
+  // contiguous (an AMX tile, 16 row pairs, is one 1 KiB block; a vector
+  // microkernel step reads two 64-byte rows). In a [K/2, 2N] layout the
+  // rows of one group were 4N bytes apart, which for N = 1024 put all 16
+  // rows of a tile in one L1 set. Columns past N (to whole 32-column
+  // panels) are zeros.
+  long long G = N32 / 16;
   if (bt && K2 % 8 == 0 && N % 8 == 0) {
-    char flat[24];
-    kiln_emit_fresh(e, flat);
-    kiln_sbuf_printf(o,
-        "    %s = tensor.collapse_shape %s [[0], [1, 2]] : tensor<%lldx%lldx2xbf16> "
-        "into tensor<%lldx%lldxbf16>\n",
-        flat, bpinit, K2, N32, K2, 2 * N32);
-    emit_bf16_pack_transposed(e, bt, K2, N, N32, flat, bp);
+    char bpinit[24];
+    if (N32 != N) {
+      kiln_type_t zt = {.dtype = KILN_BF16, .rank = 3, .dims = {G, K2, 32}};
+      kiln_tv_t z;
+      kiln_emit_filled(e, &zt, 0, &z);
+      snprintf(bpinit, sizeof(bpinit), "%s", z.ssa);
+    } else {
+      kiln_emit_fresh(e, bpinit);
+      kiln_sbuf_printf(o, "    %s = tensor.empty() : tensor<%lldx%lldx32xbf16>\n", bpinit, G,
+                       K2);
+    }
+    emit_bf16_pack_transposed(e, bt, K2, N, N32, bpinit, bp);
   } else {
-    kiln_sbuf_printf(o,
-        "    %s = tensor.expand_shape %s [[0, 1], [2]] output_shape [%lld, 2, %lld] "
-        ": tensor<%lldx%lldxbf16> into tensor<%lldx2x%lldxbf16>\n",
-        be, b->ssa, K2, N, K, N, K2, N);
-    char dst[24];
-    snprintf(dst, sizeof(dst), "%s", bpinit);
+    // B (zero-padded to N32 columns) as [K/2, 2, G, 16], transposed to
+    // [G, K/2, 16, 2].
+    char src[24];
+    snprintf(src, sizeof(src), "%s", b->ssa);
     if (N32 != N) {
-      kiln_emit_fresh(e, dst);
+      kiln_type_t zt = {.dtype = KILN_BF16, .rank = 2, .dims = {K, N32}};
+      kiln_tv_t z;
+      kiln_emit_filled(e, &zt, 0, &z);
+      kiln_emit_fresh(e, src);
       kiln_sbuf_printf(o,
-          "    %s = tensor.extract_slice %s[0, 0, 0] [%lld, %lld, 2] [1, 1, 1] : "
-          "tensor<%lldx%lldx2xbf16> to tensor<%lldx%lldx2xbf16>\n",
-          dst, bpinit, K2, N, K2, N32, K2, N);
+          "    %s = tensor.insert_slice %s into %s[0, 0] [%lld, %lld] [1, 1] : "
+          "tensor<%lldx%lldxbf16> into tensor<%lldx%lldxbf16>\n",
+          src, b->ssa, z.ssa, K, N, K, N, K, N32);
     }
+    char tinit[24];
+    kiln_emit_fresh(e, tinit);
     kiln_sbuf_printf(o,
-        "    %s = linalg.transpose ins(%s : tensor<%lldx2x%lldxbf16>) outs(%s : "
-        "tensor<%lldx%lldx2xbf16>) permutation = [0, 2, 1]\n",
-        bpt, be, K2, N, dst, K2, N);
-    char full[24];
-    snprintf(full, sizeof(full), "%s", bpt);
-    if (N32 != N) {
-      kiln_emit_fresh(e, full);
-      kiln_sbuf_printf(o,
-          "    %s = tensor.insert_slice %s into %s[0, 0, 0] [%lld, %lld, 2] [1, 1, 1] : "
-          "tensor<%lldx%lldx2xbf16> into tensor<%lldx%lldx2xbf16>\n",
-          full, bpt, bpinit, K2, N, K2, N, K2, N32);
-    }
-    // Rows of pairs as one dim: 16 column pairs are one contiguous 1-D read
-    // (a 2-D vector<16x2> read would be split into 16 scalar loads).
-    kiln_sbuf_printf(o,
-        "    %s = tensor.collapse_shape %s [[0], [1, 2]] : tensor<%lldx%lldx2xbf16> "
-        "into tensor<%lldx%lldxbf16>\n",
-        bp, full, K2, N32, K2, 2 * N32);
+        "    %s = tensor.expand_shape %s [[0, 1], [2, 3]] output_shape [%lld, 2, %lld, 16] "
+        ": tensor<%lldx%lldxbf16> into tensor<%lldx2x%lldx16xbf16>\n"
+        "    %s = tensor.empty() : tensor<%lldx%lldx16x2xbf16>\n"
+        "    %s = linalg.transpose ins(%s : tensor<%lldx2x%lldx16xbf16>) outs(%s : "
+        "tensor<%lldx%lldx16x2xbf16>) permutation = [2, 0, 3, 1]\n"
+        "    %s = tensor.collapse_shape %s [[0], [1], [2, 3]] : tensor<%lldx%lldx16x2xbf16> "
+        "into tensor<%lldx%lldx32xbf16>\n",
+        be, src, K2, G, K, N32, K2, G, tinit, G, K2, bpt, be, K2, G, tinit, G, K2, bp, bpt,
+        G, K2, G, K2);
   }
   // AMX (32-row tiles, 32 k a step) reads A in place: K a multiple of 32
   // and A's rows contiguous.
@@ -407,12 +403,12 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
     kiln_emit_fresh(e, am);
     kiln_emit_fresh(e, bpm);
     snprintf(amty, sizeof(amty), "memref<%sx%lldxbf16, strided<[?, 1], offset: ?>>", mty, K);
-    snprintf(bpmty, sizeof(bpmty), "memref<%lldx%lldxbf16, strided<[?, 1], offset: ?>>", K2,
-             2 * N32);
+    snprintf(bpmty, sizeof(bpmty), "memref<%lldx%lldx32xbf16, strided<[?, ?, 1], offset: ?>>",
+             G, K2);
     kiln_sbuf_printf(o,
         "    %s = bufferization.to_buffer %s read_only : %s to %s\n"
-        "    %s = bufferization.to_buffer %s read_only : tensor<%lldx%lldxbf16> to %s\n",
-        am, a->ssa, aty, amty, bpm, bp, K2, 2 * N32, bpmty);
+        "    %s = bufferization.to_buffer %s read_only : tensor<%lldx%lldx32xbf16> to %s\n",
+        am, a->ssa, aty, amty, bpm, bp, G, K2, bpmty);
   }
   // Blocks: MB rows each, or with a symbolic M a quarter of the rows
   // rounded up to whole register tiles (at least one), computed here.
@@ -511,8 +507,8 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
         "      %%rp%d = scf.for %%j = %%cl%d to %%ch%d step %%c32 iter_args(%%c1t = %s) "
         "-> (%s) {\n"
         "          %%j16 = arith.addi %%j, %%c16 : index\n"
-        "          %%p0 = arith.addi %%j, %%j : index\n"
-        "          %%p1 = arith.addi %%p0, %%c32 : index\n",
+        "          %%p0 = arith.divui %%j, %%c16 : index\n"
+        "          %%p1 = arith.addi %%p0, %%c1 : index\n",
         panel, lo, panel, hi, panel, panel, panel, blk_in, bty);
     char next[24];
     if (amx) emit_amx_rows(o, bty, el, store_bf16, cols, am, amty, bpm, bpmty, next);
