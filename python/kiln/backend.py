@@ -47,7 +47,9 @@ OPTIONS = {
     # CUDA partitions replay recorded CUDA graphs
     "cuda_graphs": (True, False),
     # inference graphs: work on parameters alone (a linear's weight
-    # transpose) runs once and again only when a parameter changes (hoist.py)
+    # transpose) runs once and again only when a parameter changes
+    # (hoist.py); off by default, as Inductor's freezing: writes through
+    # `p.data` are not seen
     "hoist_params": (True, False),
 }
 
@@ -109,7 +111,7 @@ def parse_options(mode, options) -> dict:
                          f"{', '.join(repr(m) for m in MODES)}")
     opts = {"fallback": "partition", "opt_level": 3, "vectorize": True,
             "max_variants": 8, "mode": mode or "default", "autotune_budget": 20,
-            "hoist_params": True}
+            "hoist_params": False}
     for k, v in (options or {}).items():
         if k not in OPTIONS:
             raise ValueError(f"kiln: unknown option {k!r}; valid options: "

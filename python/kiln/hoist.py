@@ -13,8 +13,10 @@ tensor object, with the same data pointer and version counter: in-place
 updates (an optimizer step, load_state_dict, `p.add_` under no_grad) bump
 the counter; a new Parameter or `p.data = t` changes the object or the
 pointer. Writes that bypass the counter (through `p.data.copy_`, a NumPy or
-DLPack view of the memory) are not seen, as autograd does not see them;
-`options={"hoist_params": False}` turns the hoisting off. Inference tensors
+DLPack view of the memory) are not seen, as autograd does not see them (a
+teacher network updated with `p.data.mul_(m)` would keep its old weights):
+so the hoisting is opt-in, `options={"hoist_params": True}`, as Inductor's
+freezing is. Inference tensors
 (made under torch.inference_mode) have no counter: their prep graph runs on
 every call.
 

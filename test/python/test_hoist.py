@@ -1,6 +1,7 @@
-"""Work on parameters alone (a linear's weight transpose, batch norm's scale)
-hoisted out of inference calls (python/kiln/hoist.py): done once, redone
-when a parameter changes, never in training graphs."""
+"""Work on parameters alone (a linear's weight transpose, a weight built
+from two parameters) hoisted out of inference calls with
+options={"hoist_params": True} (python/kiln/hoist.py): done once, redone
+when a parameter changes, never in training graphs, never by default."""
 
 import pytest
 import torch
@@ -9,6 +10,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from conftest import TOL
 from kiln import hoist
+
+
+ON = {"hoist_params": True}
 
 
 def _mlp():
@@ -27,7 +31,7 @@ def _check(compiled, model, x):
 
 def test_weights_are_prepared_once_while_unchanged():
     model = _mlp()
-    compiled = torch.compile(model, backend="kiln")
+    compiled = torch.compile(model, backend="kiln", options=ON)
     before = _runs()
     for _ in range(3):
         _check(compiled, model, torch.randn(8, 16))
@@ -36,7 +40,7 @@ def test_weights_are_prepared_once_while_unchanged():
 
 def test_changed_parameters_are_prepared_again():
     model = _mlp()
-    compiled = torch.compile(model, backend="kiln")
+    compiled = torch.compile(model, backend="kiln", options=ON)
     x = torch.randn(8, 16)
     _check(compiled, model, x)
     before = _runs()
@@ -70,7 +74,7 @@ class Scaled(nn.Module):
 
 def test_a_weight_from_two_parameters_follows_either():
     model = Scaled()
-    compiled = torch.compile(model, backend="kiln")
+    compiled = torch.compile(model, backend="kiln", options=ON)
     x = torch.randn(8, 16)
     before = _runs()
     _check(compiled, model, x)
@@ -80,9 +84,9 @@ def test_a_weight_from_two_parameters_follows_either():
     assert _runs() - before == 2
 
 
-def test_option_turns_it_off():
+def test_off_by_default():
     model = _mlp()
-    compiled = torch.compile(model, backend="kiln", options={"hoist_params": False})
+    compiled = torch.compile(model, backend="kiln")
     before = _runs()
     _check(compiled, model, torch.randn(8, 16))
     assert _runs() == before
@@ -92,7 +96,7 @@ def test_training_graphs_are_not_hoisted():
     model = _mlp().train()
     ref = _mlp().train()
     ref.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend="kiln")
+    compiled = torch.compile(model, backend="kiln", options=ON)
     before = _runs()
     x = torch.randn(8, 16)
     compiled(x).square().sum().backward()
@@ -105,7 +109,7 @@ def test_training_graphs_are_not_hoisted():
 def test_inference_tensors_are_prepared_on_every_call():
     with torch.inference_mode():
         model = _mlp()
-        compiled = torch.compile(model, backend="kiln")
+        compiled = torch.compile(model, backend="kiln", options=ON)
         x = torch.randn(8, 16)
         before = _runs()
         torch.testing.assert_close(compiled(x), model(x), **TOL[torch.float32])
