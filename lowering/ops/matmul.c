@@ -10,12 +10,15 @@
 // The bf16 microkernel (AVX512-BF16): C[m, n] = sum_k A[m, k] B[k, n] with
 // bf16 operands and f32 accumulators, two k at a time per vdpbf16ps.
 //
-// B is packed once per call into pairs of rows, Bp[k/2, n, 0..1] (one
-// linalg.transpose of B viewed as [K/2, 2, N]), so 16 columns of a row pair
-// are one 64-byte vector; A is read as [M, K/2, 2] (a free reshape) and a
-// pair A[m, 2kk..2kk+1] is broadcast as one 32-bit lane pattern. A register
-// tile of `rm` rows x 32 columns keeps 2*rm f32 accumulators in registers
-// across the whole K loop. Row blocks go to threads (scf.forall).
+// B is packed once per call into pairs of rows per group of 16 columns,
+// Bp[n/16, k/2, n%16, 0..1] (one linalg.transpose of B viewed as
+// [K/2, 2, N/16, 16]), so 16 columns of a row pair are one 64-byte vector
+// and a group's row pairs follow each other; A is read as [M, K/2, 2] (a
+// free reshape) and a pair A[m, 2kk..2kk+1] is broadcast as one 32-bit lane
+// pattern. A register tile of `rm` rows x 32 columns keeps 2*rm f32
+// accumulators in registers across the whole K loop. Row blocks go to
+// threads (scf.forall). With AMX the rows run as 32x32 tiles on the tile
+// unit first (emit_amx_rows), the same packed B being its tile layout.
 //
 // M may be symbolic (a batch under torch.compile's dynamic shapes; K and N
 // are a weight's): the row blocks are then sized at run time, a block's
