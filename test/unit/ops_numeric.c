@@ -184,10 +184,10 @@ static const op_case_t kCases[] = {
                        " %wt = aten.permute(%w) {dims = [1, 0]}\n %vt = aten.permute(%v) {dims = [1, 0]}\n"
                        " %x = aten.mm(%a, %wt)\n %y = aten.mm(%a, %vt)\n return %x, %y\n}"},
     {"matmul", "bf16", "graph @t(%c: $T[70], %a: $T[12,96], %b: $T[96,70]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
-    // An f32 linear whose W^T rows (N = 512 floats) would be 2 KiB apart:
+    // An f32 linear whose W^T rows (N = 1024 floats) would be 4 KiB apart:
     // the transpose is written into rows of N + 16 and the matmul reads
     // the slice.
-    {"matmul", "f32", "graph @t(%c: $T[512], %a: $T[128,64], %w: $T[512,64]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+    {"matmul", "f32", "graph @t(%c: $T[1024], %a: $T[128,64], %w: $T[1024,64]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
                       " %d = aten.addmm(%c, %a, %t)\n %g = aten.gelu(%d)\n return %g\n}"},
     // AMX (where the CPU has it): 32x32 tiles over K in steps of 32, rows
     // past the last whole tile (8 of 136) on the vector microkernel, a
