@@ -155,8 +155,9 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
 // Whether matrix `value` is certain to have unit inner stride once
 // bufferized (what amx.tile_load needs of A's memref): a contiguous input,
 // a computed tensor (a fresh buffer), or a reshape or unit-step slice of
-// such. A strided input or a slice with a step in the last dim may not.
-static bool unit_inner_stride(const kiln_emitter_t *e, int value) {
+// such, or a chain of permutes that composes to none (the source itself).
+// A strided input or a slice with a step in the last dim may not.
+static bool unit_inner_stride(kiln_emitter_t *e, int value) {
   const kiln_value_t *v = &e->g->values[value];
   if (v->node < 0) {
     for (int i = 0; i < e->g->input_count; ++i)
@@ -171,6 +172,17 @@ static bool unit_inner_stride(const kiln_emitter_t *e, int value) {
     case KILN_OP_UNSQUEEZE:
       return p->operands[0].kind == KILN_OPERAND_VALUE &&
              unit_inner_stride(e, p->operands[0].value);
+    case KILN_OP_PERMUTE:
+    case KILN_OP_TRANSPOSE: {
+      // A real permutation is a linalg.transpose into a fresh buffer; the
+      // identity is the source value (lower_permute).
+      int32_t perm[KILN_MAX_RANK];
+      const kiln_tv_t *src = NULL;
+      kiln_permute_source(e, p, v->type.rank, perm, &src);
+      for (int i = 0; i < v->type.rank; ++i)
+        if (perm[i] != i) return true;
+      return unit_inner_stride(e, (int)(src - e->values));
+    }
     case KILN_OP_SLICE: {
       const kiln_type_t *t = &e->g->values[p->operands[0].value].type;
       int32_t d;

@@ -112,7 +112,7 @@ def split(gm: torch.fx.GraphModule, static: list[int]) -> Split | None:
             hoisted.add(n)
             order.append(n)
     frontier = [n for n in order
-                if any(u not in hoisted or u.op == "output" for u in n.users)]
+                if any(u not in hoisted and u.op != "output" for u in n.users)]
     if not frontier:
         return None
     if any(isinstance(n.meta.get("val"), (tuple, list)) for n in frontier):
@@ -136,7 +136,10 @@ def split(gm: torch.fx.GraphModule, static: list[int]) -> Split | None:
         val = n.meta["val"]
         with val.fake_mode:
             ph.meta["val"] = torch.empty(val.shape, dtype=val.dtype, device=val.device)
-        n.replace_all_uses_with(ph)
+        # A value the graph also returns stays computed there: handing out
+        # the cached tensor would share it between calls (an in-place
+        # edit of one result would change the next call's).
+        n.replace_all_uses_with(ph, delete_user_cb=lambda u: u.op != "output")
         last = ph
     for n in reversed(order):
         if not n.users:
@@ -168,14 +171,16 @@ class Prepared:
         global PREP_RUNS
         PREP_RUNS += 1
         ins = [args[k] for k in self.positions]
-        with torch.no_grad():
-            values = tuple(v.contiguous() for v in self.prep(*ins))
+        # The versions as the prep graph reads them: an update from another
+        # thread while it runs makes the next call prepare again.
         try:
             checks = tuple((k, weakref.ref(t), t._version, t.data_ptr())
                            for k, t in zip(self.positions, ins))
-            self._state = (checks, values)
         except RuntimeError:  # an inference tensor: no version counter
-            self._state = None
+            checks = None
+        with torch.no_grad():
+            values = tuple(v.contiguous() for v in self.prep(*ins))
+        self._state = (checks, values) if checks is not None else None
         if self.note is not None:
             copied = sum(v.numel() * v.element_size() for v in values
                          if not any(v.untyped_storage().data_ptr() ==

@@ -84,6 +84,32 @@ def test_a_weight_from_two_parameters_follows_either():
     assert _runs() - before == 2
 
 
+class ReturnsScale(nn.Module):
+    """A value from parameters alone that is also a result."""
+
+    def __init__(self):
+        super().__init__()
+        self.b = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        sc = self.b * 2
+        return x + sc, sc
+
+
+def test_a_returned_parameter_value_is_fresh_on_every_call():
+    model = ReturnsScale()
+    compiled = torch.compile(model, backend="kiln", options=ON)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        y1, s1 = compiled(x)
+        s1.zero_()  # the caller's tensor: the next call must not see it
+        y2, s2 = compiled(x)
+        want_y, want_s = model(x)
+    torch.testing.assert_close(y2, want_y, **TOL[torch.float32])
+    torch.testing.assert_close(s2, want_s, **TOL[torch.float32])
+    assert s1.data_ptr() != s2.data_ptr()
+
+
 def test_off_by_default():
     model = _mlp()
     compiled = torch.compile(model, backend="kiln")

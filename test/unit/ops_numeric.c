@@ -184,6 +184,10 @@ static const op_case_t kCases[] = {
                        " %wt = aten.permute(%w) {dims = [1, 0]}\n %vt = aten.permute(%v) {dims = [1, 0]}\n"
                        " %x = aten.mm(%a, %wt)\n %y = aten.mm(%a, %vt)\n return %x, %y\n}"},
     {"matmul", "bf16", "graph @t(%c: $T[70], %a: $T[12,96], %b: $T[96,70]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
+    // A permute of a permute is A itself: strided inputs (the second run
+    // of every case) stay off AMX, which reads A's rows in place.
+    {"matmul", "bf16", "graph @t(%a: $T[64,128], %b: $T[128,32]) {\n %t = aten.permute(%a) {dims = [1, 0]}\n"
+                       " %u = aten.permute(%t) {dims = [1, 0]}\n %c = aten.mm(%u, %b)\n return %c\n}"},
     // An f32 linear whose W^T rows (N = 1024 floats) would be 4 KiB apart:
     // the transpose is written into rows of N + 16 and the matmul reads
     // the slice.
