@@ -2,8 +2,8 @@
 
 An inference graph computes some values from parameters and buffers only: a
 linear's weight transpose (kiln's GEMM reads B as [K, N] rows, a weight is
-[N, K]), batch norm's scale and shift from its running statistics. They are
-the same on every call while the parameters are. `split` moves them into a
+[N, K]), a weight built from several parameters (weight norm's g * v / |v|).
+They are the same on every call while the parameters are. `split` moves them into a
 graph of their own (the prep graph); `Prepared` runs it in PyTorch on the
 first call and again only when a parameter it reads has changed, and calls
 the main graph with the results, dense, as extra inputs.
@@ -16,9 +16,8 @@ pointer. Writes that bypass the counter (through `p.data.copy_`, a NumPy or
 DLPack view of the memory) are not seen, as autograd does not see them (a
 teacher network updated with `p.data.mul_(m)` would keep its old weights):
 so the hoisting is opt-in, `options={"hoist_params": True}`, as Inductor's
-freezing is. Inference tensors
-(made under torch.inference_mode) have no counter: their prep graph runs on
-every call.
+freezing is. Inference tensors (made under torch.inference_mode) have no
+counter: their prep graph runs on every call.
 
 What is hoisted: ops whose every input is a parameter, a buffer or another
 hoisted op; never mutating or random ops, never an op whose result has more
@@ -127,6 +126,7 @@ def split(gm: torch.fx.GraphModule, static: list[int]) -> Split | None:
     for n in order:
         env[n] = prep_graph.node_copy(n, lambda a: env[a])
     prep_graph.output(tuple(env[n] for n in frontier))
+    prep_graph.eliminate_dead_code()  # what only the main graph's results need
     prep = torch.fx.GraphModule(gm, prep_graph)
     # The main graph: a dense input per frontier value, after the others.
     last = placeholders[-1]
