@@ -172,6 +172,11 @@ void kiln_pipeline_dump(const kiln_pipeline_options_t *opts, kiln_stage_t stage,
 // Pass pipelines per stage. The order of the LLVM stage follows the verified
 // recipe in DESIGN.md: memref to LLVM before control flow, vector to LLVM
 // explicitly, leftovers of math (erf, tanh) to libm after math to LLVM.
+// Vector to LLVM runs once more before control flow, with the AMX ops: the
+// bf16 kernel's accumulator tiles are loop-carried (lowering/ops/matmul.c),
+// and the branches scf-to-cf makes of those loops carry !amx.tile operands,
+// which convert-to-llvm (it knows the AMX types) converts where
+// convert-cf-to-llvm fails.
 //
 // No CSE before bufferization: CSE merges identical linalg.fill inits of
 // different outputs, and eliminate-empty-tensors then anchors both in one
