@@ -620,10 +620,10 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs, mode=None,
     opts = parse_options(mode, options)
 
     def fw(g, ex):
-        return _boxed(compile_graph(g, ex, opts, "forward"))
+        return _boxed(compile_graph(g, ex, opts, "forward").forward)
 
     def bw(g, ex):
-        return _boxed(compile_graph(g, ex, opts, "backward"))
+        return _boxed(compile_graph(g, ex, opts, "backward").forward)
 
     def inference(g, ex):
         # A graph without a backward: parameters change between calls
@@ -632,9 +632,8 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs, mode=None,
         if sp is None:
             return fw(g, ex)
         main = compile_graph(sp.main, ex, opts, "forward")
-        from torch._functorch.aot_autograd import make_boxed_func
-        return make_boxed_func(hoist.Prepared(sp, main.forward,
-                                              lambda m: _note("hoist", f"forward: {m}")))
+        return _boxed(hoist.Prepared(sp, main.forward,
+                                     lambda m: _note("hoist", f"forward: {m}")))
 
     # Inference graphs keep their input mutations (an optimizer step's
     # parameter and state updates) as copy_ nodes, which kiln performs in
@@ -644,6 +643,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs, mode=None,
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
 
-def _boxed(gm):
+def _boxed(fn):
+    """`fn` in AOTAutograd's boxed calling convention (a list of inputs)."""
     from torch._functorch.aot_autograd import make_boxed_func
-    return make_boxed_func(gm.forward)
+    return make_boxed_func(fn)
