@@ -52,6 +52,9 @@ typedef struct kiln_lower_options {
   // AMX-BF16 (with x86_bf16_dot): the bf16 microkernel's 32-row tiles run
   // on the tile unit (tdpbf16ps over packed B), lowering/ops/matmul.c.
   bool x86_amx;
+  // AVX-512: large f32 matmuls use the packed-B FMA microkernel of
+  // lowering/ops/matmul.c instead of the tiled linalg.matmul.
+  bool x86_f32_dot;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

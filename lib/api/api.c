@@ -629,6 +629,15 @@ static void add_stats(kiln_context_t *c, const kiln_stats_t *d) {
   pthread_mutex_unlock(&c->stats_lock);
 }
 
+// The f32 matmul microkernel (lowering/ops/matmul.c) on hosts with
+// AVX-512F; KILN_F32_DOT=0 keeps the tiled linalg.matmul (comparisons).
+static bool f32_dot_enabled(void) {
+  const char *id = kiln_jit_host_id(), *f = strstr(id, "+avx512f");
+  while (f && f[8] != ',' && f[8] != '/' && f[8] != '\0') f = strstr(f + 8, "+avx512f");
+  const char *env = getenv("KILN_F32_DOT");
+  return f && !(env && strcmp(env, "0") == 0);
+}
+
 // The cache key of a variant: everything that decides its code. The graph
 // text is the specialized graph (symbolic sizes kept as symbols), so equal
 // subgraphs (N identical blocks) share one entry.
@@ -643,13 +652,14 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
   kiln_hasher_update_str(&h, kiln_jit_host_id());
   kiln_hasher_update_str(&h, f->target);
   // KILN_HFUSE=0 (horizontal fusion off, lowering/hfuse.c),
-  // KILN_STREAM_STORES=0 (lowering/streaming.c) and KILN_PREFETCH=0
-  // (lowering/prefetch.c) change the code.
+  // KILN_STREAM_STORES=0 (lowering/streaming.c), KILN_PREFETCH=0
+  // (lowering/prefetch.c) and KILN_F32_DOT=0 change the code.
   const char *hfuse = getenv("KILN_HFUSE");
-  int32_t opts[7] = {f->options.opt_level, f->options.vectorize,
+  int32_t opts[8] = {f->options.opt_level, f->options.vectorize,
                      f->options.num_threads, (int32_t)f->options.autotune,
                      hfuse && strcmp(hfuse, "0") == 0,
-                     !kiln_streaming_stores_enabled(), !kiln_prefetch_enabled()};
+                     !kiln_streaming_stores_enabled(), !kiln_prefetch_enabled(),
+                     f32_dot_enabled()};
   kiln_hasher_update(&h, opts, sizeof(opts));
   kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
   // The graph's name is a label, not code: hash the text without it.
@@ -674,6 +684,9 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL,
                                 false, true, true, true, true, true};
   lopts.x86_amx = lopts.x86_bf16_dot && kiln_jit_amx_available();
+  // max-autotune searches the tiled linalg.matmul's tiles; the f32
+  // microkernel has no search space of its own yet.
+  lopts.x86_f32_dot = f32_dot_enabled() && !f->options.autotune;
   kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
   free(strided);
   double t1 = now_seconds();
@@ -2188,6 +2201,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
                                 cuda, !cuda, !cuda, true, !cuda, !cuda, cuda};
   lopts.x86_amx = lopts.x86_bf16_dot && kiln_jit_amx_available();
+  lopts.x86_f32_dot = !cuda && f32_dot_enabled();
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

@@ -47,6 +47,74 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
          (sym_m || a->type.dims[0] % 2 == 0);
 }
 
+// The rows of A a register tile reads, %gr<tag>0 .. rm - 1: %row0 + %i<tag>
+// + r. A masked tile (the block's last rows % rm rows, %tailn of them)
+// reads row min(r, %tailn - 1) in place of the rows past the end and
+// writes only its first %tailn rows.
+static void emit_tile_rows(kiln_sbuf_t *o, int rm, const char *tag, bool masked) {
+  for (int r = 0; r < rm; ++r) {
+    if (masked)
+      kiln_sbuf_printf(o, "          %%gr%s%d = affine.min affine_map<(d0, d1)[s0] -> "
+                          "(d0 + d1 + %d, d0 + d1 + s0 - 1)>(%%row0, %%i%s)[%%tailn]\n",
+                       tag, r, r, tag);
+    else
+      kiln_sbuf_printf(o, "          %%gr%s%d = affine.apply affine_map<(d0, d1) -> "
+                          "(d0 + d1 + %d)>(%%row0, %%i%s)\n", tag, r, r, tag);
+  }
+}
+
+// Writes a register tile's accumulators %acc<tag>#0 .. #2rm-1 (row r's two
+// 16-column halves at 2r, 2r + 1) into rows %i<tag> + r, columns jc[0] and
+// jc[1] of the block tensor `cur` (typed `bty`), rounded to bf16 where
+// `store_bf16`; `cols` as for the tile, and in a masked tile only rows
+// below %tailn are written. `next` gets the tensor after the writes.
+static void emit_tile_store(kiln_sbuf_t *o, int rm, const char *tag, const char *cur,
+                            const char *bty, const char *el, bool store_bf16, bool masked,
+                            const int cols[2], const char *const jc[2], char next[24]) {
+  char prev[24];
+  snprintf(prev, sizeof(prev), "%s", cur);
+  for (int r = 0; r < rm; ++r) {
+    kiln_sbuf_printf(o, "          %%li%s%d = affine.apply affine_map<(d0) -> "
+                        "(d0 + %d)>(%%i%s)\n", tag, r, r, tag);
+    if (masked && r > 0)
+      kiln_sbuf_printf(o, "          %%cr%s%d = arith.constant %d : index\n", tag, r, r);
+    for (int h = 0; h < 2; ++h) {
+      if (cols[h] == 0) continue;
+      const char *inb = cols[h] == 16 ? "true" : "false";
+      char w[24], val[24];
+      snprintf(w, sizeof(w), "%%w%s%d", tag, 2 * r + h);
+      snprintf(val, sizeof(val), "%%acc%s#%d", tag, 2 * r + h);
+      if (store_bf16) {
+        kiln_sbuf_printf(o, "          %%tr%s%d = arith.truncf %s : vector<16xf32> "
+                            "to vector<16xbf16>\n", tag, 2 * r + h, val);
+        snprintf(val, sizeof(val), "%%tr%s%d", tag, 2 * r + h);
+      }
+      if (masked && r > 0) {
+        if (h == 0)
+          kiln_sbuf_printf(o, "          %%in%s%d = arith.cmpi ult, %%cr%s%d, %%tailn : index\n",
+                           tag, r, tag, r);
+        kiln_sbuf_printf(o,
+            "          %s = scf.if %%in%s%d -> (%s) {\n"
+            "            %%ww%s%d = vector.transfer_write %s, %s[%%li%s%d, %s] "
+            "{in_bounds = [%s]} : vector<16x%s>, %s\n"
+            "            scf.yield %%ww%s%d : %s\n"
+            "          } else {\n"
+            "            scf.yield %s : %s\n"
+            "          }\n",
+            w, tag, r, bty, tag, 2 * r + h, val, prev, tag, r, jc[h], inb, el,
+            bty, tag, 2 * r + h, bty, prev, bty);
+      } else {
+        kiln_sbuf_printf(o,
+            "          %s = vector.transfer_write %s, %s[%%li%s%d, %s] "
+            "{in_bounds = [%s]} : vector<16x%s>, %s\n",
+            w, val, prev, tag, r, jc[h], inb, el, bty);
+      }
+      snprintf(prev, sizeof(prev), "%s", w);
+    }
+  }
+  snprintf(next, 24, "%s", prev);
+}
+
 // One register tile: rows %i<tag> .. + rm - 1 of the block at %row0, columns
 // %j .. %j + 31, the whole K loop, written into the block tensor `cur`
 // (typed `bty`); `next` gets the tensor after the writes. Names are
@@ -57,18 +125,7 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
                            bool masked, const int cols[2], const char *ae,
                            const char *aty, const char *bp, long long K2, long long N,
                            char next[24]) {
-  // A masked tile (the block's last rows % rm rows, %tailn of them) reads
-  // row min(r, %tailn - 1) in place of the rows past the end and writes
-  // only its first %tailn rows.
-  for (int r = 0; r < rm; ++r) {
-    if (masked)
-      kiln_sbuf_printf(o, "          %%gr%s%d = affine.min affine_map<(d0, d1)[s0] -> "
-                          "(d0 + d1 + %d, d0 + d1 + s0 - 1)>(%%row0, %%i%s)[%%tailn]\n",
-                       tag, r, r, tag);
-    else
-      kiln_sbuf_printf(o, "          %%gr%s%d = affine.apply affine_map<(d0, d1) -> "
-                          "(d0 + d1 + %d)>(%%row0, %%i%s)\n", tag, r, r, tag);
-  }
+  emit_tile_rows(o, rm, tag, masked);
   // `cols`: the columns of each 16-column half inside N (the last panel
   // of an N that is not a multiple of 32): 16 writes the half, 0 skips it,
   // others write it masked (in_bounds = false).
@@ -107,49 +164,8 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
   for (int t = 0; t < 2 * rm; ++t)
     kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
   kiln_sbuf_puts(o, "\n          }\n");
-  // Write the tile: row i + r, columns j and j + 16, threading the tensor.
-  char prev[24];
-  snprintf(prev, sizeof(prev), "%s", cur);
-  for (int r = 0; r < rm; ++r) {
-    kiln_sbuf_printf(o, "          %%li%s%d = affine.apply affine_map<(d0) -> "
-                        "(d0 + %d)>(%%i%s)\n", tag, r, r, tag);
-    if (masked && r > 0)
-      kiln_sbuf_printf(o, "          %%cr%s%d = arith.constant %d : index\n", tag, r, r);
-    for (int h = 0; h < 2; ++h) {
-      if (cols[h] == 0) continue;
-      const char *inb = cols[h] == 16 ? "true" : "false";
-      char w[24], val[24];
-      snprintf(w, sizeof(w), "%%w%s%d", tag, 2 * r + h);
-      snprintf(val, sizeof(val), "%%acc%s#%d", tag, 2 * r + h);
-      if (store_bf16) {
-        kiln_sbuf_printf(o, "          %%tr%s%d = arith.truncf %s : vector<16xf32> "
-                            "to vector<16xbf16>\n", tag, 2 * r + h, val);
-        snprintf(val, sizeof(val), "%%tr%s%d", tag, 2 * r + h);
-      }
-      if (masked && r > 0) {
-        if (h == 0)
-          kiln_sbuf_printf(o, "          %%in%s%d = arith.cmpi ult, %%cr%s%d, %%tailn : index\n",
-                           tag, r, tag, r);
-        kiln_sbuf_printf(o,
-            "          %s = scf.if %%in%s%d -> (%s) {\n"
-            "            %%ww%s%d = vector.transfer_write %s, %s[%%li%s%d, %s] "
-            "{in_bounds = [%s]} : vector<16x%s>, %s\n"
-            "            scf.yield %%ww%s%d : %s\n"
-            "          } else {\n"
-            "            scf.yield %s : %s\n"
-            "          }\n",
-            w, tag, r, bty, tag, 2 * r + h, val, prev, tag, r, h ? "%j16" : "%j", inb, el,
-            bty, tag, 2 * r + h, bty, prev, bty);
-      } else {
-        kiln_sbuf_printf(o,
-            "          %s = vector.transfer_write %s, %s[%%li%s%d, %s] "
-            "{in_bounds = [%s]} : vector<16x%s>, %s\n",
-            w, val, prev, tag, r, h ? "%j16" : "%j", inb, el, bty);
-      }
-      snprintf(prev, sizeof(prev), "%s", w);
-    }
-  }
-  snprintf(next, 24, "%s", prev);
+  static const char *const jc[2] = {"%j", "%j16"};
+  emit_tile_store(o, rm, tag, cur, bty, el, store_bf16, masked, cols, jc, next);
 }
 
 // Whether matrix `value` is certain to have unit inner stride once
@@ -562,6 +578,362 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   snprintf(out, 24, "%s", res);
 }
 
+// The f32 microkernel (AVX-512): C[m, n] = sum_k A[m, k] B[k, n] with f32
+// FMAs, B's whole 32-column panels packed once per call into Bp[n/32, k,
+// 32], so a register tile's two 16-lane loads of a k are one 128-byte run
+// and consecutive k follow each other. Read in place (the tiled
+// linalg.matmul), rows of B 4 KiB apart (N = 1024) put every k of a
+// register tile's loads in one L1 set, and no tiling changed that: on a
+// Xeon (AVX-512, 2 cores) 1024^3 took 7.2-7.5 ms, 60% of the FMA peak
+// against MKL's 80%; here 6.2-6.7 ms (kiln-run, same machine), [256, 2048]
+// x [2048, 1000] 4.8 -> 3.3 ms, the bench's MLP block 1.33 -> 1.07 ms.
+//
+// Threads take blocks of rows x groups of panels (scf.forall; see
+// emit_f32_dot). In a block, K runs in blocks of `kc` (about 256: one
+// panel of Bp, kc x 128 bytes, stays in L1 while the block's rows go by),
+// and per K block and panel each register tile of `rm` = 8 rows x 32
+// columns keeps its 16 accumulators in registers over the K block: per k
+// two loads of Bp, eight broadcasts of A and 16 FMAs. The first K block
+// starts from zeros or the bias (addmm), later ones from C. The block's
+// last rows % 8 rows run as one masked tile. N not a multiple of 32: the
+// last panel reads its columns in place, masked. (Tried and not kept:
+// A packed into [M/8, K, 8] as well, K unrolled by 2 or 4 in the tile,
+// 12- and 14-row tiles, kc of 128 or 512: all within the noise of the
+// above; 16-row tiles spill.)
+typedef struct f32_dot {
+  int rm;                    // register tile rows
+  long long K, N, N32, kc;   // sizes; kc: the K block
+  const char *a, *aty;       // A [M, K]
+  const char *bp, *bpty;     // packed B [N/32, K, 32] (whole panels)
+  const char *bty;           // the block tensor's type
+  const char *bias;          // addmm's [N] bias (NULL: zeros)
+  // The last panel (N not a multiple of 32) reads B's last columns in
+  // place, masked: `tail` ([K, N] B, or [K, N % 32] of W^T) from column
+  // `tail_col0` (%j, or %c0).
+  const char *tail, *tailty, *tail_col0;
+} f32_dot_t;
+
+// One register tile of the K block [kb, ke) (index values): rows %i<tag>
+// .. + rm - 1 of the block at %row0, columns %j .. %j + 31 (%jl in the
+// block), starting from C (`from_c`) or from zeros / the bias.
+static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
+                          const char *cur, bool masked, bool from_c, const int cols[2],
+                          const char *kb, const char *ke, char next[24]) {
+  int rm = d->rm;
+  emit_tile_rows(o, rm, tag, masked);
+  bool partial = cols[0] < 16 || cols[1] < 16;
+  for (int r = 0; from_c && r < rm; ++r) {
+    // Rows past a masked tile's end read its last row (not written back).
+    if (masked)
+      kiln_sbuf_printf(o, "          %%lc%s%d = affine.min affine_map<(d0)[s0] -> "
+                          "(d0 + %d, d0 + s0 - 1)>(%%i%s)[%%tailn]\n", tag, r, r, tag);
+    else
+      kiln_sbuf_printf(o, "          %%lc%s%d = affine.apply affine_map<(d0) -> "
+                          "(d0 + %d)>(%%i%s)\n", tag, r, r, tag);
+    for (int h = 0; h < 2; ++h)
+      if (cols[h])
+        kiln_sbuf_printf(o, "          %%ci%s%d = vector.transfer_read %s[%%lc%s%d, %s], "
+                            "%%padf {in_bounds = [%s]} : %s, vector<16xf32>\n",
+                         tag, 2 * r + h, cur, tag, r, h ? "%jl16" : "%jl",
+                         cols[h] == 16 ? "true" : "false", d->bty);
+  }
+  kiln_sbuf_printf(o, "          %%acc%s:%d = scf.for %%kk%s = %s to %s step %%c1 "
+                      "iter_args(", tag, 2 * rm, tag, kb, ke);
+  for (int t = 0; t < 2 * rm; ++t) {
+    int h = t % 2;
+    if (from_c && cols[h])
+      kiln_sbuf_printf(o, "%s%%x%s%d = %%ci%s%d", t ? ", " : "", tag, t, tag, t);
+    else
+      kiln_sbuf_printf(o, "%s%%x%s%d = %s", t ? ", " : "", tag, t,
+                       d->bias && !from_c ? (h ? "%bv1" : "%bv0") : "%zero");
+  }
+  kiln_sbuf_puts(o, ") -> (");
+  for (int t = 0; t < 2 * rm; ++t) kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
+  kiln_sbuf_puts(o, ") {\n");
+  for (int h = 0; h < 2; ++h) {
+    if (!partial) {
+      kiln_sbuf_printf(o,
+          "            %%b%s%d = vector.transfer_read %s[%%p0, %%kk%s, %s], %%padf "
+          "{in_bounds = [true]} : %s, vector<16xf32>\n",
+          tag, h, d->bp, tag, h ? "%c16" : "%c0", d->bpty);
+    } else if (cols[h]) {
+      // Masked: lanes past N read zeros.
+      const char *col = h == 0 ? d->tail_col0 : strcmp(d->tail_col0, "%j") ? "%c16" : "%j16";
+      kiln_sbuf_printf(o,
+          "            %%b%s%d = vector.transfer_read %s[%%kk%s, %s], %%padf "
+          "{in_bounds = [false]} : %s, vector<16xf32>\n",
+          tag, h, d->tail, tag, col, d->tailty);
+    } else {
+      kiln_sbuf_printf(o, "            %%b%s%d = arith.constant dense<0.0> : vector<16xf32>\n",
+                       tag, h);
+    }
+  }
+  for (int r = 0; r < rm; ++r) {
+    kiln_sbuf_printf(o,
+        "            %%as%s%d = tensor.extract %s[%%gr%s%d, %%kk%s] : %s\n"
+        "            %%a%s%d = vector.broadcast %%as%s%d : f32 to vector<16xf32>\n",
+        tag, r, d->a, tag, r, tag, d->aty, tag, r, tag, r);
+    for (int h = 0; h < 2; ++h)
+      kiln_sbuf_printf(o, "            %%y%s%d = vector.fma %%a%s%d, %%b%s%d, %%x%s%d : "
+                          "vector<16xf32>\n", tag, 2 * r + h, tag, r, tag, h, tag, 2 * r + h);
+  }
+  kiln_sbuf_puts(o, "            scf.yield ");
+  for (int t = 0; t < 2 * rm; ++t) kiln_sbuf_printf(o, "%s%%y%s%d", t ? ", " : "", tag, t);
+  kiln_sbuf_puts(o, " : ");
+  for (int t = 0; t < 2 * rm; ++t) kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
+  kiln_sbuf_puts(o, "\n          }\n");
+  static const char *const jc[2] = {"%jl", "%jl16"};
+  emit_tile_store(o, rm, tag, cur, d->bty, "f32", false, masked, cols, jc, next);
+}
+
+// One K block, [kb, ke), over every panel of the row block `in`: the full
+// panels, then (N not a multiple of 32) the last, whose columns past N are
+// neither read nor written. Results are named %<res>_<panel>; `out` gets
+// the last.
+static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
+                            bool from_c, const char *kb, const char *ke, const char *res,
+                            char out[24]) {
+  long long NF = d->N / 32 * 32;
+  char cur[24];
+  snprintf(cur, sizeof(cur), "%s", in);
+  for (int panel = 0; panel < 2; ++panel) {
+    long long lo = panel ? NF : 0, hi = panel ? d->N32 : NF;
+    if (lo == hi) continue;
+    int cols[2] = {16, 16};
+    if (panel) {
+      long long w = d->N - NF;
+      cols[0] = (int)(w < 16 ? w : 16);
+      cols[1] = (int)(w > 16 ? w - 16 : 0);
+    }
+    kiln_sbuf_printf(o,
+        "      %%%s_%d = scf.for %%j = %s to %s step %%c32 iter_args(%%c1t = %s) "
+        "-> (%s) {\n"
+        "          %%j16 = arith.addi %%j, %%c16 : index\n"
+        "          %%jl = arith.subi %%j, %%col0 : index\n"
+        "          %%jl16 = arith.addi %%jl, %%c16 : index\n"
+        "          %%p0 = arith.divui %%j, %%c32 : index\n",
+        res, panel, panel ? "%cnf" : "%col0", panel ? "%phi" : "%fhi", cur, d->bty);
+    if (d->bias && !from_c)
+      for (int h = 0; h < 2; ++h)
+        kiln_sbuf_printf(o, "          %%bv%d = vector.transfer_read %s[%s], %%padf "
+                            "{in_bounds = [%s]} : tensor<%lldxf32>, vector<16xf32>\n",
+                         h, d->bias, h ? "%j16" : "%j", cols[h] == 16 ? "true" : "false",
+                         d->N);
+    char next[24];
+    kiln_sbuf_printf(o,
+        "        %%r2 = scf.for %%i = %%c0 to %%full step %%crm iter_args(%%c2t = %%c1t) "
+        "-> (%s) {\n", d->bty);
+    emit_f32_tile(o, d, "", "%c2t", false, from_c, cols, kb, ke, next);
+    kiln_sbuf_printf(o, "          scf.yield %s : %s\n        }\n"
+                        "        %%hastail = arith.cmpi ugt, %%tailn, %%c0 : index\n"
+                        "        %%r3 = scf.if %%hastail -> (%s) {\n"
+                        "          %%it = arith.addi %%full, %%c0 : index\n",
+                     next, d->bty, d->bty);
+    emit_f32_tile(o, d, "t", "%r2", true, from_c, cols, kb, ke, next);
+    kiln_sbuf_printf(o, "          scf.yield %s : %s\n        } else {\n"
+                        "          scf.yield %%r2 : %s\n        }\n"
+                        "        scf.yield %%r3 : %s\n      }\n",
+                     next, d->bty, d->bty, d->bty);
+    snprintf(cur, sizeof(cur), "%%%s_%d", res, panel);
+  }
+  snprintf(out, 24, "%s", cur);
+}
+
+// Packs the whole panels of B ([K, N]), or of W ([N, K]) where B = W^T,
+// into Bp [NF/32, K, 32] (`bp`; NF = N rounded down to 32, at least 32):
+// one linalg.transpose of B's first NF columns viewed as [K, NF/32, 32]
+// (of W's first NF rows as [NF/32, 32, K]).
+static void emit_f32_pack(kiln_emitter_t *e, const kiln_tv_t *src, bool from_w,
+                          long long K, long long NF, char bp[24]) {
+  kiln_sbuf_t *o = &e->out;
+  long long PF = NF / 32;
+  char sty[96], sl[24], x[24], init[24];
+  kiln_mlir_tensor_type(&src->type, sty, sizeof(sty));
+  kiln_emit_fresh(e, sl);
+  kiln_emit_fresh(e, x);
+  kiln_emit_fresh(e, init);
+  kiln_emit_fresh(e, bp);
+  if (from_w)
+    kiln_sbuf_printf(o,
+        "    %s = tensor.extract_slice %s[0, 0] [%lld, %lld] [1, 1] : %s to "
+        "tensor<%lldx%lldxf32>\n"
+        "    %s = tensor.expand_shape %s [[0, 1], [2]] output_shape [%lld, 32, %lld] "
+        ": tensor<%lldx%lldxf32> into tensor<%lldx32x%lldxf32>\n"
+        "    %s = tensor.empty() : tensor<%lldx%lldx32xf32>\n"
+        "    %s = linalg.transpose ins(%s : tensor<%lldx32x%lldxf32>) outs(%s : "
+        "tensor<%lldx%lldx32xf32>) permutation = [0, 2, 1]\n",
+        sl, src->ssa, NF, K, sty, NF, K, x, sl, PF, K, NF, K, PF, K, init, PF, K, bp, x,
+        PF, K, init, PF, K);
+  else
+    kiln_sbuf_printf(o,
+        "    %s = tensor.extract_slice %s[0, 0] [%lld, %lld] [1, 1] : %s to "
+        "tensor<%lldx%lldxf32>\n"
+        "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%lld, %lld, 32] "
+        ": tensor<%lldx%lldxf32> into tensor<%lldx%lldx32xf32>\n"
+        "    %s = tensor.empty() : tensor<%lldx%lldx32xf32>\n"
+        "    %s = linalg.transpose ins(%s : tensor<%lldx%lldx32xf32>) outs(%s : "
+        "tensor<%lldx%lldx32xf32>) permutation = [1, 0, 2]\n",
+        sl, src->ssa, K, NF, sty, K, NF, x, sl, K, PF, K, NF, K, PF, init, PF, K, bp, x,
+        K, PF, init, PF, K);
+}
+
+// C (`init`, typed `oty`, every element written) = A @ B (+ bias), A the
+// value `a_value` ([M, K], M static or symbolic), B [K, N] static, or
+// given as its source W (`w`, B = W^T); `bias` an [N] tensor or NULL.
+static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
+                         const kiln_tv_t *w, const kiln_tv_t *bias, const char *init,
+                         const char *oty, char out[24]) {
+  const kiln_tv_t *a = &e->values[a_value];
+  kiln_sbuf_t *o = &e->out;
+  long long K = a->type.dims[1], N = b->type.dims[1], N32 = (N + 31) / 32 * 32;
+  f32_dot_t d = {.rm = 8, .K = K, .N = N, .N32 = N32, .a = a->ssa, .bias = NULL};
+  // K blocks of about 256 (a 32 KiB panel of Bp), equal but for the last.
+  long long nkb = (K + 255) / 256;
+  d.kc = (K + nkb - 1) / nkb;
+  char bp[24] = "", aty[96], bpty[96], bty[96], msz[24], res[24], tail[24], tailty[96];
+  long long NF = N / 32 * 32, W = N - NF;
+  if (NF) emit_f32_pack(e, w ? w : b, w != NULL, K, NF, bp);
+  d.bp = bp;
+  if (W && w) {
+    // The last panel's columns as [K, W]: W's last rows, transposed.
+    char sl[24], ti[24];
+    kiln_emit_fresh(e, sl);
+    kiln_emit_fresh(e, ti);
+    kiln_emit_fresh(e, tail);
+    char wty[96];
+    kiln_mlir_tensor_type(&w->type, wty, sizeof(wty));
+    kiln_sbuf_printf(o,
+        "    %s = tensor.extract_slice %s[%lld, 0] [%lld, %lld] [1, 1] : %s to "
+        "tensor<%lldx%lldxf32>\n"
+        "    %s = tensor.empty() : tensor<%lldx%lldxf32>\n"
+        "    %s = linalg.transpose ins(%s : tensor<%lldx%lldxf32>) outs(%s : "
+        "tensor<%lldx%lldxf32>) permutation = [1, 0]\n",
+        sl, w->ssa, NF, W, K, wty, W, K, ti, K, W, tail, sl, W, K, ti, K, W);
+    snprintf(tailty, sizeof(tailty), "tensor<%lldx%lldxf32>", K, W);
+    d.tail_col0 = "%c0";
+  } else if (W) {
+    snprintf(tail, sizeof(tail), "%s", b->ssa);
+    kiln_mlir_tensor_type(&b->type, tailty, sizeof(tailty));
+    d.tail_col0 = "%j";
+  }
+  d.tail = tail;
+  d.tailty = tailty;
+  kiln_emit_size_operand(e, &a->type, 0, msz);
+  bool sym_m = KILN_IS_SYM(a->type.dims[0]);
+  snprintf(aty, sizeof(aty), "tensor<%sx%lldxf32>", sym_m ? "?" : msz, K);
+  snprintf(bpty, sizeof(bpty), "tensor<%lldx%lldx32xf32>", NF / 32, K);
+  snprintf(bty, sizeof(bty), "tensor<?x?xf32>");
+  d.aty = aty;
+  d.bpty = bpty;
+  d.bty = bty;
+  if (bias) d.bias = bias->ssa;
+  // Threads get blocks of rows x groups of panels. Rows: blocks of at most
+  // 256 (their A block, 256 x kc floats, stays in L2 while the panels go
+  // by), whole register tiles, the last block shorter; a symbolic M is cut
+  // in quarters. Panels: where there are fewer than four row blocks, the
+  // panels are split into groups so that there are four blocks (a block
+  // streams all of its panels of Bp, so fewer, taller blocks read B fewer
+  // times). The last group also has the partial panel.
+  long long PF = NF / 32, nbm = 4, NG = 1;
+  if (!sym_m) {
+    long long M = a->type.dims[0];
+    nbm = (M + 255) / 256;
+    if (nbm < 4 && PF > 1) NG = (4 + nbm - 1) / nbm < PF ? (4 + nbm - 1) / nbm : PF;
+  }
+  long long PG = PF ? (PF + NG - 1) / NG : 0;
+  if (PG) NG = (PF + PG - 1) / PG;
+  if (NG < 1) NG = 1;
+  int id = e->next_id++;
+  if (!sym_m) kiln_sbuf_printf(o, "    %%fm_%d = arith.constant %s : index\n", id, msz);
+  char mv[32];
+  if (sym_m)
+    snprintf(mv, sizeof(mv), "%s", msz);
+  else
+    snprintf(mv, sizeof(mv), "%%fm_%d", id);
+  kiln_sbuf_printf(o,
+      "    %%fc4_%d = arith.constant %lld : index\n"
+      "    %%fcrm_%d = arith.constant %d : index\n"
+      "    %%fq_%d = arith.ceildivui %s, %%fc4_%d : index\n"
+      "    %%fqt_%d = arith.ceildivui %%fq_%d, %%fcrm_%d : index\n"
+      "    %%fqr_%d = arith.muli %%fqt_%d, %%fcrm_%d : index\n"
+      "    %%fmb_%d = arith.maxui %%fqr_%d, %%fcrm_%d : index\n"
+      "    %%fnb_%d = arith.ceildivui %s, %%fmb_%d : index\n",
+      id, nbm, id, d.rm, id, mv, id, id, id, id, id, id, id, id, id, id, id, mv, id);
+  kiln_emit_fresh(e, res);
+  long long kc0 = d.kc < K ? d.kc : K;
+  kiln_sbuf_printf(o,
+      "    %s = scf.forall (%%blk, %%grp) in (%%fnb_%d, %lld) shared_outs(%%cout = %s) -> "
+      "(%s) {\n"
+      "      %%c0 = arith.constant 0 : index\n"
+      "      %%c1 = arith.constant 1 : index\n"
+      "      %%c16 = arith.constant 16 : index\n"
+      "      %%c32 = arith.constant 32 : index\n"
+      "      %%crm = arith.constant %d : index\n"
+      "      %%padf = arith.constant 0.0 : f32\n"
+      "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n"
+      "      %%row0 = arith.muli %%blk, %%fmb_%d : index\n"
+      "      %%left = arith.subi %s, %%row0 : index\n"
+      "      %%rows = arith.minui %%fmb_%d, %%left : index\n"
+      "      %%tailn = arith.remui %%rows, %%crm : index\n"
+      "      %%full = arith.subi %%rows, %%tailn : index\n"
+      // Columns: this group's panels from %col0 to %fhi; the last group's
+      // partial panel from %cnf to %phi (an empty range elsewhere); its
+      // columns end at %gend.
+      "      %%cnf = arith.constant %lld : index\n"
+      "      %%cn = arith.constant %lld : index\n"
+      "      %%cn32 = arith.constant %lld : index\n"
+      "      %%cgl = arith.constant %lld : index\n"
+      "      %%col0 = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%grp)\n"
+      "      %%last = arith.cmpi eq, %%grp, %%cgl : index\n"
+      "      %%fhi0 = affine.apply affine_map<(d0) -> (d0 * %lld + %lld)>(%%grp)\n"
+      "      %%fhi = arith.minui %%fhi0, %%cnf : index\n"
+      "      %%phi = arith.select %%last, %%cn32, %%cnf : index\n"
+      "      %%gend = arith.select %%last, %%cn, %%fhi : index\n"
+      "      %%cw = arith.subi %%gend, %%col0 : index\n"
+      "      %%cblk = tensor.extract_slice %%cout[%%row0, %%col0] [%%rows, %%cw] [1, 1] : "
+      "%s to %s\n"
+      "      %%kb0 = arith.constant 0 : index\n"
+      "      %%ke0 = arith.constant %lld : index\n",
+      res, id, NG, init, oty, d.rm, id, mv, id, NF, N, N32, NG - 1, PG * 32,
+      PG * 32, PG * 32, oty, bty, kc0);
+  char blk[24];
+  emit_f32_kblock(o, &d, "%cblk", false, "%kb0", "%ke0", "fk0", blk);
+  if (K > kc0) {
+    kiln_sbuf_printf(o,
+        "      %%ckc = arith.constant %lld : index\n"
+        "      %%ck = arith.constant %lld : index\n"
+        "      %%fkl = scf.for %%kb = %%ckc to %%ck step %%ckc iter_args(%%kt = %s) -> (%s) {\n"
+        "      %%ke = affine.min affine_map<(d0) -> (d0 + %lld, %lld)>(%%kb)\n",
+        d.kc, K, blk, bty, d.kc, K);
+    char nb[24];
+    emit_f32_kblock(o, &d, "%kt", true, "%kb", "%ke", "fk1", nb);
+    kiln_sbuf_printf(o, "      scf.yield %s : %s\n      }\n", nb, bty);
+    snprintf(blk, sizeof(blk), "%%fkl");
+  }
+  kiln_sbuf_printf(o,
+      "      scf.forall.in_parallel {\n"
+      "        tensor.parallel_insert_slice %s into %%cout[%%row0, %%col0] [%%rows, %%cw] "
+      "[1, 1] : %s into %s\n"
+      "      }\n"
+      "    }\n",
+      blk, bty, oty);
+  snprintf(out, 24, "%s", res);
+}
+
+// Where the f32 microkernel takes a matmul (AVX-512): f32 [M, K] x [K, N]
+// with K and N static (M may be symbolic) and work enough that packing B
+// pays for itself.
+static bool f32_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
+                            const kiln_tv_t *b) {
+  if (!e->options.x86_f32_dot || e->options.cuda || a->type.dtype != KILN_F32 ||
+      b->type.dtype != KILN_F32 || a->type.rank != 2 || b->type.rank != 2 ||
+      !kiln_type_is_static(&b->type) || KILN_IS_SYM(a->type.dims[1]))
+    return false;
+  int64_t m = KILN_IS_SYM(a->type.dims[0]) ? 256 : a->type.dims[0];
+  int64_t k = b->type.dims[0], nn = b->type.dims[1];
+  return m >= 8 && k >= 16 && nn >= 16 && m * k * nn >= (int64_t)1 << 20;
+}
+
 // The untransposed source when matrix `value` is the transpose of another
 // tensor (a permute [1, 0], possibly composed), else NULL. A matmul then
 // reads the source through its indexing map instead of a materialized copy
@@ -585,7 +957,8 @@ static const kiln_tv_t *bf16_dot_bt(kiln_emitter_t *e, int value) {
   return src && src->type.dtype == KILN_BF16 && kiln_type_is_static(&src->type) ? src : NULL;
 }
 
-// B = W^T of an f32 CPU matmul (a linear layer's weight), materialized in
+// B = W^T of an f32 CPU matmul (a linear layer's weight) that the f32
+// microkernel does not take (no AVX-512), materialized in
 // rows of N + 16 floats where N * 4 is a multiple of 4 KiB: the transpose
 // is written anyway, and the matmul reads the [K, N] slice. Rows 4 KiB (a
 // multiple) apart put a register tile's loads of consecutive k in one L1
@@ -660,10 +1033,27 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   double beta = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "beta", 1) : 0;
   double alpha = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "alpha", 1) : 1;
   bool bf16_dot = n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b);
+  bool f32_dot = !bf16_dot && n->op != KILN_OP_BMM && acc == KILN_F32 &&
+                 f32_dot_applies(e, a, b);
+  // The f32 microkernel starts from an [N] bias (addmm, alpha = beta = 1).
+  const kiln_tv_t *f32_bias = NULL;
+  if (f32_dot && n->op == KILN_OP_ADDMM && n->operands[0].kind == KILN_OPERAND_VALUE &&
+      beta == 1 && alpha == 1) {
+    const kiln_tv_t *bias = &e->values[n->operands[0].value];
+    if (bias->type.rank == 1 && bias->type.dtype == KILN_F32 &&
+        bias->type.dims[0] == b->type.dims[1])
+      f32_bias = bias;
+  }
   bool bias_init = e->options.matmul_bias_init && n->op == KILN_OP_ADDMM &&
                    n->operands[0].kind == KILN_OPERAND_VALUE && beta != 0 &&
-                   alpha == 1 && !bf16_dot;
-  if (bf16_dot) {
+                   alpha == 1 && !bf16_dot && !f32_dot;
+  if (f32_dot) {
+    kiln_emit_empty(e, &at, init.ssa);
+    const kiln_tv_t *w = transposed_source(e, n->operands[base + 1].value);
+    if (w && (w->type.dtype != KILN_F32 || !kiln_type_is_static(&w->type))) w = NULL;
+    emit_f32_dot(e, n->operands[base].value, b, w, f32_bias, init.ssa, oty, mm.ssa);
+    bias_init = f32_bias != NULL;  // the bias is in
+  } else if (bf16_dot) {
     // Every element is written by the kernel: no fill.
     kiln_emit_empty(e, &at, init.ssa);
     emit_bf16_dot(e, n->operands[base].value, b, bf16_dot_bt(e, n->operands[base + 1].value),

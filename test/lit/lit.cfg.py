@@ -19,12 +19,14 @@ config.environment["PATH"] = os.pathsep.join(
 # Tools run by the tests keep their compile cache in the build tree.
 config.environment["KILN_CACHE_DIR"] = os.path.join(build_dir, "test-cache")
 
-# CPU features some lowerings depend on (REQUIRES: avx512bf16).
+# CPU features some lowerings depend on (REQUIRES: avx512f, avx512bf16, amx).
 try:
     with open("/proc/cpuinfo") as f:
         flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
 except OSError:
     flags = []
+if "avx512f" in flags:
+    config.available_features.add("avx512f")
 if "avx512_bf16" in flags:
     config.available_features.add("avx512bf16")
 if "amx_bf16" in flags and "amx_tile" in flags:

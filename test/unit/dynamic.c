@@ -36,9 +36,15 @@ static const char *kGraph =
     "  %w2 = aten.cat(%w, %w) {dim = 1}\n"
     "  %wb = prims.convert_element_type(%w2) {dtype = bf16}\n"
     "  %mb = aten.mm(%xb, %wb)\n"
+    // An f32 matmul with a symbolic M on the AVX-512 microkernel (row
+    // blocks sized at run time, a masked tile for the last rows, six
+    // packed panels and one of 16 columns read in place).
+    "  %wn = aten.mul(%w, -2.0)\n"
+    "  %w7 = aten.cat(%w2, %w2, %w2, %w2, %w2, %w2, %wn) {dim = 1}\n"
+    "  %mf = aten.mm(%x, %w7)\n"
     // A run of columns of every row: a strided copy by contiguous runs.
     "  %cr = aten.slice(%x) {dim = 1, start = 4, end = 20, step = 1}\n"
-    "  return %s, %m, %v, %r, %p, %l, %z, %k, %gw, %sc, %cr, %mb\n}\n";
+    "  return %s, %m, %v, %r, %p, %l, %z, %k, %gw, %sc, %cr, %mb, %mf\n}\n";
 
 #define MAXT 16
 

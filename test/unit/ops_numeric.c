@@ -193,6 +193,17 @@ static const op_case_t kCases[] = {
     // the slice.
     {"matmul", "f32", "graph @t(%c: $T[1024], %a: $T[128,64], %w: $T[1024,64]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
                       " %d = aten.addmm(%c, %a, %t)\n %g = aten.gelu(%d)\n return %g\n}"},
+    // The f32 microkernel (AVX-512 CPUs; elsewhere the tiled matmul): two
+    // K blocks (the second starting from C), 12 whole 8-row tiles and a
+    // masked one of 4 rows, a last panel of 6 columns read from B in place
+    // (masked) beside two packed ones; a linear layer (B = W^T, bias
+    // first) whose last 18 columns are a transpose of W's last rows; N
+    // under one panel (no packed B); row blocks x groups of panels.
+    {"matmul", "f32", "graph @t(%a: $T[100,320], %b: $T[320,70]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", "f32", "graph @t(%c: $T[50], %a: $T[100,288], %w: $T[50,288]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                      " %d = aten.addmm(%c, %a, %t)\n %r = aten.relu(%d)\n return %r\n}"},
+    {"matmul", "f32", "graph @t(%a: $T[512,128], %b: $T[128,20]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    {"matmul", "f32", "graph @t(%a: $T[600,96], %b: $T[96,256]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     // AMX (where the CPU has it): 32x32 tiles over K in steps of 32, rows
     // past the last whole tile (8 of 136) on the vector microkernel, a
     // ragged last panel (N = 40); the f32 accumulator of an addmm with a
