@@ -49,8 +49,8 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
 
 // The rows of A a register tile reads, %gr<tag>0 .. rm - 1: %row0 + %i<tag>
 // + r. A masked tile (the block's last rows % rm rows, %tailn of them)
-// reads row min(r, %tailn - 1) in place of the rows past the end and
-// writes only its first %tailn rows.
+// reads row min(r, %tailn - 1) in place of the rows past the end (and
+// emit_tile_store writes only its first %tailn rows).
 static void emit_tile_rows(kiln_sbuf_t *o, int rm, const char *tag, bool masked) {
   for (int r = 0; r < rm; ++r) {
     if (masked)
@@ -594,9 +594,11 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
 // and per K block and panel each register tile of `rm` = 8 rows x 32
 // columns keeps its 16 accumulators in registers over the K block: per k
 // two loads of Bp, eight broadcasts of A and 16 FMAs. The first K block
-// starts from zeros or the bias (addmm), later ones from C. The block's
-// last rows % 8 rows run as one masked tile. N not a multiple of 32: the
-// last panel reads its columns in place, masked. (Tried and not kept:
+// starts from zeros or an addmm's [N] bias (alpha = beta = 1; other
+// addmms add theirs after), later ones from C. The block's last rows % 8
+// rows run as one masked tile. N not a multiple of 32: the last panel
+// reads its columns masked, from B in place (from a [K, N % 32]
+// transpose of W's last rows when B = W^T). (Tried and not kept:
 // A packed into [M/8, K, 8] as well, K unrolled by 2 or 4 in the tile,
 // 12- and 14-row tiles, kc of 128 or 512: all within the noise of the
 // above; 16-row tiles spill.)
@@ -714,11 +716,17 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
         "          %%p0 = arith.divui %%j, %%c32 : index\n",
         res, panel, panel ? "%cnf" : "%col0", panel ? "%phi" : "%fhi", cur, d->bty);
     if (d->bias && !from_c)
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
+        if (!cols[h]) {
+          kiln_sbuf_printf(o, "          %%bv%d = arith.constant dense<0.0> : "
+                              "vector<16xf32>\n", h);
+          continue;
+        }
         kiln_sbuf_printf(o, "          %%bv%d = vector.transfer_read %s[%s], %%padf "
                             "{in_bounds = [%s]} : tensor<%lldxf32>, vector<16xf32>\n",
                          h, d->bias, h ? "%j16" : "%j", cols[h] == 16 ? "true" : "false",
                          d->N);
+      }
     char next[24];
     kiln_sbuf_printf(o,
         "        %%r2 = scf.for %%i = %%c0 to %%full step %%crm iter_args(%%c2t = %%c1t) "
@@ -831,9 +839,10 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   // 256 (their A block, 256 x kc floats, stays in L2 while the panels go
   // by), whole register tiles, the last block shorter; a symbolic M is cut
   // in quarters. Panels: where there are fewer than four row blocks, the
-  // panels are split into groups so that there are four blocks (a block
-  // streams all of its panels of Bp, so fewer, taller blocks read B fewer
-  // times). The last group also has the partial panel.
+  // panels are split into groups for about four blocks in all (fewer where
+  // there are fewer panels; a block streams all of its panels of Bp, so
+  // fewer, taller blocks read B fewer times). Groups take whole panels,
+  // none is empty, and the last also has the partial panel.
   long long PF = NF / 32, nbm = 4, NG = 1;
   if (!sym_m) {
     long long M = a->type.dims[0];
@@ -921,8 +930,10 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
 }
 
 // Where the f32 microkernel takes a matmul (AVX-512): f32 [M, K] x [K, N]
-// with K and N static (M may be symbolic) and work enough that packing B
-// pays for itself.
+// with K and N static, M·K·N at least 2^20 and M at least 32 rows, so the
+// per-call pack of B (K·N floats written and read again) is shared by at
+// least four register tiles. A symbolic M counts as 256 (a batch under
+// dynamic shapes; a call with a few rows still packs all of B).
 static bool f32_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
                             const kiln_tv_t *b) {
   if (!e->options.x86_f32_dot || e->options.cuda || a->type.dtype != KILN_F32 ||
@@ -931,7 +942,7 @@ static bool f32_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
     return false;
   int64_t m = KILN_IS_SYM(a->type.dims[0]) ? 256 : a->type.dims[0];
   int64_t k = b->type.dims[0], nn = b->type.dims[1];
-  return m >= 8 && k >= 16 && nn >= 16 && m * k * nn >= (int64_t)1 << 20;
+  return m >= 32 && k >= 16 && nn >= 16 && m * k * nn >= (int64_t)1 << 20;
 }
 
 // The untransposed source when matrix `value` is the transpose of another
@@ -958,7 +969,8 @@ static const kiln_tv_t *bf16_dot_bt(kiln_emitter_t *e, int value) {
 }
 
 // B = W^T of an f32 CPU matmul (a linear layer's weight) that the f32
-// microkernel does not take (no AVX-512), materialized in
+// microkernel does not take (no AVX-512, KILN_F32_DOT=0, or too small),
+// materialized in
 // rows of N + 16 floats where N * 4 is a multiple of 4 KiB: the transpose
 // is written anyway, and the matmul reads the [K, N] slice. Rows 4 KiB (a
 // multiple) apart put a register tile's loads of consecutive k in one L1
@@ -1033,8 +1045,12 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   double beta = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "beta", 1) : 0;
   double alpha = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "alpha", 1) : 1;
   bool bf16_dot = n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b);
+  // (A transposed lhs, grad_W = dY^T @ X, keeps the tiled matmul, which
+  // reads it through its indexing map instead of a materialized A^T.)
   bool f32_dot = !bf16_dot && n->op != KILN_OP_BMM && acc == KILN_F32 &&
-                 f32_dot_applies(e, a, b);
+                 f32_dot_applies(e, a, b) &&
+                 !(e->options.lhs_transpose_map &&
+                   transposed_source(e, n->operands[base].value));
   // The f32 microkernel starts from an [N] bias (addmm, alpha = beta = 1).
   const kiln_tv_t *f32_bias = NULL;
   if (f32_dot && n->op == KILN_OP_ADDMM && n->operands[0].kind == KILN_OPERAND_VALUE &&

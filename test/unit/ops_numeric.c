@@ -152,7 +152,8 @@ static const op_case_t kCases[] = {
     {"matmul", FLOATS, "graph @t(%c: $T[128], %a: $T[64,96], %b: $T[96,128]) {\n %d = aten.addmm(%c, %a, %b)\n"
                        " %e = aten.addmm(%c, %a, %b) {beta = 0.5}\n return %d, %e\n}"},
     // K in cache blocks of 256 (the [1024, 512] slab of B outgrows L2): the
-    // zero fill stays at the thread tile, ahead of the blocks.
+    // zero fill stays at the thread tile, ahead of the blocks (16 rows:
+    // under the f32 microkernel's 32).
     {"matmul", "f32", "graph @t(%a: $T[16,1024], %b: $T[1024,512]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     // bf16 shapes the AVX512-BF16 microkernel takes (K even; M of 8, 4 and
     // 2 rows per register tile; other N below), strided A included,
@@ -204,6 +205,11 @@ static const op_case_t kCases[] = {
                       " %d = aten.addmm(%c, %a, %t)\n %r = aten.relu(%d)\n return %r\n}"},
     {"matmul", "f32", "graph @t(%a: $T[512,128], %b: $T[128,20]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"matmul", "f32", "graph @t(%a: $T[600,96], %b: $T[96,256]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
+    // ... and addmms whose bias is added after it: beta and alpha, a [1, N]
+    // and an [M, N] bias.
+    {"matmul", "f32", "graph @t(%c: $T[96], %d: $T[1,96], %e: $T[128,96], %a: $T[128,256], %b: $T[256,96]) {\n"
+                      " %x = aten.addmm(%c, %a, %b) {beta = 0.5, alpha = 2.0}\n"
+                      " %y = aten.addmm(%d, %a, %b)\n %z = aten.addmm(%e, %a, %b)\n return %x, %y, %z\n}"},
     // AMX (where the CPU has it): 32x32 tiles over K in steps of 32, rows
     // past the last whole tile (8 of 136) on the vector microkernel, a
     // ragged last panel (N = 40); the f32 accumulator of an addmm with a
