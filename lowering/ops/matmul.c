@@ -47,6 +47,15 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
          (sym_m || a->type.dims[0] % 2 == 0);
 }
 
+// The columns of each 16-column half of a 32-column panel that lie inside
+// N: 16 for a whole panel (panel 0: the whole ones); for panel 1 (the
+// last, partial one) the first half's count and the second's (0: none).
+static void panel_cols(long long N, int panel, int cols[2]) {
+  long long w = panel ? N - N / 32 * 32 : 32;
+  cols[0] = (int)(w < 16 ? w : 16);
+  cols[1] = (int)(w > 16 ? w - 16 : 0);
+}
+
 // The rows of A a register tile reads, %gr<tag>0 .. rm - 1: %row0 + %i<tag>
 // + r. A masked tile (the block's last rows % rm rows, %tailn of them)
 // reads row min(r, %tailn - 1) in place of the rows past the end (and
@@ -526,12 +535,8 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   for (int panel = 0; panel < 2; ++panel) {
     long long lo = panel ? NF : 0, hi = panel ? N32 : NF;
     if (lo == hi) continue;
-    int cols[2] = {16, 16};
-    if (panel) {
-      long long w = N - NF;
-      cols[0] = (int)(w < 16 ? w : 16);
-      cols[1] = (int)(w > 16 ? w - 16 : 0);
-    }
+    int cols[2];
+    panel_cols(N, panel, cols);
     kiln_sbuf_printf(o,
         "      %%cl%d = arith.constant %lld : index\n"
         "      %%ch%d = arith.constant %lld : index\n"
@@ -701,12 +706,8 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
   for (int panel = 0; panel < 2; ++panel) {
     long long lo = panel ? NF : 0, hi = panel ? d->N32 : NF;
     if (lo == hi) continue;
-    int cols[2] = {16, 16};
-    if (panel) {
-      long long w = d->N - NF;
-      cols[0] = (int)(w < 16 ? w : 16);
-      cols[1] = (int)(w > 16 ? w - 16 : 0);
-    }
+    int cols[2];
+    panel_cols(d->N, panel, cols);
     kiln_sbuf_printf(o,
         "      %%%s_%d = scf.for %%j = %s to %s step %%c32 iter_args(%%c1t = %s) "
         "-> (%s) {\n"
