@@ -610,7 +610,9 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
 typedef struct f32_dot {
   int rm;                    // register tile rows
   long long K, N, N32, kc;   // sizes; kc: the K block
-  const char *a, *aty;       // A [M, K]
+  const char *a, *aty;       // A [M, K], or its source X [K, M] (a_t: A = X^T),
+  bool a_t, a_packed;        // or A packed [M/8, K, 8] (a_packed)
+  char ap[24];
   const char *bp, *bpty;     // packed B [N/32, K, 32] (whole panels)
   const char *bty;           // the block tensor's type
   const char *bias;          // addmm's [N] bias (NULL: zeros)
@@ -644,6 +646,9 @@ static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
                          tag, 2 * r + h, cur, tag, r, h ? "%jl16" : "%jl",
                          cols[h] == 16 ? "true" : "false", d->bty);
   }
+  if (d->a_packed)
+    kiln_sbuf_printf(o, "          %%at%s = affine.apply affine_map<(d0, d1) -> "
+                        "((d0 + d1) floordiv %d)>(%%row0, %%i%s)\n", tag, rm, tag);
   kiln_sbuf_printf(o, "          %%acc%s:%d = scf.for %%kk%s = %s to %s step %%c1 "
                       "iter_args(", tag, 2 * rm, tag, kb, ke);
   for (int t = 0; t < 2 * rm; ++t) {
@@ -676,10 +681,18 @@ static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
     }
   }
   for (int r = 0; r < rm; ++r) {
-    kiln_sbuf_printf(o,
-        "            %%as%s%d = tensor.extract %s[%%gr%s%d, %%kk%s] : %s\n"
-        "            %%a%s%d = vector.broadcast %%as%s%d : f32 to vector<16xf32>\n",
-        tag, r, d->a, tag, r, tag, d->aty, tag, r, tag, r);
+    // A^T read in place: X[k, m .. m + 7], one run of a row of X per k.
+    if (d->a_packed)
+      kiln_sbuf_printf(o, "            %%as%s%d = tensor.extract %s[%%at%s, %%kk%s, %%far%d] : "
+                          "%s\n", tag, r, d->a, tag, tag, r, d->aty);
+    else if (d->a_t)
+      kiln_sbuf_printf(o, "            %%as%s%d = tensor.extract %s[%%kk%s, %%gr%s%d] : %s\n",
+                       tag, r, d->a, tag, tag, r, d->aty);
+    else
+      kiln_sbuf_printf(o, "            %%as%s%d = tensor.extract %s[%%gr%s%d, %%kk%s] : %s\n",
+                       tag, r, d->a, tag, r, tag, d->aty);
+    kiln_sbuf_printf(o, "            %%a%s%d = vector.broadcast %%as%s%d : f32 to vector<16xf32>\n",
+                     tag, r, tag, r);
     for (int h = 0; h < 2; ++h)
       kiln_sbuf_printf(o, "            %%y%s%d = vector.fma %%a%s%d, %%b%s%d, %%x%s%d : "
                           "vector<16xf32>\n", tag, 2 * r + h, tag, r, tag, h, tag, 2 * r + h);
@@ -753,9 +766,9 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
 // one linalg.transpose of B's first NF columns viewed as [K, NF/32, 32]
 // (of W's first NF rows as [NF/32, 32, K]).
 static void emit_f32_pack(kiln_emitter_t *e, const kiln_tv_t *src, bool from_w,
-                          long long K, long long NF, char bp[24]) {
+                          long long K, long long NF, int pw, char bp[24]) {
   kiln_sbuf_t *o = &e->out;
-  long long PF = NF / 32;
+  long long PF = NF / pw;
   char sty[96], sl[24], x[24], init[24];
   kiln_mlir_tensor_type(&src->type, sty, sizeof(sty));
   kiln_emit_fresh(e, sl);
@@ -766,42 +779,44 @@ static void emit_f32_pack(kiln_emitter_t *e, const kiln_tv_t *src, bool from_w,
     kiln_sbuf_printf(o,
         "    %s = tensor.extract_slice %s[0, 0] [%lld, %lld] [1, 1] : %s to "
         "tensor<%lldx%lldxf32>\n"
-        "    %s = tensor.expand_shape %s [[0, 1], [2]] output_shape [%lld, 32, %lld] "
-        ": tensor<%lldx%lldxf32> into tensor<%lldx32x%lldxf32>\n"
-        "    %s = tensor.empty() : tensor<%lldx%lldx32xf32>\n"
-        "    %s = linalg.transpose ins(%s : tensor<%lldx32x%lldxf32>) outs(%s : "
-        "tensor<%lldx%lldx32xf32>) permutation = [0, 2, 1]\n",
-        sl, src->ssa, NF, K, sty, NF, K, x, sl, PF, K, NF, K, PF, K, init, PF, K, bp, x,
-        PF, K, init, PF, K);
+        "    %s = tensor.expand_shape %s [[0, 1], [2]] output_shape [%lld, %d, %lld] "
+        ": tensor<%lldx%lldxf32> into tensor<%lldx%dx%lldxf32>\n"
+        "    %s = tensor.empty() : tensor<%lldx%lldx%dxf32>\n"
+        "    %s = linalg.transpose ins(%s : tensor<%lldx%dx%lldxf32>) outs(%s : "
+        "tensor<%lldx%lldx%dxf32>) permutation = [0, 2, 1]\n",
+        sl, src->ssa, NF, K, sty, NF, K, x, sl, PF, pw, K, NF, K, PF, pw, K, init, PF, K,
+        pw, bp, x, PF, pw, K, init, PF, K, pw);
   else
     kiln_sbuf_printf(o,
         "    %s = tensor.extract_slice %s[0, 0] [%lld, %lld] [1, 1] : %s to "
         "tensor<%lldx%lldxf32>\n"
-        "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%lld, %lld, 32] "
-        ": tensor<%lldx%lldxf32> into tensor<%lldx%lldx32xf32>\n"
-        "    %s = tensor.empty() : tensor<%lldx%lldx32xf32>\n"
-        "    %s = linalg.transpose ins(%s : tensor<%lldx%lldx32xf32>) outs(%s : "
-        "tensor<%lldx%lldx32xf32>) permutation = [1, 0, 2]\n",
-        sl, src->ssa, K, NF, sty, K, NF, x, sl, K, PF, K, NF, K, PF, init, PF, K, bp, x,
-        K, PF, init, PF, K);
+        "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%lld, %lld, %d] "
+        ": tensor<%lldx%lldxf32> into tensor<%lldx%lldx%dxf32>\n"
+        "    %s = tensor.empty() : tensor<%lldx%lldx%dxf32>\n"
+        "    %s = linalg.transpose ins(%s : tensor<%lldx%lldx%dxf32>) outs(%s : "
+        "tensor<%lldx%lldx%dxf32>) permutation = [1, 0, 2]\n",
+        sl, src->ssa, K, NF, sty, K, NF, x, sl, K, PF, pw, K, NF, K, PF, pw, init, PF, K,
+        pw, bp, x, K, PF, pw, init, PF, K, pw);
 }
 
 // C (`init`, typed `oty`, every element written) = A @ B (+ bias), A the
-// value `a_value` ([M, K], M static or symbolic), B [K, N] static, or
-// given as its source W (`w`, B = W^T); `bias` an [N] tensor or NULL.
-static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
-                         const kiln_tv_t *w, const kiln_tv_t *bias, const char *init,
-                         const char *oty, char out[24]) {
+// value `a_value` ([M, K], M static or symbolic) or, where `xt` is given,
+// A = xt^T read in place (xt [K, M]: grad_W = dY^T @ X); B [K, N] static,
+// or given as its source W (`w`, B = W^T); `bias` an [N] tensor or NULL.
+static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
+                         const kiln_tv_t *b, const kiln_tv_t *w, const kiln_tv_t *bias,
+                         const char *init, const char *oty, char out[24]) {
   const kiln_tv_t *a = &e->values[a_value];
   kiln_sbuf_t *o = &e->out;
   long long K = a->type.dims[1], N = b->type.dims[1], N32 = (N + 31) / 32 * 32;
-  f32_dot_t d = {.rm = 8, .K = K, .N = N, .N32 = N32, .a = a->ssa, .bias = NULL};
+  f32_dot_t d = {.rm = 8, .K = K, .N = N, .N32 = N32, .a = xt ? xt->ssa : a->ssa,
+                 .a_t = xt != NULL, .bias = NULL};
   // K blocks of about 256 (a 32 KiB panel of Bp), equal but for the last.
   long long nkb = (K + 255) / 256;
   d.kc = (K + nkb - 1) / nkb;
   char bp[24] = "", aty[96], bpty[96], bty[96], msz[24], res[24], tail[24], tailty[96];
   long long NF = N / 32 * 32, W = N - NF;
-  if (NF) emit_f32_pack(e, w ? w : b, w != NULL, K, NF, bp);
+  if (NF) emit_f32_pack(e, w ? w : b, w != NULL, K, NF, 32, bp);
   d.bp = bp;
   if (W && w) {
     // The last panel's columns as [K, W]: W's last rows, transposed.
@@ -829,7 +844,18 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   d.tailty = tailty;
   kiln_emit_size_operand(e, &a->type, 0, msz);
   bool sym_m = KILN_IS_SYM(a->type.dims[0]);
-  snprintf(aty, sizeof(aty), "tensor<%sx%lldxf32>", sym_m ? "?" : msz, K);
+  if (xt && !sym_m && a->type.dims[0] % d.rm == 0) {
+    // A^T packed into [M/8, K, 8]: a tile's A is one contiguous run.
+    char ap[24];
+    emit_f32_pack(e, xt, false, K, a->type.dims[0], d.rm, ap);
+    snprintf(d.ap, sizeof(d.ap), "%s", ap);
+    d.a = d.ap;
+    d.a_packed = true;
+    snprintf(aty, sizeof(aty), "tensor<%lldx%lldx%dxf32>", (long long)a->type.dims[0] / d.rm, K, d.rm);
+  } else if (xt)
+    kiln_mlir_tensor_type(&xt->type, aty, sizeof(aty));
+  else
+    snprintf(aty, sizeof(aty), "tensor<%sx%lldxf32>", sym_m ? "?" : msz, K);
   snprintf(bpty, sizeof(bpty), "tensor<%lldx%lldx32xf32>", NF / 32, K);
   snprintf(bty, sizeof(bty), "tensor<?x?xf32>");
   d.aty = aty;
@@ -906,6 +932,8 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
       "      %%ke0 = arith.constant %lld : index\n",
       res, id, NG, init, oty, d.rm, id, mv, id, NF, N, N32, NG - 1, PG * 32,
       PG * 32, PG * 32, oty, bty, kc0);
+  for (int r = 0; d.a_packed && r < d.rm; ++r)
+    kiln_sbuf_printf(o, "      %%far%d = arith.constant %d : index\n", r, r);
   char blk[24];
   emit_f32_kblock(o, &d, "%cblk", false, "%kb0", "%ke0", "fk0", blk);
   if (K > kc0) {
@@ -944,6 +972,19 @@ static bool f32_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
   int64_t m = KILN_IS_SYM(a->type.dims[0]) ? 256 : a->type.dims[0];
   int64_t k = b->type.dims[0], nn = b->type.dims[1];
   return m >= 32 && k >= 16 && nn >= 16 && m * k * nn >= (int64_t)1 << 20;
+}
+
+// Whether the f32 microkernel takes a transposed lhs A = X^T (a weight
+// gradient, dY^T @ X) that f32_dot_applies accepts: from M·K·N of 2^24 on.
+// The microkernel then packs both operands per call; below that the tiled
+// matmul, reading A^T through its indexing map, is faster (kiln-run on the
+// Xeon: the GPT step's 64x512x64 0.015 against 0.045 ms, 256x512x64 0.055
+// against 0.086; the MLP step's 256x128x1024 and 1024x128x256 0.24-0.27
+// against 0.19).
+static bool f32_dot_transposed_applies(const kiln_tv_t *a, const kiln_tv_t *b,
+                                       const kiln_tv_t *x) {
+  return x->type.dtype == KILN_F32 && !KILN_IS_SYM(a->type.dims[0]) &&
+         a->type.dims[0] * a->type.dims[1] * b->type.dims[1] >= (int64_t)1 << 24;
 }
 
 // The untransposed source when matrix `value` is the transpose of another
@@ -1046,12 +1087,15 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   double beta = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "beta", 1) : 0;
   double alpha = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "alpha", 1) : 1;
   bool bf16_dot = n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b);
-  // (A transposed lhs, grad_W = dY^T @ X, keeps the tiled matmul, which
-  // reads it through its indexing map instead of a materialized A^T.)
+  // A transposed lhs (grad_W = dY^T @ X) is read in place by both the f32
+  // microkernel and the tiled matmul (through its indexing map), never
+  // materialized.
+  const kiln_tv_t *lhs_src = n->op != KILN_OP_BMM && e->options.lhs_transpose_map
+                                 ? transposed_source(e, n->operands[base].value)
+                                 : NULL;
   bool f32_dot = !bf16_dot && n->op != KILN_OP_BMM && acc == KILN_F32 &&
                  f32_dot_applies(e, a, b) &&
-                 !(e->options.lhs_transpose_map &&
-                   transposed_source(e, n->operands[base].value));
+                 (!lhs_src || f32_dot_transposed_applies(a, b, lhs_src));
   // The f32 microkernel starts from an [N] bias (addmm, alpha = beta = 1).
   const kiln_tv_t *f32_bias = NULL;
   if (f32_dot && n->op == KILN_OP_ADDMM && n->operands[0].kind == KILN_OPERAND_VALUE &&
@@ -1068,7 +1112,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     kiln_emit_empty(e, &at, init.ssa);
     const kiln_tv_t *w = transposed_source(e, n->operands[base + 1].value);
     if (w && (w->type.dtype != KILN_F32 || !kiln_type_is_static(&w->type))) w = NULL;
-    emit_f32_dot(e, n->operands[base].value, b, w, f32_bias, init.ssa, oty, mm.ssa);
+    emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, init.ssa, oty, mm.ssa);
     bias_init = f32_bias != NULL;  // the bias is in
   } else if (bf16_dot) {
     // Every element is written by the kernel: no fill.
@@ -1086,9 +1130,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &init));
     }
     kiln_emit_fresh(e, mm.ssa);
-    const kiln_tv_t *at_src = n->op != KILN_OP_BMM && e->options.lhs_transpose_map
-                                  ? transposed_source(e, n->operands[base].value)
-                                  : NULL;
+    const kiln_tv_t *at_src = lhs_src;
     if (at_src && e->options.cuda &&
         !(acc == KILN_F32 && at_src->type.dtype == KILN_F32 &&
           b->type.dtype == KILN_F32 && kiln_type_is_static(&at_src->type) &&

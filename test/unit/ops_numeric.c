@@ -210,6 +210,13 @@ static const op_case_t kCases[] = {
     {"matmul", "f32", "graph @t(%c: $T[96], %d: $T[1,96], %e: $T[128,96], %a: $T[128,256], %b: $T[256,96]) {\n"
                       " %x = aten.addmm(%c, %a, %b) {beta = 0.5, alpha = 2.0}\n"
                       " %y = aten.addmm(%d, %a, %b)\n %z = aten.addmm(%e, %a, %b)\n return %x, %y, %z\n}"},
+    // Weight gradients on the f32 microkernel (M·K·N from 2^24): A = X^T
+    // packed into [M/8, K, 8] (M = 264) or, with M = 260 not a multiple of
+    // the tile, read from X in place (a masked last tile); N = 1000 and
+    // 1010 end in partial panels.
+    {"matmul", "f32", "graph @t(%x: $T[64,264], %g: $T[64,1000], %y: $T[64,260], %h: $T[64,1010]) {\n"
+                      " %xt = aten.permute(%x) {dims = [1, 0]}\n %a = aten.mm(%xt, %g)\n"
+                      " %yt = aten.permute(%y) {dims = [1, 0]}\n %b = aten.mm(%yt, %h)\n return %a, %b\n}"},
     // AMX (where the CPU has it): 32x32 tiles over K in steps of 32, rows
     // past the last whole tile (8 of 136) on the vector microkernel, a
     // ragged last panel (N = 40); the f32 accumulator of an addmm with a
