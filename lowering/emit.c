@@ -24,6 +24,23 @@ const char *kiln_mlir_elem(kiln_dtype_t t) {
   }
 }
 
+const char *kiln_lane_type(const kiln_emitter_t *e, kiln_dtype_t t) {
+  if (!e->lanes) return kiln_mlir_elem(t);
+  // Only the microkernel's 16 f32 lanes (and the i32 / i1 vectors of the
+  // same shape that its math uses) are written.
+  switch (t) {
+    case KILN_F32: return "vector<16xf32>";
+    case KILN_I32: return "vector<16xi32>";
+    case KILN_BOOL: return "vector<16xi1>";
+    default: return "?";
+  }
+}
+
+const char *kiln_select_type(const kiln_emitter_t *e, kiln_dtype_t t) {
+  if (!e->lanes) return kiln_mlir_elem(t);
+  return t == KILN_I32 ? "vector<16xi1>, vector<16xi32>" : "vector<16xi1>, vector<16xf32>";
+}
+
 const char *kiln_mlir_storage_elem(kiln_dtype_t t) {
   return t == KILN_BOOL ? "i8" : kiln_mlir_elem(t);
 }
@@ -110,7 +127,11 @@ void kiln_emit_scalar_const(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_dtype_t t,
       uint32_t u;
       memcpy(&u, &f, 4);
       if (t == KILN_F32) {
-        kiln_sbuf_printf(b, "    %s = arith.constant 0x%08X : f32\n", ssa, u);
+        if (e->lanes)
+          kiln_sbuf_printf(b, "    %s = arith.constant dense<0x%08X> : %s\n", ssa, u,
+                           kiln_lane_type(e, t));
+        else
+          kiln_sbuf_printf(b, "    %s = arith.constant 0x%08X : f32\n", ssa, u);
         return;
       }
       char wide[24];
@@ -207,7 +228,7 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
                              kiln_op_id_t op, const kiln_node_t *attrs,
                              char v[3][24], kiln_dtype_t mt, char r[24],
                              kiln_dtype_t *r_dtype) {
-  const char *ty = kiln_mlir_elem(mt);
+  const char *ty = kiln_lane_type(e, mt);
   bool fl = kiln_dtype_is_float(mt), bo = mt == KILN_BOOL;
   *r_dtype = mt;
   char t1[24], t2[24], t3[24], c0[24], c1[24];
@@ -451,6 +472,35 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
 }
 
 // A bool block argument (i8 storage) to i1, in place of its name.
+bool kiln_lanes_op_supported(kiln_op_id_t op) {
+  switch (op) {
+    case KILN_OP_RELU:
+    case KILN_OP_GELU:
+    case KILN_OP_SIGMOID:
+    case KILN_OP_TANH:
+    case KILN_OP_EXP:
+    case KILN_OP_ERF:
+    case KILN_OP_NEG:
+    case KILN_OP_ABS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void kiln_emit_lanes_op(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_op_id_t op,
+                        const kiln_node_t *attrs, const char *x, char out[24]) {
+  char v[3][24];
+  snprintf(v[0], 24, "%s", x);
+  kiln_dtype_t rdt;
+  int saved = e->lanes;
+  e->lanes = 16;
+  // The ops above all succeed on f32 (body_op fails only for ops it does
+  // not know).
+  (void)body_op(e, b, op, attrs, v, KILN_F32, out, &rdt);
+  e->lanes = saved;
+}
+
 static void load_bool(kiln_emitter_t *e, kiln_sbuf_t *b, char name[24]) {
   char zero[24], r[24];
   kiln_emit_fresh(e, zero);

@@ -35,7 +35,27 @@ typedef struct kiln_emitter {
   char (*sym_ssa)[24];      // index SSA value of each symbolic size
   kiln_lower_options_t options;
   const bool *input_strided;  // per graph input (NULL: all contiguous)
+  // Nonzero while an elementwise body is written on vector<lanes x T>
+  // values instead of scalars (kiln_emit_lanes_op).
+  int lanes;
+  // Per node: lowered together with an earlier node (an epilogue the f32
+  // microkernel applies as it stores); the node loop skips it.
+  bool *node_done;
 } kiln_emitter_t;
+
+// The type scalar arithmetic on `t` is written in: kiln_mlir_elem(t), or
+// with e->lanes set "vector<lanes x t>" (f32, i32 and i1 only).
+const char *kiln_lane_type(const kiln_emitter_t *e, kiln_dtype_t t);
+// The type list an arith.select on `t` values prints: "f32", or with
+// e->lanes set "vector<16xi1>, vector<16xf32>".
+const char *kiln_select_type(const kiln_emitter_t *e, kiln_dtype_t t);
+// Whether kiln_emit_lanes_op writes `op` (unary f32 ops whose bodies are
+// plain arithmetic: relu, gelu, sigmoid, tanh, exp, erf, neg, abs).
+bool kiln_lanes_op_supported(kiln_op_id_t op);
+// Elementwise `op` (attributes from `attrs`, which may be NULL) on a
+// vector<16xf32> value `x`, written into `b`; `out` gets the result.
+void kiln_emit_lanes_op(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_op_id_t op,
+                        const kiln_node_t *attrs, const char *x, char out[24]);
 
 // Fresh SSA name "%t<N>".
 void kiln_emit_fresh(kiln_emitter_t *e, char ssa[24]);

@@ -55,9 +55,11 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   kiln_sbuf_init(&e.out);
   e.values = calloc((size_t)g->value_count + 1, sizeof(kiln_tv_t));
   e.sym_ssa = calloc((size_t)g->symbol_count + 1, sizeof(*e.sym_ssa));
-  if (!e.values || !e.sym_ssa) {
+  e.node_done = calloc((size_t)g->node_count + 1, sizeof(bool));
+  if (!e.values || !e.sym_ssa || !e.node_done) {
     free(e.values);
     free(e.sym_ssa);
+    free(e.node_done);
     return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
   }
   // Every symbolic size is read once, from the first input that has it:
@@ -122,6 +124,7 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   kiln_status_t s = NULL;
   for (int i = 0; i < g->node_count && !s; ++i) {
     const kiln_node_t *n = &g->nodes[i];
+    if (e.node_done[i]) continue;  // lowered with an earlier node
     e.node = n;
     kiln_lower_fn fn = lowering_for(n);
     if (!fn) {
@@ -184,6 +187,7 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   kiln_sbuf_puts(&e.out, "    return\n}\n");
   free(e.values);
   free(e.sym_ssa);
+  free(e.node_done);
   if (s) {
     kiln_sbuf_free(&head);
     kiln_sbuf_free(&e.out);

@@ -17,20 +17,35 @@
 
 #include "emit.h"
 
+// The types arithmetic is written in: f32 / i32 scalars (a linalg body), or
+// vectors of e->lanes of them (the f32 microkernel's epilogue).
+static const char *FT(const kiln_emitter_t *e) { return kiln_lane_type(e, KILN_F32); }
+static const char *IT(const kiln_emitter_t *e) { return kiln_lane_type(e, KILN_I32); }
+// "T" for a scalar select, "vector<Nxi1>, T" for a vector one.
+static const char *ST(const kiln_emitter_t *e) { return kiln_select_type(e, KILN_F32); }
+
 static void c(kiln_emitter_t *e, kiln_sbuf_t *b, double v, char out[24]) {
   kiln_emit_scalar_const(e, b, KILN_F32, v, out);
+}
+
+static void iconst(kiln_emitter_t *e, kiln_sbuf_t *b, int32_t v, char out[24]) {
+  kiln_emit_fresh(e, out);
+  if (e->lanes)
+    kiln_sbuf_printf(b, "    %s = arith.constant dense<%d> : %s\n", out, v, IT(e));
+  else
+    kiln_sbuf_printf(b, "    %s = arith.constant %d : %s\n", out, v, IT(e));
 }
 
 static void op2(kiln_emitter_t *e, kiln_sbuf_t *b, const char *op,
                 const char *x, const char *y, char out[24]) {
   kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = %s %s, %s : f32\n", out, op, x, y);
+  kiln_sbuf_printf(b, "    %s = %s %s, %s : %s\n", out, op, x, y, FT(e));
 }
 
 static void fma3(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
                  const char *y, const char *z, char out[24]) {
   kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = math.fma %s, %s, %s : f32\n", out, x, y, z);
+  kiln_sbuf_printf(b, "    %s = math.fma %s, %s, %s : %s\n", out, x, y, z, FT(e));
 }
 
 // Horner: scale * (coef[0] * x^(n-1) + ... + coef[n-1]), each step one
@@ -62,11 +77,11 @@ static void clamp_side(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   char k[24];
   kiln_emit_fresh(e, k);
   if (upper)
-    kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : f32\n", k, c, x);
+    kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : %s\n", k, c, x, FT(e));
   else
-    kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : f32\n", k, x, c);
+    kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : %s\n", k, x, c, FT(e));
   kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", out, k, c, x);
+  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", out, k, c, x, ST(e));
 }
 
 // e^x = 2^n e^r, n = round(x / ln2), r = x - n ln2 (Cody-Waite, ln2 in two
@@ -114,29 +129,22 @@ static void emit_exp(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   horner(e, b, r, P, (int)(sizeof(P) / sizeof(P[0])), 2.0, true, p);
   // bits(t) = bits(1.5 * 2^23) + n; 2^(n-1) = (n + 126) << 23.
   kiln_emit_fresh(e, bits);
-  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : f32 to i32\n", bits, t);
-  kiln_emit_fresh(e, bias);
-  kiln_sbuf_printf(b, "    %s = arith.constant %d : i32\n", bias, 126 - 0x4B400000);
+  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : %s to %s\n", bits, t, FT(e), IT(e));
+  iconst(e, b, 126 - 0x4B400000, bias);
   kiln_emit_fresh(e, t);
-  kiln_sbuf_printf(b, "    %s = arith.addi %s, %s : i32\n", t, bits, bias);
-  kiln_emit_fresh(e, sh);
-  kiln_sbuf_printf(b, "    %s = arith.constant 23 : i32\n", sh);
+  kiln_sbuf_printf(b, "    %s = arith.addi %s, %s : %s\n", t, bits, bias, IT(e));
+  iconst(e, b, 23, sh);
   kiln_emit_fresh(e, eb);
-  kiln_sbuf_printf(b, "    %s = arith.shli %s, %s : i32\n", eb, t, sh);
+  kiln_sbuf_printf(b, "    %s = arith.shli %s, %s : %s\n", eb, t, sh, IT(e));
   kiln_emit_fresh(e, pow2);
-  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : i32 to f32\n", pow2, eb);
+  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : %s to %s\n", pow2, eb, IT(e), FT(e));
   op2(e, b, "arith.mulf", p, pow2, out);
 }
 
 static void ibin(kiln_emitter_t *e, kiln_sbuf_t *b, const char *op,
                  const char *x, const char *y, char out[24]) {
   kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = %s %s, %s : i32\n", out, op, x, y);
-}
-
-static void iconst(kiln_emitter_t *e, kiln_sbuf_t *b, int32_t v, char out[24]) {
-  kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = arith.constant %d : i32\n", out, v);
+  kiln_sbuf_printf(b, "    %s = %s %s, %s : %s\n", out, op, x, y, IT(e));
 }
 
 static void fselect(kiln_emitter_t *e, kiln_sbuf_t *b, const char *pred,
@@ -144,9 +152,9 @@ static void fselect(kiln_emitter_t *e, kiln_sbuf_t *b, const char *pred,
                     char out[24]) {
   char k[24];
   kiln_emit_fresh(e, k);
-  kiln_sbuf_printf(b, "    %s = arith.cmpf %s, %s, %s : f32\n", k, pred, x, y);
+  kiln_sbuf_printf(b, "    %s = arith.cmpf %s, %s, %s : %s\n", k, pred, x, y, FT(e));
   kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", out, k, t, f);
+  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", out, k, t, f, ST(e));
 }
 
 // log x = k ln2 + log(1 + f), x = (1 + f) 2^k with 1 + f in [sqrt(1/2),
@@ -177,13 +185,13 @@ static void emit_log(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   {
     char q[24];
     kiln_emit_fresh(e, q);
-    kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : f32\n", q, x, tiny);
+    kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : %s\n", q, x, tiny, FT(e));
     kiln_emit_fresh(e, kadj);
-    kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : i32\n", kadj, q, sub,
-                     zero_i);
+    kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", kadj, q, sub,
+                     zero_i, kiln_select_type(e, KILN_I32));
   }
   kiln_emit_fresh(e, bits);
-  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : f32 to i32\n", bits, xs);
+  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : %s to %s\n", bits, xs, FT(e), IT(e));
   iconst(e, b, 0x3f3504f3, sq);  // sqrt(1/2)
   ibin(e, b, "arith.subi", bits, sq, ix);
   iconst(e, b, 23, sh);
@@ -193,11 +201,11 @@ static void emit_log(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   ibin(e, b, "arith.andi", ix, mask, lo);
   ibin(e, b, "arith.addi", lo, sq, mb);
   kiln_emit_fresh(e, m);
-  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : i32 to f32\n", m, mb);
+  kiln_sbuf_printf(b, "    %s = arith.bitcast %s : %s to %s\n", m, mb, IT(e), FT(e));
   c(e, b, 1.0, one);
   op2(e, b, "arith.subf", m, one, f);
   kiln_emit_fresh(e, kf);
-  kiln_sbuf_printf(b, "    %s = arith.sitofp %s : i32 to f32\n", kf, k);
+  kiln_sbuf_printf(b, "    %s = arith.sitofp %s : %s to %s\n", kf, k, IT(e), FT(e));
   op2(e, b, "arith.mulf", f, f, z);
   horner(e, b, f, P, (int)(sizeof(P) / sizeof(P[0])), 1.0, true, p);
   op2(e, b, "arith.mulf", f, z, fz);
@@ -227,19 +235,19 @@ static void odd_select(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   char zero[24], neg[24], nl[24], signed_l[24], lim[24], is_small[24];
   c(e, b, 0.0, zero);
   kiln_emit_fresh(e, neg);
-  kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : f32\n", neg, x, zero);
+  kiln_sbuf_printf(b, "    %s = arith.cmpf olt, %s, %s : %s\n", neg, x, zero, FT(e));
   kiln_emit_fresh(e, nl);
-  kiln_sbuf_printf(b, "    %s = arith.negf %s : f32\n", nl, large);
+  kiln_sbuf_printf(b, "    %s = arith.negf %s : %s\n", nl, large, FT(e));
   kiln_emit_fresh(e, signed_l);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", signed_l, neg,
-                   nl, large);
+  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", signed_l, neg,
+                   nl, large, ST(e));
   c(e, b, limit, lim);
   kiln_emit_fresh(e, is_small);
-  kiln_sbuf_printf(b, "    %s = arith.cmpf ult, %s, %s : f32\n", is_small, ax,
-                   lim);
+  kiln_sbuf_printf(b, "    %s = arith.cmpf ult, %s, %s : %s\n", is_small, ax,
+                   lim, FT(e));
   kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : f32\n", out, is_small,
-                   small, signed_l);
+  kiln_sbuf_printf(b, "    %s = arith.select %s, %s, %s : %s\n", out, is_small,
+                   small, signed_l, ST(e));
 }
 
 static void emit_tanh(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
@@ -258,7 +266,7 @@ static void emit_tanh(kiln_emitter_t *e, kiln_sbuf_t *b, const char *x,
   op2(e, b, "arith.addf", t2, x, small_r);
   // otherwise 1 - 2 / (e^{2|x|} + 1), with the sign of x
   kiln_emit_fresh(e, ax);
-  kiln_sbuf_printf(b, "    %s = math.absf %s : f32\n", ax, x);
+  kiln_sbuf_printf(b, "    %s = math.absf %s : %s\n", ax, x, FT(e));
   c(e, b, 2.0, two);
   c(e, b, 1.0, one);
   op2(e, b, "arith.mulf", ax, two, t);
@@ -315,6 +323,5 @@ void kiln_emit_math(kiln_emitter_t *e, kiln_sbuf_t *b, const char *fn,
   }
   if (strcmp(fn, "exp_nonpositive") == 0) fn = "exp";
   kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(b, "    %s = math.%s %s : %s\n", out, fn, x,
-                   kiln_mlir_elem(mt));
+  kiln_sbuf_printf(b, "    %s = math.%s %s : %s\n", out, fn, x, kiln_lane_type(e, mt));
 }

@@ -72,14 +72,16 @@ static void emit_tile_rows(kiln_sbuf_t *o, int rm, const char *tag, bool masked)
   }
 }
 
-// Writes a register tile's accumulators %acc<tag>#0 .. #2rm-1 (row r's two
-// 16-column halves at 2r, 2r + 1) into rows %i<tag> + r, columns jc[0] and
+// Writes a register tile's accumulators %acc<tag>#0 .. #2rm-1 (or, where
+// `vals` is given, the values named there; row r's two 16-column halves at
+// 2r, 2r + 1) into rows %i<tag> + r, columns jc[0] and
 // jc[1] of the block tensor `cur` (typed `bty`), rounded to bf16 where
 // `store_bf16`; `cols` as for the tile, and in a masked tile only rows
 // below %tailn are written. `next` gets the tensor after the writes.
 static void emit_tile_store(kiln_sbuf_t *o, int rm, const char *tag, const char *cur,
                             const char *bty, const char *el, bool store_bf16, bool masked,
-                            const int cols[2], const char *const jc[2], char next[24]) {
+                            const int cols[2], const char *const jc[2],
+                            char (*vals)[24], char next[24]) {
   char prev[24];
   snprintf(prev, sizeof(prev), "%s", cur);
   for (int r = 0; r < rm; ++r) {
@@ -92,7 +94,10 @@ static void emit_tile_store(kiln_sbuf_t *o, int rm, const char *tag, const char 
       const char *inb = cols[h] == 16 ? "true" : "false";
       char w[24], val[24];
       snprintf(w, sizeof(w), "%%w%s%d", tag, 2 * r + h);
-      snprintf(val, sizeof(val), "%%acc%s#%d", tag, 2 * r + h);
+      if (vals)
+        snprintf(val, sizeof(val), "%s", vals[2 * r + h]);
+      else
+        snprintf(val, sizeof(val), "%%acc%s#%d", tag, 2 * r + h);
       if (store_bf16) {
         kiln_sbuf_printf(o, "          %%tr%s%d = arith.truncf %s : vector<16xf32> "
                             "to vector<16xbf16>\n", tag, 2 * r + h, val);
@@ -174,7 +179,7 @@ static void emit_bf16_tile(kiln_sbuf_t *o, int rm, const char *tag, const char *
     kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
   kiln_sbuf_puts(o, "\n          }\n");
   static const char *const jc[2] = {"%j", "%j16"};
-  emit_tile_store(o, rm, tag, cur, bty, el, store_bf16, masked, cols, jc, next);
+  emit_tile_store(o, rm, tag, cur, bty, el, store_bf16, masked, cols, jc, NULL, next);
 }
 
 // Whether matrix `value` is certain to have unit inner stride once
@@ -620,14 +625,18 @@ typedef struct f32_dot {
   // place, masked: `tail` ([K, N] B, or [K, N % 32] of W^T) from column
   // `tail_col0` (%j, or %c0).
   const char *tail, *tailty, *tail_col0;
+  // An elementwise op applied to the last K block's accumulators as they
+  // are stored (kiln_emit_lanes_op), or NULL.
+  const kiln_node_t *epi;
+  kiln_emitter_t *e;
 } f32_dot_t;
 
 // One register tile of the K block [kb, ke) (index values): rows %i<tag>
 // .. + rm - 1 of the block at %row0, columns %j .. %j + 31 (%jl in the
 // block), starting from C (`from_c`) or from zeros / the bias.
 static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
-                          const char *cur, bool masked, bool from_c, const int cols[2],
-                          const char *kb, const char *ke, char next[24]) {
+                          const char *cur, bool masked, bool from_c, bool last,
+                          const int cols[2], const char *kb, const char *ke, char next[24]) {
   int rm = d->rm;
   emit_tile_rows(o, rm, tag, masked);
   bool partial = cols[0] < 16 || cols[1] < 16;
@@ -703,16 +712,25 @@ static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
   for (int t = 0; t < 2 * rm; ++t) kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
   kiln_sbuf_puts(o, "\n          }\n");
   static const char *const jc[2] = {"%jl", "%jl16"};
-  emit_tile_store(o, rm, tag, cur, d->bty, "f32", false, masked, cols, jc, next);
+  // The epilogue, on each accumulator in registers.
+  char ev[32][24];
+  bool epi = last && d->epi;
+  for (int t = 0; epi && t < 2 * rm; ++t) {
+    char acc[24];
+    snprintf(acc, sizeof(acc), "%%acc%s#%d", tag, t);
+    kiln_emit_lanes_op(d->e, o, d->epi->op, d->epi, acc, ev[t]);
+  }
+  emit_tile_store(o, rm, tag, cur, d->bty, "f32", false, masked, cols, jc, epi ? ev : NULL,
+                  next);
 }
 
 // One K block, [kb, ke), over every panel of the row block `in`: the full
 // panels, then (N not a multiple of 32) the last, whose columns past N are
 // neither read nor written. Results are named %<res>_<panel>; `out` gets
-// the last.
+// the last. The last K block (`last`) applies the epilogue as it stores.
 static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
-                            bool from_c, const char *kb, const char *ke, const char *res,
-                            char out[24]) {
+                            bool from_c, bool last, const char *kb, const char *ke,
+                            const char *res, char out[24]) {
   long long NF = d->N / 32 * 32;
   char cur[24];
   snprintf(cur, sizeof(cur), "%s", in);
@@ -745,13 +763,13 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
     kiln_sbuf_printf(o,
         "        %%r2 = scf.for %%i = %%c0 to %%full step %%crm iter_args(%%c2t = %%c1t) "
         "-> (%s) {\n", d->bty);
-    emit_f32_tile(o, d, "", "%c2t", false, from_c, cols, kb, ke, next);
+    emit_f32_tile(o, d, "", "%c2t", false, from_c, last, cols, kb, ke, next);
     kiln_sbuf_printf(o, "          scf.yield %s : %s\n        }\n"
                         "        %%hastail = arith.cmpi ugt, %%tailn, %%c0 : index\n"
                         "        %%r3 = scf.if %%hastail -> (%s) {\n"
                         "          %%it = arith.addi %%full, %%c0 : index\n",
                      next, d->bty, d->bty);
-    emit_f32_tile(o, d, "t", "%r2", true, from_c, cols, kb, ke, next);
+    emit_f32_tile(o, d, "t", "%r2", true, from_c, last, cols, kb, ke, next);
     kiln_sbuf_printf(o, "          scf.yield %s : %s\n        } else {\n"
                         "          scf.yield %%r2 : %s\n        }\n"
                         "        scf.yield %%r3 : %s\n      }\n",
@@ -799,18 +817,20 @@ static void emit_f32_pack(kiln_emitter_t *e, const kiln_tv_t *src, bool from_w,
         pw, bp, x, K, PF, pw, init, PF, K, pw);
 }
 
-// C (`init`, typed `oty`, every element written) = A @ B (+ bias), A the
+// C (`init`, typed `oty`, every element written) = epi(A @ B (+ bias)), A the
 // value `a_value` ([M, K], M static or symbolic) or, where `xt` is given,
 // A = xt^T read in place (xt [K, M]: grad_W = dY^T @ X); B [K, N] static,
-// or given as its source W (`w`, B = W^T); `bias` an [N] tensor or NULL.
+// or given as its source W (`w`, B = W^T); `bias` an [N] tensor or NULL;
+// `epi` a unary elementwise node (kiln_lanes_op_supported) or NULL.
 static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
                          const kiln_tv_t *b, const kiln_tv_t *w, const kiln_tv_t *bias,
-                         const char *init, const char *oty, char out[24]) {
+                         const kiln_node_t *epi, const char *init, const char *oty,
+                         char out[24]) {
   const kiln_tv_t *a = &e->values[a_value];
   kiln_sbuf_t *o = &e->out;
   long long K = a->type.dims[1], N = b->type.dims[1], N32 = (N + 31) / 32 * 32;
   f32_dot_t d = {.rm = 8, .K = K, .N = N, .N32 = N32, .a = xt ? xt->ssa : a->ssa,
-                 .a_t = xt != NULL, .bias = NULL};
+                 .a_t = xt != NULL, .bias = NULL, .epi = epi, .e = e};
   // K blocks of about 256 (a 32 KiB panel of Bp), equal but for the last.
   long long nkb = (K + 255) / 256;
   d.kc = (K + nkb - 1) / nkb;
@@ -935,18 +955,29 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   for (int r = 0; d.a_packed && r < d.rm; ++r)
     kiln_sbuf_printf(o, "      %%far%d = arith.constant %d : index\n", r, r);
   char blk[24];
-  emit_f32_kblock(o, &d, "%cblk", false, "%kb0", "%ke0", "fk0", blk);
-  if (K > kc0) {
+  emit_f32_kblock(o, &d, "%cblk", false, K <= kc0, "%kb0", "%ke0", "fk0", blk);
+  // The other K blocks; with an epilogue the last one is peeled off the
+  // loop, to store through it.
+  long long kend = d.epi ? (K + d.kc - 1) / d.kc * d.kc - d.kc : K;
+  if (K > kc0 && kend > kc0) {
     kiln_sbuf_printf(o,
         "      %%ckc = arith.constant %lld : index\n"
         "      %%ck = arith.constant %lld : index\n"
         "      %%fkl = scf.for %%kb = %%ckc to %%ck step %%ckc iter_args(%%kt = %s) -> (%s) {\n"
         "      %%ke = affine.min affine_map<(d0) -> (d0 + %lld, %lld)>(%%kb)\n",
-        d.kc, K, blk, bty, d.kc, K);
+        d.kc, kend, blk, bty, d.kc, K);
     char nb[24];
-    emit_f32_kblock(o, &d, "%kt", true, "%kb", "%ke", "fk1", nb);
+    emit_f32_kblock(o, &d, "%kt", true, false, "%kb", "%ke", "fk1", nb);
     kiln_sbuf_printf(o, "      scf.yield %s : %s\n      }\n", nb, bty);
     snprintf(blk, sizeof(blk), "%%fkl");
+  }
+  if (K > kc0 && d.epi) {
+    kiln_sbuf_printf(o,
+        "      %%kbl = arith.constant %lld : index\n"
+        "      %%kel = arith.constant %lld : index\n", kend, K);
+    char nb[24];
+    emit_f32_kblock(o, &d, blk, true, true, "%kbl", "%kel", "fk2", nb);
+    snprintf(blk, sizeof(blk), "%s", nb);
   }
   kiln_sbuf_printf(o,
       "      scf.forall.in_parallel {\n"
@@ -1056,6 +1087,36 @@ static bool emit_padded_bt(kiln_emitter_t *e, const kiln_tv_t *a, const kiln_tv_
   return true;
 }
 
+// The node that can run as the f32 microkernel's epilogue: the only user
+// of `n`'s result, a unary f32 elementwise op (kiln_lanes_op_supported) of
+// the same shape; the result is no graph output and no stored mutation.
+// Its index, or -1.
+static int epilogue_node(const kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_graph_t *g = e->g;
+  int32_t v = n->results[0];
+  for (int i = 0; i < g->output_count; ++i)
+    if (g->outputs[i] == v) return -1;
+  for (int i = 0; i < g->mutation_count; ++i)
+    if (g->mutations[i].value == v) return -1;
+  int found = -1;
+  for (int i = (int)(n - g->nodes) + 1; i < g->node_count; ++i) {
+    const kiln_node_t *c = &g->nodes[i];
+    for (int k = 0; k < c->operand_count; ++k) {
+      if (c->operands[k].kind != KILN_OPERAND_VALUE || c->operands[k].value != v) continue;
+      if (found >= 0 || k != 0 || c->operand_count != 1 || !kiln_lanes_op_supported(c->op))
+        return -1;
+      found = i;
+    }
+  }
+  if (found < 0) return -1;
+  const kiln_type_t *rt = &g->values[g->nodes[found].results[0]].type;
+  const kiln_type_t *mt = &g->values[v].type;
+  if (rt->dtype != KILN_F32 || rt->rank != mt->rank) return -1;
+  for (int d = 0; d < rt->rank; ++d)
+    if (rt->dims[d] != mt->dims[d]) return -1;
+  return found;
+}
+
 kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   int base = n->op == KILN_OP_ADDMM ? 1 : 0;
   const kiln_tv_t *a = &e->values[n->operands[base].value];
@@ -1112,8 +1173,23 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     kiln_emit_empty(e, &at, init.ssa);
     const kiln_tv_t *w = transposed_source(e, n->operands[base + 1].value);
     if (w && (w->type.dtype != KILN_F32 || !kiln_type_is_static(&w->type))) w = NULL;
-    emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, init.ssa, oty, mm.ssa);
+    // An elementwise consumer (bias + GELU, relu) runs on the accumulators
+    // as they are stored: the product itself is never written. Only where
+    // nothing is added after the kernel (mm, or addmm with the bias in).
+    int epi = n->op == KILN_OP_MM || f32_bias ? epilogue_node(e, n) : -1;
+    const kiln_node_t *epi_node = epi >= 0 ? &e->g->nodes[epi] : NULL;
+    emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, epi_node, init.ssa,
+                 oty, mm.ssa);
     bias_init = f32_bias != NULL;  // the bias is in
+    if (epi_node) {
+      // The consumer's result is the kernel's output; the product (the
+      // consumer its only reader) gets the same value, never read.
+      mm.type = *rt;
+      kiln_emit_set_result(e, epi_node, 0, &mm);
+      kiln_emit_set_result(e, n, 0, &mm);
+      e->node_done[epi] = true;
+      return NULL;
+    }
   } else if (bf16_dot) {
     // Every element is written by the kernel: no fill.
     kiln_emit_empty(e, &at, init.ssa);

@@ -210,6 +210,19 @@ static const op_case_t kCases[] = {
     {"matmul", "f32", "graph @t(%c: $T[96], %d: $T[1,96], %e: $T[128,96], %a: $T[128,256], %b: $T[256,96]) {\n"
                       " %x = aten.addmm(%c, %a, %b) {beta = 0.5, alpha = 2.0}\n"
                       " %y = aten.addmm(%d, %a, %b)\n %z = aten.addmm(%e, %a, %b)\n return %x, %y, %z\n}"},
+    // Epilogues the f32 microkernel applies as it stores (the product's
+    // only user, unary): GELU (erf and tanh forms) after three K blocks
+    // (the last peeled off the loop), sigmoid after one, on a masked last
+    // tile and a partial panel; not fused where the product is also an
+    // output or has two users.
+    {"matmul", "f32", "graph @t(%c: $T[70], %a: $T[100,600], %w: $T[70,600], %b: $T[600,40]) {\n"
+                      " %t = aten.permute(%w) {dims = [1, 0]}\n %d = aten.addmm(%c, %a, %t)\n"
+                      " %g = aten.gelu(%d)\n %e = aten.mm(%a, %b)\n %h = aten.gelu(%e) {approximate = \"tanh\"}\n"
+                      " return %g, %h\n}"},
+    {"matmul", "f32", "graph @t(%a: $T[72,200], %b: $T[200,96], %c: $T[200,64]) {\n"
+                      " %d = aten.mm(%a, %b)\n %s = aten.sigmoid(%d)\n %e = aten.mm(%a, %c)\n"
+                      " %r = aten.relu(%e)\n %n = aten.neg(%e)\n %f = aten.mm(%a, %c)\n %t = aten.tanh(%f)\n"
+                      " return %s, %r, %n, %t, %f\n}"},
     // Weight gradients on the f32 microkernel (M·K·N from 2^24): A = X^T
     // packed into [M/8, K, 8] (M = 264) or, with M = 260 not a multiple of
     // the tile, read from X in place (a masked last tile); N = 1000 and
