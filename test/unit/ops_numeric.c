@@ -295,6 +295,20 @@ static const op_case_t kCases[] = {
     // Composites.
     {"softmax", FLOATS, "graph @t(%x: $T[4,33]) {\n %a = aten._softmax(%x) {dim = -1}\n %b = aten._softmax(%x) {dim = 0}\n"
                         " %c = aten._log_softmax(%x) {dim = 1}\n return %a, %b, %c\n}"},
+    // Short f32 rows (C a multiple of 16, up to 1024) in one pass
+    // (lowering/ops/nn.c): two rows per step (48 rows) or one (15 rows);
+    // a positive scale read with the rows where the softmax is its only
+    // user, not where the scaled tensor has another; masked (-inf) entries,
+    // a row of -inf and a row with a NaN (NaN rows, as in PyTorch).
+    {"softmax", "f32", "graph @t(%x: $T[6,8,48], %y: $T[3,5,32]) {\n"
+                       " %a = aten._softmax(%x) {dim = -1}\n %b = aten._log_softmax(%x) {dim = 2}\n"
+                       " %s = aten.mul(%x, 0.125)\n %c = aten._softmax(%s) {dim = -1}\n"
+                       " %u = aten.mul(%y, 3.0)\n %d = aten._softmax(%u) {dim = -1}\n"
+                       " %f = aten._log_softmax(%y) {dim = -1}\n return %a, %b, %c, %d, %f, %u\n}"},
+    {"softmax", "f32", "graph @t(%x: $T[3]) {\n"
+                       " %c = kiln.constant() {value = [1.5, -2.0, 88.0, -100.0, 0.25, 3.0, -0.5, 7.0, 80.0, -3.0, 0.0, 1.0, 2.0, -88.0, 5.0, 0.5, -inf, 1.0, -inf, 2.0, 0.5, -inf, -inf, 3.0, 0.0, -inf, 1.0, -inf, -1.0, -inf, 2.5, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, 1.0, 2.0, nan, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1.0, 2.0, 3.0]} : $T[4,16]\n"
+                       " %a = aten._softmax(%c) {dim = -1}\n %b = aten._log_softmax(%c) {dim = 1}\n"
+                       " %y = aten.neg(%x)\n return %a, %b, %y\n}"},
     // Above 8 MB softmax runs in blocks of rows (lowering/ops/nn.c).
     {"softmax", "f32 bf16", "graph @t(%x: $T[2,260,4100]) {\n %a = aten._softmax(%x) {dim = -1}\n"
                             " %b = aten._log_softmax(%x) {dim = 2}\n return %a, %b\n}"},
