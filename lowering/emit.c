@@ -471,7 +471,6 @@ static kiln_status_t body_op(kiln_emitter_t *e, kiln_sbuf_t *b,
   }
 }
 
-// A bool block argument (i8 storage) to i1, in place of its name.
 bool kiln_lanes_op_supported(kiln_op_id_t op) {
   switch (op) {
     case KILN_OP_RELU:
@@ -501,6 +500,7 @@ void kiln_emit_lanes_op(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_op_id_t op,
   e->lanes = saved;
 }
 
+// A bool block argument (i8 storage) to i1, in place of its name.
 static void load_bool(kiln_emitter_t *e, kiln_sbuf_t *b, char name[24]) {
   char zero[24], r[24];
   kiln_emit_fresh(e, zero);

@@ -608,10 +608,11 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
 // addmms add theirs after), later ones from C. The block's last rows % 8
 // rows run as one masked tile. N not a multiple of 32: the last panel
 // reads its columns masked, from B in place (from a [K, N % 32]
-// transpose of W's last rows when B = W^T). (Tried and not kept:
-// A packed into [M/8, K, 8] as well, K unrolled by 2 or 4 in the tile,
-// 12- and 14-row tiles, kc of 128 or 512: all within the noise of the
-// above; 16-row tiles spill.)
+// transpose of W's last rows when B = W^T). A transposed lhs (a weight
+// gradient) is packed into [M/8, K, 8] (a tile's A one contiguous run) or
+// read in place. (Tried and not kept: a plain A packed into [M/8, K, 8]
+// as well, K unrolled by 2 or 4 in the tile, 12- and 14-row tiles, kc of
+// 128 or 512: all within the noise of the above; 16-row tiles spill.)
 typedef struct f32_dot {
   int rm;                    // register tile rows
   long long K, N, N32, kc;   // sizes; kc: the K block
@@ -1007,7 +1008,8 @@ static bool f32_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
 
 // Whether the f32 microkernel takes a transposed lhs A = X^T (a weight
 // gradient, dY^T @ X) that f32_dot_applies accepts: from M·K·N of 2^24 on.
-// The microkernel then packs both operands per call; below that the tiled
+// The microkernel then packs both operands per call (A^T in place where M
+// is not a multiple of 8); below that the tiled
 // matmul, reading A^T through its indexing map, is faster (kiln-run on the
 // Xeon: the GPT step's 64x512x64 0.015 against 0.045 ms, 256x512x64 0.055
 // against 0.086; the MLP step's 256x128x1024 and 1024x128x256 0.24-0.27

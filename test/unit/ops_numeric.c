@@ -212,17 +212,20 @@ static const op_case_t kCases[] = {
                       " %y = aten.addmm(%d, %a, %b)\n %z = aten.addmm(%e, %a, %b)\n return %x, %y, %z\n}"},
     // Epilogues the f32 microkernel applies as it stores (the product's
     // only user, unary): GELU (erf and tanh forms) after three K blocks
-    // (the last peeled off the loop), sigmoid after one, on a masked last
-    // tile and a partial panel; not fused where the product is also an
-    // output or has two users.
+    // (the last peeled off the loop), sigmoid, relu, abs, exp and erf
+    // after two (an empty loop between the first and the peeled last), on
+    // a masked last tile and a partial panel; not fused where the product
+    // is also an output (tanh) or has two users (relu and neg).
     {"matmul", "f32", "graph @t(%c: $T[70], %a: $T[100,600], %w: $T[70,600], %b: $T[600,40]) {\n"
                       " %t = aten.permute(%w) {dims = [1, 0]}\n %d = aten.addmm(%c, %a, %t)\n"
                       " %g = aten.gelu(%d)\n %e = aten.mm(%a, %b)\n %h = aten.gelu(%e) {approximate = \"tanh\"}\n"
                       " return %g, %h\n}"},
-    {"matmul", "f32", "graph @t(%a: $T[72,200], %b: $T[200,96], %c: $T[200,64]) {\n"
+    {"matmul", "f32", "graph @t(%a: $T[72,300], %b: $T[300,96], %c: $T[300,64]) {\n"
                       " %d = aten.mm(%a, %b)\n %s = aten.sigmoid(%d)\n %e = aten.mm(%a, %c)\n"
                       " %r = aten.relu(%e)\n %n = aten.neg(%e)\n %f = aten.mm(%a, %c)\n %t = aten.tanh(%f)\n"
-                      " return %s, %r, %n, %t, %f\n}"},
+                      " %g = aten.mm(%a, %b)\n %x = aten.abs(%g)\n %h = aten.mm(%a, %c)\n %y = aten.exp(%h)\n"
+                      " %i = aten.mm(%a, %b)\n %z = aten.erf(%i)\n %j = aten.mm(%a, %c)\n %q = aten.relu(%j)\n"
+                      " return %s, %r, %n, %t, %f, %x, %y, %z, %q\n}"},
     // Weight gradients on the f32 microkernel (M·K·N from 2^24): A = X^T
     // packed into [M/8, K, 8] (M = 264) or, with M = 260 not a multiple of
     // the tile, read from X in place (a masked last tile); N = 1000 and
@@ -307,6 +310,12 @@ static const op_case_t kCases[] = {
                        " %f = aten._log_softmax(%y) {dim = -1}\n return %a, %b, %c, %d, %f, %u\n}"},
     {"softmax", "f32", "graph @t(%x: $T[3]) {\n"
                        " %c = kiln.constant() {value = [1.5, -2.0, 88.0, -100.0, 0.25, 3.0, -0.5, 7.0, 80.0, -3.0, 0.0, 1.0, 2.0, -88.0, 5.0, 0.5, -inf, 1.0, -inf, 2.0, 0.5, -inf, -inf, 3.0, 0.0, -inf, 1.0, -inf, -1.0, -inf, 2.5, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, 1.0, 2.0, nan, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1.0, 2.0, 3.0]} : $T[4,16]\n"
+                       " %a = aten._softmax(%c) {dim = -1}\n %b = aten._log_softmax(%c) {dim = 1}\n"
+                       " %y = aten.neg(%x)\n return %a, %b, %y\n}"},
+    // ... across vectors (C = 48): a NaN in the third vector, a row of
+    // -inf, -inf in the first two vectors only, large values.
+    {"softmax", "f32", "graph @t(%x: $T[3]) {\n"
+                       " %c = kiln.constant() {value = [-3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, -3.0, -2.0, nan, 0.0, 1.0, 2.0, 3.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, 0.0, 1.0, 2.0, 3.0, 4.0, 0.0, 1.0, 2.0, 3.0, 4.0, 0.0, 1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.5, 1.0, -100.0, 2.0, 2.5, 3.0, 3.5, 4.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 0.0, 0.5, 1.0, 1.5, 80.0, 2.5, 3.0, 3.5, 4.0, 0.0, 0.5, 1.0]} : $T[4,48]\n"
                        " %a = aten._softmax(%c) {dim = -1}\n %b = aten._log_softmax(%c) {dim = 1}\n"
                        " %y = aten.neg(%x)\n return %a, %b, %y\n}"},
     // Above 8 MB softmax runs in blocks of rows (lowering/ops/nn.c).
