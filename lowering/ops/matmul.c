@@ -1089,34 +1089,89 @@ static bool emit_padded_bt(kiln_emitter_t *e, const kiln_tv_t *a, const kiln_tv_
   return true;
 }
 
-// The node that can run as the f32 microkernel's epilogue: the only user
-// of `n`'s result, a unary f32 elementwise op (kiln_lanes_op_supported) of
-// the same shape; the result is no graph output and no stored mutation.
-// Its index, or -1.
-static int epilogue_node(const kiln_emitter_t *e, const kiln_node_t *n) {
-  const kiln_graph_t *g = e->g;
-  int32_t v = n->results[0];
+// The node that reads graph value `v`, where it has exactly one reader (a
+// node reading it twice counts twice) and is no graph output or stored
+// mutation; else -1. Only nodes after `from` can read it.
+static int sole_user(const kiln_graph_t *g, int32_t v, int from) {
   for (int i = 0; i < g->output_count; ++i)
     if (g->outputs[i] == v) return -1;
   for (int i = 0; i < g->mutation_count; ++i)
     if (g->mutations[i].value == v) return -1;
   int found = -1;
-  for (int i = (int)(n - g->nodes) + 1; i < g->node_count; ++i) {
+  for (int i = from + 1; i < g->node_count; ++i) {
     const kiln_node_t *c = &g->nodes[i];
     for (int k = 0; k < c->operand_count; ++k) {
       if (c->operands[k].kind != KILN_OPERAND_VALUE || c->operands[k].value != v) continue;
-      if (found >= 0 || k != 0 || c->operand_count != 1 || !kiln_lanes_op_supported(c->op))
-        return -1;
+      if (found >= 0) return -1;
       found = i;
     }
   }
-  if (found < 0) return -1;
-  const kiln_type_t *rt = &g->values[g->nodes[found].results[0]].type;
-  const kiln_type_t *mt = &g->values[v].type;
-  if (rt->dtype != KILN_F32 || rt->rank != mt->rank) return -1;
-  for (int d = 0; d < rt->rank; ++d)
-    if (rt->dims[d] != mt->dims[d]) return -1;
   return found;
+}
+
+// What the f32 microkernel takes over from the nodes reading its product:
+// a chain of single readers through views that keep the last dim (N),
+// then, for a plain mm, an add of an [N] bias (the kernel starts from it,
+// as from an addmm's), then a unary elementwise op (applied as the last K
+// block is stored). A linear layer on a 3-D input reaches its bias add
+// and activation through views (x @ W^T viewed as [T, B, N], + b, relu).
+typedef struct mm_chain {
+  int nodes[8], count;           // the nodes taken over, in order
+  const kiln_tv_t *bias;         // the add's bias (graph value) or NULL
+  const kiln_node_t *unary;      // or NULL
+} mm_chain_t;
+
+static bool same_dims(const kiln_type_t *a, const kiln_type_t *b) {
+  if (a->rank != b->rank) return false;
+  for (int d = 0; d < a->rank; ++d)
+    if (a->dims[d] != b->dims[d]) return false;
+  return true;
+}
+
+static void plan_mm_chain(const kiln_emitter_t *e, const kiln_node_t *n, bool can_bias,
+                          mm_chain_t *ch) {
+  const kiln_graph_t *g = e->g;
+  memset(ch, 0, sizeof(*ch));
+  int self = (int)(n - g->nodes);
+  int32_t v = n->results[0];
+  int64_t N = g->values[v].type.dims[1];
+  int kept = 0;  // chain length up to its last bias add or unary op
+  while (ch->count < 8) {
+    int u = sole_user(g, v, self);
+    if (u < 0) break;
+    const kiln_node_t *c = &g->nodes[u];
+    const kiln_type_t *ct = &g->values[c->results[0]].type;
+    const kiln_type_t *vt = &g->values[v].type;
+    if (ct->dtype != KILN_F32 || c->result_count != 1) break;
+    if (c->op == KILN_OP_VIEW || c->op == KILN_OP_RESHAPE) {
+      if (ct->rank < 1 || ct->dims[ct->rank - 1] != N) break;
+    } else if (c->op == KILN_OP_ADD && can_bias && !ch->bias && !ch->unary) {
+      // v + bias, bias an f32 [N] (or [1, ..., 1, N]) computed before the
+      // matmul (its value must exist when the kernel is emitted).
+      if (c->operand_count != 2 || kiln_node_attr_float(c, "alpha", 1) != 1 ||
+          !same_dims(ct, vt))
+        break;
+      int k = c->operands[0].kind == KILN_OPERAND_VALUE && c->operands[0].value == v ? 1 : 0;
+      if (c->operands[k].kind != KILN_OPERAND_VALUE) break;
+      const kiln_value_t *bv = &g->values[c->operands[k].value];
+      bool ok = bv->type.dtype == KILN_F32 && bv->type.rank >= 1 &&
+                bv->type.dims[bv->type.rank - 1] == N && (bv->node < 0 || bv->node < self);
+      for (int d = 0; ok && d + 1 < bv->type.rank; ++d) ok = bv->type.dims[d] == 1;
+      if (!ok) break;
+      ch->bias = &e->values[c->operands[k].value];
+      kept = ch->count + 1;
+    } else if (kiln_lanes_op_supported(c->op) && c->operand_count == 1 && same_dims(ct, vt)) {
+      ch->unary = c;
+      ch->nodes[ch->count++] = u;
+      kept = ch->count;
+      break;
+    } else {
+      break;
+    }
+    ch->nodes[ch->count++] = u;
+    v = c->results[0];
+  }
+  ch->count = kept;  // views after the last op taken stay nodes of their own
 }
 
 kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
@@ -1175,21 +1230,35 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     kiln_emit_empty(e, &at, init.ssa);
     const kiln_tv_t *w = transposed_source(e, n->operands[base + 1].value);
     if (w && (w->type.dtype != KILN_F32 || !kiln_type_is_static(&w->type))) w = NULL;
-    // An elementwise consumer (bias + GELU, relu) runs on the accumulators
-    // as they are stored: the product itself is never written. Only where
-    // nothing is added after the kernel (mm, or addmm with the bias in).
-    int epi = n->op == KILN_OP_MM || f32_bias ? epilogue_node(e, n) : -1;
-    const kiln_node_t *epi_node = epi >= 0 ? &e->g->nodes[epi] : NULL;
-    emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, epi_node, init.ssa,
+    // The nodes after it that the kernel does itself (plan_mm_chain): a
+    // bias add and an elementwise op, through views. Only where nothing is
+    // added after the kernel (mm, or addmm with the bias in).
+    mm_chain_t ch = {0};
+    if (n->op == KILN_OP_MM || f32_bias) plan_mm_chain(e, n, n->op == KILN_OP_MM, &ch);
+    kiln_tv_t bias1d;
+    if (ch.bias && ch.bias->type.rank != 1) {
+      kiln_type_t t = ch.bias->type;
+      t.rank = 1;
+      t.dims[0] = b->type.dims[1];
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, ch.bias, &t, &bias1d));
+      f32_bias = &bias1d;
+    } else if (ch.bias) {
+      f32_bias = ch.bias;
+    }
+    emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, ch.unary, init.ssa,
                  oty, mm.ssa);
     bias_init = f32_bias != NULL;  // the bias is in
-    if (epi_node) {
-      // The consumer's result is the kernel's output; the product (the
-      // consumer its only reader) gets the same value, never read.
-      mm.type = *rt;
-      kiln_emit_set_result(e, epi_node, 0, &mm);
-      kiln_emit_set_result(e, n, 0, &mm);
-      e->node_done[epi] = true;
+    if (ch.count) {
+      // The last node taken gets the kernel's output (viewed to its
+      // shape); the ones before it had one reader each, inside the chain,
+      // and are never read.
+      const kiln_node_t *last = &e->g->nodes[ch.nodes[ch.count - 1]];
+      const kiln_type_t *lt = kiln_node_result_type(e->g, last, 0);
+      kiln_tv_t r = mm;
+      if (!same_dims(lt, &mm.type))
+        KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &mm, lt, &r));
+      kiln_emit_set_result(e, last, 0, &r);
+      for (int i = 0; i < ch.count; ++i) e->node_done[ch.nodes[i]] = true;
       return NULL;
     }
   } else if (bf16_dot) {

@@ -226,6 +226,18 @@ static const op_case_t kCases[] = {
                       " %g = aten.mm(%a, %b)\n %x = aten.abs(%g)\n %h = aten.mm(%a, %c)\n %y = aten.exp(%h)\n"
                       " %i = aten.mm(%a, %b)\n %z = aten.erf(%i)\n %j = aten.mm(%a, %c)\n %q = aten.relu(%j)\n"
                       " return %s, %r, %n, %t, %f, %x, %y, %z, %q\n}"},
+    // ... through views: a linear on a 3-D input (mm, view, + bias,
+    // relu), the bias [1, 1, N] as the add's first operand; refused: a
+    // bias computed after the matmul, an add with alpha (then GELU).
+    {"matmul", "f32", "graph @t(%a: $T[4,32,256], %w: $T[96,256], %c: $T[96], %d: $T[1,1,96]) {\n"
+                      " %x = aten.view(%a) {shape = [128, 256]}\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                      " %m = aten.mm(%x, %t)\n %v = aten.view(%m) {shape = [4, 32, 96]}\n"
+                      " %y = aten.add(%v, %c)\n %r = aten.relu(%y)\n"
+                      " %m2 = aten.mm(%x, %t)\n %v2 = aten.view(%m2) {shape = [4, 32, 96]}\n"
+                      " %y2 = aten.add(%d, %v2)\n"
+                      " %m3 = aten.mm(%x, %t)\n %c3 = aten.mul(%c, 2.0)\n %y3 = aten.add(%m3, %c3)\n"
+                      " %m4 = aten.mm(%x, %t)\n %y4 = aten.add(%m4, %c) {alpha = 0.5}\n %g4 = aten.gelu(%y4)\n"
+                      " return %r, %y2, %y3, %g4\n}"},
     // Weight gradients on the f32 microkernel (M·K·N from 2^24): A = X^T
     // packed into [M/8, K, 8] (M = 264) or, with M = 260 not a multiple of
     // the tile, read from X in place (a masked last tile); N = 1000 and
