@@ -267,6 +267,14 @@ static const op_case_t kCases[] = {
     // the [2,4,7,9] case above has 16-wide ones (P = 7 x 16 = 112).
     {"conv", FLOATS, "graph @t(%x: $T[1,16,14,14], %w: $T[16,16,3,3]) {\n"
                      " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
+    // The f32 microkernel's direct form (AVX-512, one group, filters a
+    // multiple of 8): dilation (2, 3) with padding, positions split over
+    // threads (one image), a last block of positions under 32, a bias; and
+    // a 5x5 kernel over 3 images.
+    {"conv", "f32", "graph @t(%x: $T[1,8,13,17], %w: $T[16,8,3,3], %b: $T[16]) {\n"
+                    " %y = aten.convolution(%x, %w, %b) {stride = [1, 1], padding = [2, 1], dilation = [2, 3], groups = 1}\n return %y\n}"},
+    {"conv", "f32", "graph @t(%x: $T[3,5,11,9], %w: $T[8,5,5,5]) {\n"
+                    " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [2, 2], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 bf16", "graph @t(%x: $T[2,16,5,5], %w: $T[8,16,1,1]) {\n"
                          " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1}\n return %y\n}"},
     // Multi-output fusion (kernels/cpu_vectorize.c): an Adam-like step,
