@@ -1476,131 +1476,6 @@ static void flat_extra(int64_t OH, int64_t W, int64_t KW, int64_t *rows, int64_t
 // linalg.conv_2d left to the loop lowering ran scalar, ~50x slower than
 // PyTorch on a 3x3 layer; an im2col gather with an affine input map
 // (oh*s + kh) was left unvectorized.
-// The stride-1 convolution on the f32 microkernel's register tile (AVX-512,
-// groups of 1): acc[n, 0, f, p] = sum over (c, kh, kw) of
-// W[f, c, kh, kw] * X[n, c, kh*dh*Wp + kw*dw + p] on the flattened padded
-// input (the wide grid of emit_conv_taps). A tile is 8 output channels x 32
-// positions: per (c, kh, kw) two loads of X (unaligned runs, read in place:
-// the taps of a channel are its rows shifted) and eight broadcasts of W,
-// sixteen FMAs into accumulators kept over all C*KH*KW steps, then one
-// store. Threads take images x groups of positions; a task runs its
-// positions in blocks of 32 and, per block (its input in L1), every group
-// of 8 channels. The tiled contraction this replaces reached 59-64% of the
-// FMA peak on the bench's 64-channel 3x3 convolutions.
-static void emit_f32_conv(kiln_emitter_t *e, const char *xv, const char *xty, const char *wv,
-                          const char *wty, int64_t N, int64_t F, int64_t C, int64_t KH,
-                          int64_t KW, int64_t Wp, int64_t HpWp, const int64_t dl[2],
-                          int64_t P, const char *init, const char *aty, char out[24]) {
-  kiln_sbuf_t *o = &e->out;
-  // At least eight tasks: groups of positions for fewer than eight images.
-  // The reads of the last 32 positions (P rounded up) at the last tap stay
-  // inside a channel's flattened rows: no masks. (The padding's extra row
-  // makes room; otherwise the reads are masked.)
-  bool in_bounds = (KH - 1) * dl[0] * Wp + (KW - 1) * dl[1] + (P + 31) / 32 * 32 <= HpWp;
-  int64_t NCG = N >= 8 ? 1 : (8 + N - 1) / N;
-  int64_t CW = ((P + NCG - 1) / NCG + 31) / 32 * 32;
-  NCG = (P + CW - 1) / CW;
-  int id = e->next_id++;
-  kiln_emit_fresh(e, out);
-  kiln_sbuf_printf(o,
-      "    %s = scf.forall (%%cn%d, %%cg%d) in (%lld, %lld) shared_outs(%%co%d = %s) -> (%s) {\n"
-      "      %%c0 = arith.constant 0 : index\n"
-      "      %%c1 = arith.constant 1 : index\n"
-      "      %%c8 = arith.constant 8 : index\n"
-      "      %%c16 = arith.constant 16 : index\n"
-      "      %%c32 = arith.constant 32 : index\n"
-      "      %%cc = arith.constant %lld : index\n"
-      "      %%cf = arith.constant %lld : index\n"
-      "      %%padf = arith.constant 0.0 : f32\n"
-      "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n"
-      "      %%j0 = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%cg%d)\n"
-      "      %%jn = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%cg%d)\n"
-      "      %%blk = tensor.extract_slice %%co%d[%%cn%d, 0, 0, %%j0] [1, 1, %lld, %%jn] "
-      "[1, 1, 1, 1] : %s to tensor<%lldx?xf32>\n"
-      "      %%res = scf.for %%j = %%c0 to %%jn step %%c32 iter_args(%%t = %%blk) -> "
-      "(tensor<%lldx?xf32>) {\n"
-      "        %%jj = arith.addi %%j0, %%j : index\n"
-      "        %%jh = arith.addi %%j, %%c16 : index\n"
-      "        %%res2 = scf.for %%f = %%c0 to %%cf step %%c8 iter_args(%%u = %%t) -> "
-      "(tensor<%lldx?xf32>) {\n",
-      out, id, id, (long long)N, (long long)NCG, id, init, aty, (long long)C,
-      (long long)F, (long long)CW, id, (long long)CW, (long long)P,
-      (long long)CW, id, id, id, (long long)F, aty, (long long)F, (long long)F,
-      (long long)F);
-  for (int r = 0; r < 8; ++r)
-    kiln_sbuf_printf(o, "          %%fr%d = affine.apply affine_map<(d0) -> (d0 + %d)>(%%f)\n",
-                     r, r);
-  for (int64_t k = 0; k < (KH > KW ? KH : KW); ++k)
-    kiln_sbuf_printf(o, "          %%tkh%lld = arith.constant %lld : index\n"
-                        "          %%tkw%lld = arith.constant %lld : index\n",
-                     (long long)k, (long long)k, (long long)k, (long long)k);
-  // The channel loop, accumulators carried; its body runs every tap
-  // (kh, kw) unrolled (a 3-step kw loop spent a compare and branch per
-  // 16 FMAs).
-  kiln_sbuf_puts(o, "          %acc:16 = scf.for %kc = %c0 to %cc step %c1 iter_args(");
-  for (int t = 0; t < 16; ++t) kiln_sbuf_printf(o, "%s%%x0_%d = %%zero", t ? ", " : "", t);
-  kiln_sbuf_puts(o, ") -> (");
-  for (int t = 0; t < 16; ++t) kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
-  kiln_sbuf_puts(o, ") {\n");
-  char cur[16][24];
-  for (int t = 0; t < 16; ++t) snprintf(cur[t], 24, "%%x0_%d", t);
-  const char *inb = in_bounds ? "true" : "false";
-  for (int64_t kh = 0; kh < KH; ++kh)
-    for (int64_t kw = 0; kw < KW; ++kw) {
-      int tap = (int)(kh * KW + kw);
-      long long off = (long long)(kh * dl[0] * Wp + kw * dl[1]);
-      kiln_sbuf_printf(o,
-          "            %%o%d = affine.apply affine_map<(d0) -> (d0 + %lld)>(%%jj)\n"
-          "            %%p%d = affine.apply affine_map<(d0) -> (d0 + %lld)>(%%jj)\n"
-          "            %%b%d_0 = vector.transfer_read %s[%%cn%d, %%c0, %%kc, %%o%d], %%padf "
-          "{in_bounds = [%s]} : %s, vector<16xf32>\n"
-          "            %%b%d_1 = vector.transfer_read %s[%%cn%d, %%c0, %%kc, %%p%d], %%padf "
-          "{in_bounds = [%s]} : %s, vector<16xf32>\n",
-          tap, off, tap, off + 16, tap, xv, id, tap, inb, xty, tap, xv, id, tap, inb, xty);
-      for (int r = 0; r < 8; ++r) {
-        kiln_sbuf_printf(o,
-            "            %%ws%d_%d = tensor.extract %s[%%c0, %%fr%d, %%kc, %%tkh%lld, %%tkw%lld] : "
-            "%s\n"
-            "            %%wb%d_%d = vector.broadcast %%ws%d_%d : f32 to vector<16xf32>\n",
-            tap, r, wv, r, (long long)kh, (long long)kw, wty, tap, r, tap, r);
-        for (int h = 0; h < 2; ++h) {
-          char y[24];
-          snprintf(y, sizeof(y), "%%y%d_%d", tap, 2 * r + h);
-          kiln_sbuf_printf(o, "            %s = vector.fma %%wb%d_%d, %%b%d_%d, %s : "
-                              "vector<16xf32>\n", y, tap, r, tap, h, cur[2 * r + h]);
-          snprintf(cur[2 * r + h], 24, "%s", y);
-        }
-      }
-    }
-  kiln_sbuf_puts(o, "            scf.yield ");
-  for (int t = 0; t < 16; ++t) kiln_sbuf_printf(o, "%s%s", t ? ", " : "", cur[t]);
-  kiln_sbuf_puts(o, " : ");
-  for (int t = 0; t < 16; ++t) kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
-  kiln_sbuf_puts(o, "\n          }\n");
-  char prev[24] = "%u";
-  for (int r = 0; r < 8; ++r)
-    for (int h = 0; h < 2; ++h) {
-      char w[24];
-      snprintf(w, sizeof(w), "%%cw%d", 2 * r + h);
-      kiln_sbuf_printf(o,
-          "          %s = vector.transfer_write %%acc#%d, %s[%%fr%d, %s] {in_bounds = [false]} "
-          ": vector<16xf32>, tensor<%lldx?xf32>\n",
-          w, 2 * r + h, prev, r, h ? "%jh" : "%j", (long long)F);
-      snprintf(prev, sizeof(prev), "%s", w);
-    }
-  kiln_sbuf_printf(o,
-      "          scf.yield %s : tensor<%lldx?xf32>\n"
-      "        }\n"
-      "        scf.yield %%res2 : tensor<%lldx?xf32>\n"
-      "      }\n"
-      "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %%res into %%co%d[%%cn%d, 0, 0, %%j0] [1, 1, %lld, "
-      "%%jn] [1, 1, 1, 1] : tensor<%lldx?xf32> into %s\n"
-      "      }\n"
-      "    }\n",
-      prev, (long long)F, (long long)F, id, id, (long long)F, (long long)F, aty);
-}
-
 static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
                                     const kiln_tv_t *w, const kiln_type_t *ot,
                                     const int64_t st[2], const int64_t dl[2],
@@ -1641,16 +1516,7 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
   kiln_tv_t xv, wv, acc;
   kiln_emit_view(e, &x, &xg, &xv);
   kiln_emit_view(e, w, &wg, &wv);
-  // Stride 1 on AVX-512, one group: the f32 microkernel (emit_f32_conv),
-  // which writes every element (no fill).
-  bool f32_kernel = flat && G == 1 && e->options.x86_f32_dot && x.type.dtype == KILN_F32 &&
-                    ot->dtype == KILN_F32 && F % 8 == 0 && P >= 32 &&
-                    kiln_type_is_static(&x.type) && kiln_type_is_static(&w->type);
-  if (f32_kernel) {
-    kiln_emit_empty(e, &at, acc.ssa);
-    acc.type = at;
-  } else
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &acc));
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &at, 0, &acc));
   char xty[256], wty[256], bty[256], tty[256], aty[256];
   kiln_mlir_tensor_type(&xg, xty, sizeof(xty));
   kiln_mlir_tensor_type(&wg, wty, sizeof(wty));
@@ -1666,13 +1532,6 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
     // im2col copy before one K = C*KH*KW contraction wrote and read KH*KW
     // copies of the input: 3x3, 64 channels, 8x56x56 took 15.2 ms against
     // 10.4 direct.)
-    if (f32_kernel) {
-      char r[24];
-      emit_f32_conv(e, xv.ssa, xty, wv.ssa, wty, N, F, C, KH, KW, Wp, Hp * Wp, dl, P, acc.ssa,
-                    aty, r);
-      snprintf(acc.ssa, sizeof(acc.ssa), "%s", r);
-      goto done;
-    }
     char fmap[96];
     snprintf(fmap, sizeof(fmap), "n, g, c, kh * %lld + kw * %lld + p",
              (long long)(dl[0] * Wp), (long long)dl[1]);
@@ -1713,7 +1572,6 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
       emit_mac_generic(b, next, &tap, wt, xt, tty, bty, acc.ssa, id, el, ael, aty);
       snprintf(acc.ssa, sizeof(acc.ssa), "%s", next);
     }
-done:;
   // [N, G, F, P] -> [N, G*F, OH, OW]; with stride 1 the Wp - OW extra
   // columns of each output row are dropped.
   kiln_type_t wide = *ot;
