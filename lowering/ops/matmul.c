@@ -630,6 +630,13 @@ typedef struct f32_dot {
   // are stored (kiln_emit_lanes_op), or NULL.
   const kiln_node_t *epi;
   kiln_emitter_t *e;
+  // Inline packing (plain B, at most two row blocks): each task packs its
+  // group's panels of the current K block from B (`b`, typed `b_ty`) into
+  // a [PG, kc, 32] tensor (`bp` / `bpty` then name it) just before the
+  // tiles read it, instead of one pass over all of B ahead of the kernel.
+  bool inline_pack;
+  const char *b, *b_ty;
+  long long PG;
 } f32_dot_t;
 
 // One register tile of the K block [kb, ke) (index values): rows %i<tag>
@@ -673,7 +680,14 @@ static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
   for (int t = 0; t < 2 * rm; ++t) kiln_sbuf_printf(o, "%svector<16xf32>", t ? ", " : "");
   kiln_sbuf_puts(o, ") {\n");
   for (int h = 0; h < 2; ++h) {
-    if (!partial) {
+    if (!partial && d->inline_pack) {
+      if (h == 0)
+        kiln_sbuf_printf(o, "            %%kl%s = arith.subi %%kk%s, %s : index\n", tag, tag, kb);
+      kiln_sbuf_printf(o,
+          "            %%b%s%d = vector.transfer_read %s[%%pl, %%kl%s, %s], %%padf "
+          "{in_bounds = [true]} : %s, vector<16xf32>\n",
+          tag, h, d->bp, tag, h ? "%c16" : "%c0", d->bpty);
+    } else if (!partial) {
       kiln_sbuf_printf(o,
           "            %%b%s%d = vector.transfer_read %s[%%p0, %%kk%s, %s], %%padf "
           "{in_bounds = [true]} : %s, vector<16xf32>\n",
@@ -729,12 +743,47 @@ static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
 // panels, then (N not a multiple of 32) the last, whose columns past N are
 // neither read nor written. Results are named %<res>_<panel>; `out` gets
 // the last. The last K block (`last`) applies the epilogue as it stores.
-static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
+static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
                             bool from_c, bool last, const char *kb, const char *ke,
                             const char *res, char out[24]) {
-  long long NF = d->N / 32 * 32;
+  long long NF = dd->N / 32 * 32;
   char cur[24];
   snprintf(cur, sizeof(cur), "%s", in);
+  f32_dot_t dk = *dd;
+  const f32_dot_t *d = &dk;
+  char lp[32], lpty[96];
+  if (dd->inline_pack && NF) {
+    // This K block of the group's whole panels: rows kb .. ke of B's
+    // columns %col0 .. %fhi, two 64-byte runs per row and panel.
+    snprintf(lp, sizeof(lp), "%%lp_%s", res);
+    snprintf(lpty, sizeof(lpty), "tensor<%lldx%lldx32xf32>", dd->PG, dd->kc);
+    kiln_sbuf_printf(o,
+        "      %%lpe_%s = tensor.empty() : %s\n"
+        "      %%lpn_%s = arith.subi %%fhi, %%col0 : index\n"
+        "      %%lpp_%s = arith.divui %%lpn_%s, %%c32 : index\n"
+        "      %s = scf.for %%pp = %%c0 to %%lpp_%s step %%c1 iter_args(%%lb = %%lpe_%s) -> (%s) {\n"
+        "        %%pj = affine.apply affine_map<(d0)[s0] -> (s0 + d0 * 32)>(%%pp)[%%col0]\n"
+        "        %%pj16 = arith.addi %%pj, %%c16 : index\n",
+        res, lpty, res, res, res, lp, res, res, lpty);
+    kiln_sbuf_printf(o,
+        "        %%lk = scf.for %%kq = %s to %s step %%c1 iter_args(%%lb2 = %%lb) -> (%s) {\n"
+        "          %%kq0 = arith.subi %%kq, %s : index\n"
+        "          %%pv0 = vector.transfer_read %s[%%kq, %%pj], %%padf {in_bounds = [true]} : "
+        "%s, vector<16xf32>\n"
+        "          %%pv1 = vector.transfer_read %s[%%kq, %%pj16], %%padf {in_bounds = [true]} : "
+        "%s, vector<16xf32>\n"
+        "          %%pw0 = vector.transfer_write %%pv0, %%lb2[%%pp, %%kq0, %%c0] "
+        "{in_bounds = [true]} : vector<16xf32>, %s\n"
+        "          %%pw1 = vector.transfer_write %%pv1, %%pw0[%%pp, %%kq0, %%c16] "
+        "{in_bounds = [true]} : vector<16xf32>, %s\n"
+        "          scf.yield %%pw1 : %s\n"
+        "        }\n"
+        "        scf.yield %%lk : %s\n"
+        "      }\n",
+        kb, ke, lpty, kb, dd->b, dd->b_ty, dd->b, dd->b_ty, lpty, lpty, lpty, lpty);
+    dk.bp = lp;
+    dk.bpty = lpty;
+  }
   for (int panel = 0; panel < 2; ++panel) {
     long long lo = panel ? NF : 0, hi = panel ? d->N32 : NF;
     if (lo == hi) continue;
@@ -746,7 +795,8 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *d, const char *in,
         "          %%j16 = arith.addi %%j, %%c16 : index\n"
         "          %%jl = arith.subi %%j, %%col0 : index\n"
         "          %%jl16 = arith.addi %%jl, %%c16 : index\n"
-        "          %%p0 = arith.divui %%j, %%c32 : index\n",
+        "          %%p0 = arith.divui %%j, %%c32 : index\n"
+        "          %%pl = arith.divui %%jl, %%c32 : index\n",
         res, panel, panel ? "%cnf" : "%col0", panel ? "%phi" : "%fhi", cur, d->bty);
     if (d->bias && !from_c)
       for (int h = 0; h < 2; ++h) {
@@ -837,7 +887,17 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   d.kc = (K + nkb - 1) / nkb;
   char bp[24] = "", aty[96], bpty[96], bty[96], msz[24], res[24], tail[24], tailty[96];
   long long NF = N / 32 * 32, W = N - NF;
-  if (NF) emit_f32_pack(e, w ? w : b, w != NULL, K, NF, 32, bp);
+  // A plain B is packed inside the kernel where at most two row blocks
+  // read it (M <= 512): each task packs the K block of its panels that it
+  // is about to read, which stays in its cache; the pass over all of B
+  // ahead of the kernel wrote the packed panels out and read them back
+  // (kiln-run: 512^3 0.88-0.92 -> 0.84-0.87 ms, [256,2048]x[2048,1000]
+  // 3.54-3.62 -> 3.32-3.50; 1024^3, four row blocks packing B four times,
+  // the same either way). A linear's W^T keeps the pass: transposing
+  // 16 x 16 blocks of W inside the kernel measured slower (a
+  // [128,256] x W^T[256,1024] 0.21 -> 0.23 ms).
+  d.inline_pack = NF && !w && !KILN_IS_SYM(a->type.dims[0]) && a->type.dims[0] <= 512;
+  if (NF && !d.inline_pack) emit_f32_pack(e, w ? w : b, w != NULL, K, NF, 32, bp);
   d.bp = bp;
   if (W && w) {
     // The last panel's columns as [K, W]: W's last rows, transposed.
@@ -898,6 +958,11 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
     if (nbm < 4 && PF > 1) NG = (4 + nbm - 1) / nbm < PF ? (4 + nbm - 1) / nbm : PF;
   }
   long long PG = PF ? (PF + NG - 1) / NG : 0;
+  char b_ty[96];
+  kiln_mlir_tensor_type(&b->type, b_ty, sizeof(b_ty));
+  d.b = b->ssa;
+  d.b_ty = b_ty;
+  d.PG = PG;
   if (PG) NG = (PF + PG - 1) / PG;
   if (NG < 1) NG = 1;
   int id = e->next_id++;
