@@ -35,19 +35,20 @@ typedef struct kiln_emitter {
   char (*sym_ssa)[24];      // index SSA value of each symbolic size
   kiln_lower_options_t options;
   const bool *input_strided;  // per graph input (NULL: all contiguous)
-  // Nonzero while an elementwise body is written on vector<lanes x T>
-  // values instead of scalars (kiln_emit_lanes_op).
+  // 16 while an elementwise body is written on vector<16 x T> values
+  // instead of scalars (kiln_emit_lanes_op, the one-pass softmax); else 0.
   int lanes;
-  // Per node: lowered together with an earlier node (an epilogue the f32
-  // microkernel applies as it stores); the node loop skips it.
+  // Per node: lowered together with an earlier node (the views, bias add
+  // and elementwise op the f32 microkernel takes over); the node loop
+  // skips it.
   bool *node_done;
 } kiln_emitter_t;
 
 // The type scalar arithmetic on `t` is written in: kiln_mlir_elem(t), or
-// with e->lanes set "vector<lanes x t>" (f32, i32 and i1 only).
+// with e->lanes set "vector<16xt>" (f32, i32 and i1 only).
 const char *kiln_lane_type(const kiln_emitter_t *e, kiln_dtype_t t);
-// The type list an arith.select on `t` values prints: "f32", or with
-// e->lanes set "vector<16xi1>, vector<16xf32>".
+// The type list an arith.select on `t` (f32 or i32) values prints: "f32",
+// or with e->lanes set "vector<16xi1>, vector<16xf32>".
 const char *kiln_select_type(const kiln_emitter_t *e, kiln_dtype_t t);
 // Whether kiln_emit_lanes_op writes `op` (unary f32 ops whose bodies are
 // plain arithmetic: relu, gelu, sigmoid, tanh, exp, erf, neg, abs).
