@@ -13,6 +13,9 @@ for t in cuda api_errors ops_numeric output_pool autotune_api; do
   cp build/test/unit/$t .device/bin/
 done
 cp build/tools/kiln-opt build/tools/kiln-run .device/bin/
+# Without debug info (the build id, kiln's cache key, stays): the tree the
+# device tool carries is limited to 64 MiB, and the debs take 53 MB of it.
+find .device/bin -type f -exec strip --strip-debug {} +
 (cd .device/debs && apt-get download libmlir-22 libllvm22 libz3-4 2>/dev/null)
 python3 -m pip wheel -q --no-build-isolation --no-deps ./python -w .device/wheel
 python3 -m pip download -q pytest -d .device/wheel
