@@ -343,11 +343,7 @@ class CompiledSubgraph(torch.nn.Module):
                 d.data = t.data_ptr()
         if self.pooled_out:
             return self._call_pooled(ins, args)
-        if self.static_out:
-            outs = self._alloc_outputs()
-        else:
-            dev = self.device
-            outs = [torch.empty(sh, dtype=d, device=dev) for sh, d in b.out_specs]
+        outs = self._alloc_outputs(self.out_specs if self.static_out else b.out_specs)
         douts = b.outs
         for k, t in enumerate(outs):
             douts[k].data = t.data_ptr()
@@ -420,14 +416,16 @@ class CompiledSubgraph(torch.nn.Module):
             del keep
             return r
         if self.static_out:
-            outs = self._alloc_outputs()
+            outs = self._alloc_outputs(self.out_specs)
         else:
             types = (_capi.TensorType * self.n_out)()
             _capi.check(_capi.kiln_function_output_types(self.fn.handle, b.ins, self.n_in,
                                                          types, self.n_out))
-            b.out_specs = [(tuple(tt.shape[:tt.rank]), d)
-                           for tt, d in zip(types, self.out_dtypes)]
-            outs = [torch.empty(sh, dtype=d, device=self.device) for sh, d in b.out_specs]
+            # (sizes, strides, dtype) per output, as self.out_specs.
+            b.out_specs = [(sh, _dense_strides(sh), d)
+                           for sh, d in ((tuple(tt.shape[:tt.rank]), d)
+                                         for tt, d in zip(types, self.out_dtypes))]
+            outs = self._alloc_outputs(b.out_specs)
         for k, o in enumerate(outs):
             self._fill(b.outs[k], o, b.shapes[self.n_in + k], None)
         if self.cuda:
@@ -444,16 +442,20 @@ class CompiledSubgraph(torch.nn.Module):
         del keep
         return self._finish(outs, args)
 
-    def _alloc_outputs(self):
-        """The static outputs, dense, on the partition's device."""
+    def _alloc_outputs(self, specs):
+        """Dense outputs of `specs` ((sizes, strides, dtype) each) on the
+        partition's device: the static ones, or a symbolic graph's for the
+        input sizes of the call that filled the structs (Dynamo's C++
+        allocator where there is one: a few microseconds a call less than
+        torch.empty)."""
         if self.cuda:
             alloc = _empty_strided_cuda
             if alloc is not None and torch.cuda.current_device() == self.cuda_index:
-                return [alloc(sh, st, d) for sh, st, d in self.out_specs]
+                return [alloc(sh, st, d) for sh, st, d in specs]
         elif _empty_strided_cpu is not None:
-            return [_empty_strided_cpu(sh, st, d) for sh, st, d in self.out_specs]
+            return [_empty_strided_cpu(sh, st, d) for sh, st, d in specs]
         dev = self.device
-        return [torch.empty(sh, dtype=d, device=dev) for sh, _, d in self.out_specs]
+        return [torch.empty(sh, dtype=d, device=dev) for sh, _, d in specs]
 
     def _call_pooled(self, ins, args):
         """Large outputs: kiln allocates them from its pool of released
