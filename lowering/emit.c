@@ -7,6 +7,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+int kiln_emit_sole_reader(const kiln_graph_t *g, int32_t v, int from) {
+  for (int i = 0; i < g->output_count; ++i)
+    if (g->outputs[i] == v) return -1;
+  for (int i = 0; i < g->mutation_count; ++i)
+    if (g->mutations[i].value == v) return -1;
+  int found = -1;
+  for (int i = from + 1; i < g->node_count; ++i) {
+    const kiln_node_t *c = &g->nodes[i];
+    for (int k = 0; k < c->operand_count; ++k) {
+      if (c->operands[k].kind != KILN_OPERAND_VALUE || c->operands[k].value != v) continue;
+      if (found >= 0) return -1;
+      found = i;
+    }
+  }
+  return found;
+}
+
 void kiln_emit_fresh(kiln_emitter_t *e, char ssa[24]) {
   snprintf(ssa, 24, "%%t%d", e->next_id++);
 }

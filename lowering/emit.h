@@ -58,6 +58,13 @@ bool kiln_lanes_op_supported(kiln_op_id_t op);
 void kiln_emit_lanes_op(kiln_emitter_t *e, kiln_sbuf_t *b, kiln_op_id_t op,
                         const kiln_node_t *attrs, const char *x, char out[24]);
 
+// The node that reads graph value `v`, where it has exactly one reader (a
+// node reading it twice counts twice) and is no graph output or stored
+// mutation; else -1. Only nodes after `from` (v's producer) are searched.
+// Lowerings that take a node's only reader over (the f32 microkernel's
+// epilogue chain, a scale folded into a softmax) ask this.
+int kiln_emit_sole_reader(const kiln_graph_t *g, int32_t v, int from);
+
 // Fresh SSA name "%t<N>".
 void kiln_emit_fresh(kiln_emitter_t *e, char ssa[24]);
 // "f32", "i1", ... — the MLIR element type of a dtype.

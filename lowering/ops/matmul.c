@@ -927,9 +927,7 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   bool sym_m = KILN_IS_SYM(a->type.dims[0]);
   if (xt && !sym_m && a->type.dims[0] % d.rm == 0) {
     // A^T packed into [M/8, K, 8]: a tile's A is one contiguous run.
-    char ap[24];
-    emit_f32_pack(e, xt, false, K, a->type.dims[0], d.rm, ap);
-    snprintf(d.ap, sizeof(d.ap), "%s", ap);
+    emit_f32_pack(e, xt, false, K, a->type.dims[0], d.rm, d.ap);
     d.a = d.ap;
     d.a_packed = true;
     snprintf(aty, sizeof(aty), "tensor<%lldx%lldx%dxf32>", (long long)a->type.dims[0] / d.rm, K, d.rm);
@@ -1154,26 +1152,6 @@ static bool emit_padded_bt(kiln_emitter_t *e, const kiln_tv_t *a, const kiln_tv_
   return true;
 }
 
-// The node that reads graph value `v`, where it has exactly one reader (a
-// node reading it twice counts twice) and is no graph output or stored
-// mutation; else -1. Only nodes after `from` can read it.
-static int sole_user(const kiln_graph_t *g, int32_t v, int from) {
-  for (int i = 0; i < g->output_count; ++i)
-    if (g->outputs[i] == v) return -1;
-  for (int i = 0; i < g->mutation_count; ++i)
-    if (g->mutations[i].value == v) return -1;
-  int found = -1;
-  for (int i = from + 1; i < g->node_count; ++i) {
-    const kiln_node_t *c = &g->nodes[i];
-    for (int k = 0; k < c->operand_count; ++k) {
-      if (c->operands[k].kind != KILN_OPERAND_VALUE || c->operands[k].value != v) continue;
-      if (found >= 0) return -1;
-      found = i;
-    }
-  }
-  return found;
-}
-
 // What the f32 microkernel takes over from the nodes reading its product:
 // a chain of single readers through views that keep the last dim (N),
 // then, for a plain mm, an add of an [N] bias (the kernel starts from it,
@@ -1186,13 +1164,6 @@ typedef struct mm_chain {
   const kiln_node_t *unary;      // or NULL
 } mm_chain_t;
 
-static bool same_dims(const kiln_type_t *a, const kiln_type_t *b) {
-  if (a->rank != b->rank) return false;
-  for (int d = 0; d < a->rank; ++d)
-    if (a->dims[d] != b->dims[d]) return false;
-  return true;
-}
-
 static void plan_mm_chain(const kiln_emitter_t *e, const kiln_node_t *n, bool can_bias,
                           mm_chain_t *ch) {
   const kiln_graph_t *g = e->g;
@@ -1202,7 +1173,7 @@ static void plan_mm_chain(const kiln_emitter_t *e, const kiln_node_t *n, bool ca
   int64_t N = g->values[v].type.dims[1];
   int kept = 0;  // chain length up to its last bias add or unary op
   while (ch->count < 8) {
-    int u = sole_user(g, v, self);
+    int u = kiln_emit_sole_reader(g, v, self);
     if (u < 0) break;
     const kiln_node_t *c = &g->nodes[u];
     const kiln_type_t *ct = &g->values[c->results[0]].type;
@@ -1214,7 +1185,7 @@ static void plan_mm_chain(const kiln_emitter_t *e, const kiln_node_t *n, bool ca
       // v + bias, bias an f32 [N] (or [1, ..., 1, N]) computed before the
       // matmul (its value must exist when the kernel is emitted).
       if (c->operand_count != 2 || kiln_node_attr_float(c, "alpha", 1) != 1 ||
-          !same_dims(ct, vt))
+          !kiln_type_equal(ct, vt))
         break;
       int k = c->operands[0].kind == KILN_OPERAND_VALUE && c->operands[0].value == v ? 1 : 0;
       if (c->operands[k].kind != KILN_OPERAND_VALUE) break;
@@ -1225,7 +1196,7 @@ static void plan_mm_chain(const kiln_emitter_t *e, const kiln_node_t *n, bool ca
       if (!ok) break;
       ch->bias = &e->values[c->operands[k].value];
       kept = ch->count + 1;
-    } else if (kiln_lanes_op_supported(c->op) && c->operand_count == 1 && same_dims(ct, vt)) {
+    } else if (kiln_lanes_op_supported(c->op) && c->operand_count == 1 && kiln_type_equal(ct, vt)) {
       ch->unary = c;
       ch->nodes[ch->count++] = u;
       kept = ch->count;
@@ -1320,7 +1291,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
       const kiln_node_t *last = &e->g->nodes[ch.nodes[ch.count - 1]];
       const kiln_type_t *lt = kiln_node_result_type(e->g, last, 0);
       kiln_tv_t r = mm;
-      if (!same_dims(lt, &mm.type))
+      if (!kiln_type_equal(lt, &mm.type))
         KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &mm, lt, &r));
       kiln_emit_set_result(e, last, 0, &r);
       for (int i = 0; i < ch.count; ++i) e->node_done[ch.nodes[i]] = true;

@@ -125,8 +125,9 @@ static bool short_rows_apply(const kiln_emitter_t *e, const kiln_tv_t *x,
   return C >= 16 && C <= 1024 && C % 16 == 0 && numel / C >= 2 && numel * 4 <= (8 << 20);
 }
 
-// The positive scalar `s` of x = mul(y, s) where x (graph value `v`) has
-// no other user and is no graph output; y's value index, or -1.
+// The positive scalar `s` of x = mul(y, s) where x (graph value `v`) is
+// read by node `consumer` only (kiln_emit_sole_reader); y's value index,
+// or -1.
 static int scaled_source(const kiln_emitter_t *e, int32_t v, int consumer, double *s) {
   const kiln_graph_t *g = e->g;
   const kiln_value_t *xv = &g->values[v];
@@ -137,18 +138,9 @@ static int scaled_source(const kiln_emitter_t *e, int32_t v, int consumer, doubl
       !(p->operands[1].f > 0))
     return -1;
   int32_t y = p->operands[0].value;
-  const kiln_type_t *yt = &g->values[y].type, *xt = &xv->type;
-  if (yt->dtype != KILN_F32 || yt->rank != xt->rank) return -1;
-  for (int k = 0; k < xt->rank; ++k)
-    if (yt->dims[k] != xt->dims[k]) return -1;
-  for (int i = 0; i < g->output_count; ++i)
-    if (g->outputs[i] == v) return -1;
-  for (int i = 0; i < g->node_count; ++i) {
-    if (i == consumer) continue;
-    const kiln_node_t *c = &g->nodes[i];
-    for (int k = 0; k < c->operand_count; ++k)
-      if (c->operands[k].kind == KILN_OPERAND_VALUE && c->operands[k].value == v) return -1;
-  }
+  if (!kiln_type_equal(&g->values[y].type, &xv->type) ||
+      kiln_emit_sole_reader(g, v, xv->node) != consumer)
+    return -1;
   *s = p->operands[1].f;
   return y;
 }
