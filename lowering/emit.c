@@ -988,10 +988,13 @@ static kiln_status_t emit_reduce(kiln_emitter_t *e, kiln_op_id_t op,
                    kiln_mlir_storage_elem(xt->dtype), o,
                    kiln_mlir_storage_elem(acc));
   if (xt->dtype == KILN_BOOL) load_bool(e, b, a);
-  if (acc == KILN_BOOL) load_bool(e, b, o);
   conv_scalar(e, b, a, xt->dtype, acc, xc);
-  inst(e, b, r, combine, o, xc, kiln_mlir_elem(acc));
-  if (acc == KILN_BOOL) store_bool(e, b, r);
+  // A bool accumulator combines in its i8 storage (0 or 1: ori, andi), the
+  // element widened to it: MLIR's reduction matcher, which the schedule's
+  // reduction tiling needs, takes one combining op, not a load and a store
+  // of the i1 around it (the math-form attention's _safe_softmax row test).
+  if (acc == KILN_BOOL) store_bool(e, b, xc);
+  inst(e, b, r, combine, o, xc, kiln_mlir_storage_elem(acc));
   kiln_sbuf_printf(b, "    linalg.yield %s : %s\n  } -> %s\n", r,
                    kiln_mlir_storage_elem(acc), rty);
   if (!keepdim) {

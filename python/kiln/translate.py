@@ -563,8 +563,10 @@ def _sdpa_cpu(e, n):
     Only where the row logsumexp is unused (inference): a training forward
     saves it for PyTorch's flash backward, and there kiln's form (the
     softmax written out so its max and sum give the logsumexp) made the
-    bench's GPT step slower (6.49 against 6.28 ms). On CUDA PyTorch's flash
-    kernels stay."""
+    bench's GPT step slower (6.49 against 6.28 ms). Training attention
+    without a mask reaches kiln in its math form instead (matmuls and a
+    softmax, backend._hook_attention), so what stays here is a masked or
+    dropout training call. On CUDA PyTorch's flash kernels stay."""
     q, k, v = n.args[:3]
     dropout = _arg(n, 3, "dropout_p", 0.0)
     causal = _arg(n, 4, "is_causal", False)

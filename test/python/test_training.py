@@ -63,3 +63,57 @@ def test_transformer_training():
         return nn.functional.cross_entropy(logits.reshape(-1, 50), y.reshape(-1))
 
     compare(TinyTransformer, batches, loss_fn)
+
+
+class CausalAttention(nn.Module):
+    """One head group of causal self-attention over [B, T, D] inputs, called
+    as F.scaled_dot_product_attention (`mask`: an explicit boolean mask in
+    place of is_causal)."""
+
+    def __init__(self, dim=32, heads=4, mask=False):
+        super().__init__()
+        self.heads, self.mask = heads, mask
+        # No bias: the key's has a zero gradient (see TinyTransformer).
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.mask:
+            keep = torch.ones(t, t, dtype=torch.bool).tril()
+            y = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        else:
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+def _graph_stats(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "kiln" and "kiln partition(s)" in r.getMessage()]
+
+
+def test_causal_attention_training_in_one_partition(caplog):
+    # A training graph's CPU attention is traced in its math form
+    # (backend._hook_attention): forward and backward are one kiln partition
+    # each, nothing left in PyTorch, and the steps match eager's flash
+    # attention.
+    batches = [(torch.randn(4, 16, 32), torch.randn(4, 16, 32)) for _ in range(4)]
+    with caplog.at_level("DEBUG", logger="kiln"):
+        compare(CausalAttention, batches, nn.functional.mse_loss)
+    stats = _graph_stats(caplog)
+    assert any(m.startswith("stats: forward:") for m in stats), stats
+    assert any(m.startswith("stats: backward:") for m in stats), stats
+    for m in stats:
+        assert ": 1 kiln partition(s), 0 node(s) in PyTorch" in m, stats
+
+
+def test_masked_attention_training_keeps_fused_op(caplog):
+    # With an attention mask the fused op stays (a fully masked row is 0 in
+    # PyTorch's kernels, NaN in the plain math form): it runs in PyTorch
+    # between kiln partitions, and the steps still match eager.
+    batches = [(torch.randn(4, 16, 32), torch.randn(4, 16, 32)) for _ in range(4)]
+    with caplog.at_level("DEBUG", logger="kiln"):
+        compare(lambda: CausalAttention(mask=True), batches, nn.functional.mse_loss)
+    stats = _graph_stats(caplog)
+    assert stats and any(" 0 node(s) in PyTorch" not in m for m in stats), stats

@@ -134,6 +134,12 @@ static const op_case_t kCases[] = {
                     " %b = aten.sum(%x) {dims = [0, 1], keepdim = true}\n %c = aten.sum(%v)\n return %a, %b, %c\n}",
      362.0 /* sqrt(131072) */},
     {"reduce", NUMERIC, "graph @t(%x: $T[64,2048]) {\n %a = aten.amax(%x)\n %b = aten.amin(%x) {keepdim = true}\n return %a, %b\n}"},
+    // Bool max and min (any, all) along rows: the accumulator combines in its
+    // i8 storage, one op the schedule's reduction tiling matches (an i1
+    // load and store around it failed to compile: _safe_softmax's row test).
+    {"reduce", "bool", "graph @t(%x: $T[8,4,64,64], %y: $T[64,64,3]) {\n %a = aten.amax(%x) {dims = [-1], keepdim = true}\n"
+                       " %b = aten.amin(%x) {dims = [-1]}\n %c = aten.amax(%y) {dims = [-1]}\n %d = aten.amin(%y) {dims = [-1]}\n"
+                       " return %a, %b, %c, %d\n}"},
     {"reduce", FLOATS, "graph @t(%x: $T[64,2048]) {\n %a = aten.mean(%x)\n %b = aten.var(%x) {dims = [0, 1]}\n return %a, %b\n}"},
     // Contractions.
     {"matmul", NUMERIC, "graph @t(%a: $T[5,7], %b: $T[7,9]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
