@@ -659,14 +659,15 @@ def _hook_attention() -> bool:
     """Routes aten.scaled_dot_product_attention, while traced under the
     Python dispatcher (make_fx, as AOTAutograd traces), to _attention_math
     where _tracing.math_attention is set and the call has no attention mask,
-    no dropout, no grouped heads, f32/f64 CPU operands and rank >= 3 (a row
-    of PyTorch's math backend, _safe_softmax, is all masked there, which
-    these calls cannot be; with a mask, the fused op stays). Every other call
-    runs the op's own CompositeImplicitAutograd kernel, as without the hook.
-    One Python kernel for the process, put in place on first use; not where
-    another is registered for that key already (then the fused op stays).
-    The bench's GPT step: 5.24-5.35 -> 4.70-4.89 ms (Inductor 6.05-6.33;
-    one machine, alternating processes)."""
+    no dropout, no grouped heads, f32/f64 CPU operands and rank >= 3.
+    Without a mask no row is all masked, so a plain softmax gives what
+    PyTorch's kernels give (they return 0 for an all-masked row, where the
+    plain formula gives NaN: with a mask the fused op stays). Every other
+    call runs the op's own CompositeImplicitAutograd kernel, as without the
+    hook. One Python kernel for the process, put in place on first use; not
+    where another is registered for that key already (then the fused op
+    stays). The bench's GPT step: 5.61-6.12 -> 4.94-5.53 ms (alternating
+    processes, one machine)."""
     global _sdpa_hooked
     if _sdpa_hooked:
         return True
