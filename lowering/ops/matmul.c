@@ -844,28 +844,27 @@ static void emit_f32_pack(kiln_emitter_t *e, const kiln_tv_t *src, bool from_w,
   kiln_emit_fresh(e, x);
   kiln_emit_fresh(e, init);
   kiln_emit_fresh(e, bp);
-  if (from_w)
-    kiln_sbuf_printf(o,
-        "    %s = tensor.extract_slice %s[0, 0] [%lld, %lld] [1, 1] : %s to "
-        "tensor<%lldx%lldxf32>\n"
-        "    %s = tensor.expand_shape %s [[0, 1], [2]] output_shape [%lld, %d, %lld] "
-        ": tensor<%lldx%lldxf32> into tensor<%lldx%dx%lldxf32>\n"
-        "    %s = tensor.empty() : tensor<%lldx%lldx%dxf32>\n"
-        "    %s = linalg.transpose ins(%s : tensor<%lldx%dx%lldxf32>) outs(%s : "
-        "tensor<%lldx%lldx%dxf32>) permutation = [0, 2, 1]\n",
-        sl, src->ssa, NF, K, sty, NF, K, x, sl, PF, pw, K, NF, K, PF, pw, K, init, PF, K,
-        pw, bp, x, PF, pw, K, init, PF, K, pw);
-  else
-    kiln_sbuf_printf(o,
-        "    %s = tensor.extract_slice %s[0, 0] [%lld, %lld] [1, 1] : %s to "
-        "tensor<%lldx%lldxf32>\n"
-        "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%lld, %lld, %d] "
-        ": tensor<%lldx%lldxf32> into tensor<%lldx%lldx%dxf32>\n"
-        "    %s = tensor.empty() : tensor<%lldx%lldx%dxf32>\n"
-        "    %s = linalg.transpose ins(%s : tensor<%lldx%lldx%dxf32>) outs(%s : "
-        "tensor<%lldx%lldx%dxf32>) permutation = [1, 0, 2]\n",
-        sl, src->ssa, K, NF, sty, K, NF, x, sl, K, PF, pw, K, NF, K, PF, pw, init, PF, K,
-        pw, bp, x, K, PF, pw, init, PF, K, pw);
+  // The two forms differ in the slice's shape, which dim splits into
+  // panels, and the permutation that brings (panel, k, lane) out.
+  long long rows = from_w ? NF : K, cols = from_w ? K : NF;
+  char shape[64], xty[96], pty[96];
+  if (from_w) {
+    snprintf(shape, sizeof(shape), "%lld, %d, %lld", PF, pw, K);
+    snprintf(xty, sizeof(xty), "tensor<%lldx%dx%lldxf32>", PF, pw, K);
+  } else {
+    snprintf(shape, sizeof(shape), "%lld, %lld, %d", K, PF, pw);
+    snprintf(xty, sizeof(xty), "tensor<%lldx%lldx%dxf32>", K, PF, pw);
+  }
+  snprintf(pty, sizeof(pty), "tensor<%lldx%lldx%dxf32>", PF, K, pw);
+  kiln_sbuf_printf(o,
+      "    %s = tensor.extract_slice %s[0, 0] [%lld, %lld] [1, 1] : %s to "
+      "tensor<%lldx%lldxf32>\n"
+      "    %s = tensor.expand_shape %s %s output_shape [%s] : tensor<%lldx%lldxf32> into %s\n"
+      "    %s = tensor.empty() : %s\n"
+      "    %s = linalg.transpose ins(%s : %s) outs(%s : %s) permutation = %s\n",
+      sl, src->ssa, rows, cols, sty, rows, cols, x, sl,
+      from_w ? "[[0, 1], [2]]" : "[[0], [1, 2]]", shape, rows, cols, xty, init, pty, bp,
+      x, xty, init, pty, from_w ? "[0, 2, 1]" : "[1, 0, 2]");
 }
 
 // C (`init`, typed `oty`, every element written) = epi(A @ B (+ bias)), A the
