@@ -1074,6 +1074,110 @@ void kiln_emit_view(kiln_emitter_t *e, const kiln_tv_t *x,
                    out->ssa, x->ssa, shape, xty, to->rank, oty);
 }
 
+// Slabs of at most this many elements: a slab is one bufferized copy
+// (memref.copy of subviews), and one lone insert_slice of that size is
+// what the vectorizer may turn into a single vector.
+enum { kInsertSlabElems = 16384 };
+
+void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
+                            const kiln_tv_t *dst, const int64_t *offsets,
+                            bool loop_one_slab, kiln_tv_t *out) {
+  const kiln_type_t *st = &src->type;
+  int r = st->rank;
+  // Loops over dims [0, j), dim j in chunks of `cb`, whole dims after j:
+  // j is the first dim whose trailing product fits a slab.
+  int64_t inner = 1;
+  int j = r;
+  while (j > 0 && inner * st->dims[j - 1] <= kInsertSlabElems) inner *= st->dims[--j];
+  // Here inner = prod(dims[j..]) fits; split dim j - 1 into chunks.
+  int64_t cb = 1, iters = 1;
+  if (j > 0) {
+    --j;
+    for (int64_t c = st->dims[j]; c >= 1; --c)
+      if (st->dims[j] % c == 0 && c * inner <= kInsertSlabElems) {
+        cb = c;
+        break;
+      }
+    for (int k = 0; k < j; ++k) iters *= st->dims[k];
+    iters *= st->dims[j] / cb;
+  } else if (loop_one_slab) {
+    // All of src fits one slab: a loop over its first dim that is not 1.
+    while (j < r && st->dims[j] == 1) ++j;
+    if (j < r) iters = st->dims[j];
+  }
+  char sty[256], dty[256];
+  kiln_mlir_tensor_type(st, sty, sizeof(sty));
+  kiln_mlir_tensor_type(&dst->type, dty, sizeof(dty));
+  kiln_sbuf_t *b = &e->out;
+  kiln_emit_fresh(e, out->ssa);
+  out->type = dst->type;
+  if (iters < 2) {
+    // One slab: a plain insert_slice (small enough to vectorize whole).
+    kiln_sbuf_printf(b, "    %s = tensor.insert_slice %s into %s[", out->ssa, src->ssa,
+                     dst->ssa);
+    for (int k = 0; k < r; ++k)
+      kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)offsets[k]);
+    kiln_sbuf_puts(b, "] [");
+    for (int k = 0; k < r; ++k)
+      kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)st->dims[k]);
+    kiln_sbuf_puts(b, "] [");
+    for (int k = 0; k < r; ++k) kiln_sbuf_printf(b, "%s1", k ? ", " : "");
+    kiln_sbuf_printf(b, "] : %s into %s\n", sty, dty);
+    return;
+  }
+  kiln_type_t slab = *st;
+  for (int k = 0; k < j; ++k) slab.dims[k] = 1;
+  slab.dims[j] = cb;
+  char slty[256];
+  kiln_mlir_tensor_type(&slab, slty, sizeof(slty));
+  int id = e->next_id++;
+  // Loop k < j runs over dim k, loop j over the chunks of dim j (unit
+  // loops fold away). Source offsets: the ivs (chunk iv * cb); destination
+  // offsets: those plus `offsets`.
+  kiln_sbuf_printf(b, "    %s = scf.forall (", out->ssa);
+  for (int k = 0; k <= j; ++k) kiln_sbuf_printf(b, "%s%%sl%d_%d", k ? ", " : "", id, k);
+  kiln_sbuf_puts(b, ") in (");
+  for (int k = 0; k <= j; ++k)
+    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "",
+                     (long long)(k < j ? st->dims[k] : st->dims[j] / cb));
+  kiln_sbuf_printf(b, ") shared_outs(%%so%d = %s) -> (%s) {\n", id, dst->ssa, dty);
+  for (int k = 0; k <= j; ++k) {
+    long long mul = k == j ? cb : 1;
+    kiln_sbuf_printf(b,
+                     "      %%ss%d_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%sl%d_%d)\n"
+                     "      %%sd%d_%d = affine.apply affine_map<(d0) -> (d0 * %lld + %lld)>"
+                     "(%%sl%d_%d)\n",
+                     id, k, mul, id, k, id, k, mul, (long long)offsets[k], id, k);
+  }
+  kiln_sbuf_printf(b, "      %%sx%d = tensor.extract_slice %s[", id, src->ssa);
+  for (int k = 0; k < r; ++k) {
+    if (k <= j)
+      kiln_sbuf_printf(b, "%s%%ss%d_%d", k ? ", " : "", id, k);
+    else
+      kiln_sbuf_printf(b, "%s0", k ? ", " : "");
+  }
+  kiln_sbuf_puts(b, "] [");
+  for (int k = 0; k < r; ++k)
+    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)slab.dims[k]);
+  kiln_sbuf_puts(b, "] [");
+  for (int k = 0; k < r; ++k) kiln_sbuf_printf(b, "%s1", k ? ", " : "");
+  kiln_sbuf_printf(b, "] : %s to %s\n      scf.forall.in_parallel {\n"
+                      "        tensor.parallel_insert_slice %%sx%d into %%so%d[",
+                   sty, slty, id, id);
+  for (int k = 0; k < r; ++k) {
+    if (k <= j)
+      kiln_sbuf_printf(b, "%s%%sd%d_%d", k ? ", " : "", id, k);
+    else
+      kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)offsets[k]);
+  }
+  kiln_sbuf_puts(b, "] [");
+  for (int k = 0; k < r; ++k)
+    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)slab.dims[k]);
+  kiln_sbuf_puts(b, "] [");
+  for (int k = 0; k < r; ++k) kiln_sbuf_printf(b, "%s1", k ? ", " : "");
+  kiln_sbuf_printf(b, "] : %s into %s\n      }\n    }\n", slty, dty);
+}
+
 kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
                                 const kiln_type_t *to, kiln_tv_t *out) {
   kiln_type_t target = *to;

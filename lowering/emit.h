@@ -129,6 +129,20 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
 void kiln_emit_view(kiln_emitter_t *e, const kiln_tv_t *x,
                     const kiln_type_t *to, kiln_tv_t *out);
 
+// `dst` with the static `src` written at static `offsets` (one per dim):
+// an scf.forall over slabs of src (leading dims, then chunks of one dim;
+// at most 16K elements each), each inserted by tensor.parallel_insert_slice
+// and so bufferized to one copy per slab, spread over the threads. A
+// top-level tensor.insert_slice of a large tensor is what the CPU
+// vectorizer turns into one vector of the whole tensor, fully unrolled (a
+// cat into f32[8,64,3540] compiled for minutes); a src of one slab keeps it
+// unless `loop_one_slab`, which loops over its first dim that is not 1
+// (a zero padding's insert: the vectorized f16 insert into the fill
+// crashed LLVM's soft promotion).
+void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
+                            const kiln_tv_t *dst, const int64_t *offsets,
+                            bool loop_one_slab, kiln_tv_t *out);
+
 // tensor.empty of type `t`, with the SSA sizes of its symbolic dims.
 void kiln_emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]);
 // The index SSA value (or "N" literal is not allowed in operand lists, so a

@@ -1371,14 +1371,12 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
 // Zero padding of the spatial dims of x[N, C, H, W].
 //
 // On the CPU as a zero fill of the padded tensor (a linalg op the schedule
-// distributes and vectorizes) and an scf.forall over x's (N, C) planes
-// (over rows too when there is one plane) that inserts each plane into the
-// fill's interior: bufferized, a strided copy per plane, spread over the
-// threads. A tensor.pad reached bufferization whole and became a scalar
-// fill loop and one strided memref.copy on one thread: 2.9 of the bench's
-// resnet block's 21 ms. (A plain insert_slice would be vectorized into one
-// vector of the whole tensor.) The CUDA target, symbolic sizes and an
-// input of one row keep tensor.pad.
+// distributes and vectorizes) and x inserted into its interior by slabs of
+// planes (kiln_emit_insert_slabs): bufferized, a strided copy per slab,
+// spread over the threads. A tensor.pad reached bufferization whole and
+// became a scalar fill loop and one strided memref.copy on one thread: 2.9
+// of the bench's resnet block's 21 ms. The CUDA target and symbolic sizes
+// keep tensor.pad.
 static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int64_t lo_w,
                               int64_t hi_h, int64_t hi_w) {
   if (!lo_h && !lo_w && !hi_h && !hi_w) return NULL;
@@ -1390,37 +1388,12 @@ static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int
   kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
   kiln_mlir_tensor_type(&pt, pty, sizeof(pty));
   int id = e->next_id++;
-  const int64_t *xd = x->type.dims;
-  bool one_row = xd[0] * xd[1] == 1 && xd[2] == 1;  // no loop to spread it over
-  if (!e->options.cuda && kiln_type_is_static(&x->type) && !one_row) {
-    kiln_tv_t z;
+  if (!e->options.cuda && kiln_type_is_static(&x->type)) {
+    kiln_tv_t z, p;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, 0, &z));
-    // One plane per iteration, or one row of the only plane: never a
-    // single iteration (canonicalization would fold the loop into a plain
-    // insert_slice). Loops (n, c, row block); unit ones fold away.
-    bool rows = xd[0] * xd[1] == 1;
-    long long nr = rows ? xd[2] : 1, hs = rows ? 1 : xd[2];
-    kiln_type_t st = x->type;
-    st.dims[0] = st.dims[1] = 1;
-    st.dims[2] = hs;
-    char sty[256];
-    kiln_mlir_tensor_type(&st, sty, sizeof(sty));
-    kiln_emit_fresh(e, padded);
-    kiln_sbuf_printf(b,
-                     "    %s = scf.forall (%%pn%d, %%pc%d, %%pr%d) in (%lld, %lld, %lld) "
-                     "shared_outs(%%po%d = %s) -> (%s) {\n"
-                     "      %%ph%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%pr%d)\n"
-                     "      %%pq%d = affine.apply affine_map<(d0) -> (d0 * %lld + %lld)>(%%pr%d)\n"
-                     "      %%ps%d = tensor.extract_slice %s[%%pn%d, %%pc%d, %%ph%d, 0] "
-                     "[1, 1, %lld, %lld] [1, 1, 1, 1] : %s to %s\n"
-                     "      scf.forall.in_parallel {\n"
-                     "        tensor.parallel_insert_slice %%ps%d into %%po%d[%%pn%d, %%pc%d, "
-                     "%%pq%d, %lld] [1, 1, %lld, %lld] [1, 1, 1, 1] : %s into %s\n"
-                     "      }\n    }\n",
-                     padded, id, id, id, (long long)xd[0], (long long)xd[1], nr, id, z.ssa, pty,
-                     id, hs, id, id, hs, (long long)lo_h, id, id, x->ssa, id, id, id, hs,
-                     (long long)xd[3], xty, sty, id, id, id, id, id, (long long)lo_w, hs,
-                     (long long)xd[3], sty, pty);
+    int64_t offsets[4] = {0, 0, lo_h, lo_w};
+    kiln_emit_insert_slabs(e, x, &z, offsets, true, &p);
+    snprintf(padded, sizeof(padded), "%s", p.ssa);
   } else {
     kiln_emit_fresh(e, padded);
     kiln_sbuf_printf(b, "    %s = tensor.pad %s low[0, 0, %lld, %lld] high[0, 0, %lld, %lld] {\n"

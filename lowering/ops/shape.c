@@ -85,11 +85,24 @@ static kiln_status_t lower_cat(kiln_emitter_t *e, const kiln_node_t *n,
   char oty[256], cur[24];
   kiln_mlir_tensor_type(rt, oty, sizeof(oty));
   kiln_emit_empty(e, rt, cur);
+  // CPU, static: each piece inserted by slabs (kiln_emit_insert_slabs); a
+  // whole-tensor insert_slice became one vector of the piece.
+  bool slabs = !e->options.cuda && kiln_type_is_static(rt);
   int64_t off = 0;
   for (int k = 0; k < n->operand_count; ++k) {
     kiln_tv_t y;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(
         e, &e->values[n->operands[k].value], rt->dtype, &y));
+    if (slabs) {
+      int64_t offsets[KILN_MAX_RANK] = {0};
+      offsets[d] = off;
+      kiln_tv_t into = {.type = *rt}, next;
+      snprintf(into.ssa, sizeof(into.ssa), "%s", cur);
+      kiln_emit_insert_slabs(e, &y, &into, offsets, false, &next);
+      snprintf(cur, sizeof(cur), "%s", next.ssa);
+      off += y.type.dims[d];
+      continue;
+    }
     char yty[256], nxt[24];
     kiln_mlir_tensor_type(&y.type, yty, sizeof(yty));
     kiln_emit_fresh(e, nxt);

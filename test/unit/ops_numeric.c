@@ -319,6 +319,9 @@ static const op_case_t kCases[] = {
                    " %b = aten.slice(%x) {dim = 0, start = -4}\n return %a, %b\n}"},
     {"shape", ALL, "graph @t(%x: $T[3,4], %y: $T[3,2]) {\n %a = aten.cat(%x, %y) {dim = 1}\n %b = aten.cat(%x, %x, %x) {dim = 0}\n return %a, %b\n}"},
     {"shape", "f16", "graph @t(%x: $T[3,4], %y: f32[3,2]) {\n %a = aten.cat(%x, %y) {dim = -1}\n return %a\n}"},
+    // Pieces over one 16K-element slab: inserted by a forall over slabs
+    // (chunks of the last dim's planes; of dim 0 when it is the cat dim).
+    {"shape", "f32 f16 i32", "graph @t(%x: $T[2,40,300], %y: $T[2,40,100], %z: $T[3,6000]) {\n %a = aten.cat(%x, %y) {dim = 2}\n %b = aten.cat(%z, %z) {dim = 0}\n %c = aten.cat(%z, %z) {dim = 1}\n return %a, %b, %c\n}"},
     {"create", ALL, "graph @t(%x: $T[2,3]) {\n %a = aten.full() {shape = [2, 3], value = 1.5, dtype = $T}\n %b = aten.add(%x, %a)\n"
                     " %c = kiln.constant() {value = [1, 0, -2, 3, 0.5, 7]} : $T[2,3]\n %d = aten.mul(%x, %c)\n return %b, %d\n}"},
     // Composites.
