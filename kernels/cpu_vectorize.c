@@ -1059,6 +1059,41 @@ static kiln_status_t relax_maxnumf(MlirContext ctx, MlirModule module) {
   return NULL;
 }
 
+// No value of a CPU kernel is a vector this large: one is a whole tensor
+// the vectorizer took as a single vector (an op the schedule did not tile,
+// as a top-level tensor.insert_slice was), whose full unroll takes
+// minutes to compile (a cat into f32[8,64,3540]: 396 s) and runs serially.
+// Failing here names it instead. (KILN_MAX_VECTOR_ELEMS lowers the bound
+// for the lit test of this check.)
+typedef struct {
+  int64_t limit;
+  kiln_status_t error;
+} vector_check_t;
+
+static MlirWalkResult check_vector_size(MlirOperation op, void *user) {
+  vector_check_t *c = user;
+  for (intptr_t i = 0; i < mlirOperationGetNumResults(op); ++i) {
+    MlirType t = mlirValueGetType(mlirOperationGetResult(op, i));
+    if (!mlirTypeIsAVector(t)) continue;
+    int64_t n = 1;
+    for (intptr_t d = 0; d < mlirShapedTypeGetRank(t); ++d) n *= mlirShapedTypeGetDimSize(t, d);
+    if (n <= c->limit) continue;
+    kiln_sbuf_t b;
+    kiln_sbuf_init(&b);
+    mlirTypePrint(t, sbuf_cb, &b);
+    MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
+    c->error = kiln_make_status(KILN_STATUS_COMPILE_ERROR,
+                                "kernels: the CPU schedule left %.*s with a %s "
+                                "(%lld elements, at most %lld expected): an op "
+                                "vectorized whole instead of tiled",
+                                (int)name.length, name.data, b.data ? b.data : "vector",
+                                (long long)n, (long long)c->limit);
+    kiln_sbuf_free(&b);
+    return MlirWalkResultInterrupt;
+  }
+  return MlirWalkResultAdvance;
+}
+
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
                                          const kiln_kernel_tiling_t *tiling) {
   // Without a target: AVX2-class registers, one thread.
@@ -1090,6 +1125,12 @@ kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
   s = kiln_kernels_apply_script(ctx, module, text, "CPU schedule");
   free(text);
   if (!s) s = relax_maxnumf(ctx, module);
+  if (!s) {
+    const char *env = getenv("KILN_MAX_VECTOR_ELEMS");
+    vector_check_t vc = {env && atoll(env) > 0 ? atoll(env) : 1 << 16, NULL};
+    mlirOperationWalk(root, check_vector_size, &vc, MlirWalkPreOrder);
+    s = vc.error;
+  }
   return s;
 }
 

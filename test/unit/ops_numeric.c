@@ -187,6 +187,9 @@ static const op_case_t kCases[] = {
     // the generic one (37); addmm's f32 accumulator path.
     {"matmul", "bf16", "graph @t(%a: $T[8,64], %b: $T[64,37], %c: $T[64,48], %d: $T[64,50]) {\n"
                        " %x = aten.mm(%a, %b)\n %y = aten.mm(%a, %c)\n %z = aten.mm(%a, %d)\n return %x, %y, %z\n}"},
+    // B of more than one 16K-element slab (its rows go into the zero-padded
+    // panels by slabs, kiln_emit_insert_slabs).
+    {"matmul", "bf16", "graph @t(%a: $T[16,512], %b: $T[512,100]) {\n %c = aten.mm(%a, %b)\n return %c\n}"},
     {"matmul", "bf16", "graph @t(%a: $T[16,32], %w: $T[40,32], %v: $T[37,32]) {\n"
                        " %wt = aten.permute(%w) {dims = [1, 0]}\n %vt = aten.permute(%v) {dims = [1, 0]}\n"
                        " %x = aten.mm(%a, %wt)\n %y = aten.mm(%a, %vt)\n return %x, %y\n}"},
