@@ -42,6 +42,11 @@ typedef struct kiln_emitter {
   // and elementwise op the f32 microkernel takes over); the node loop
   // skips it.
   bool *node_done;
+  // Per graph value: a stride-1 convolution's output on its wide grid
+  // [N, C, OH, Wp] (the Wp - OW extra columns not dropped), which a next
+  // stride-1 convolution can take as its zero-padded input without a copy
+  // (lowering/ops/matmul.c, emit_prepadded); ssa empty where there is none.
+  kiln_tv_t *wide;
 } kiln_emitter_t;
 
 // The type scalar arithmetic on `t` is written in: kiln_mlir_elem(t), or

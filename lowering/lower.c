@@ -56,10 +56,12 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   e.values = calloc((size_t)g->value_count + 1, sizeof(kiln_tv_t));
   e.sym_ssa = calloc((size_t)g->symbol_count + 1, sizeof(*e.sym_ssa));
   e.node_done = calloc((size_t)g->node_count + 1, sizeof(bool));
-  if (!e.values || !e.sym_ssa || !e.node_done) {
+  e.wide = calloc((size_t)g->value_count + 1, sizeof(kiln_tv_t));
+  if (!e.values || !e.sym_ssa || !e.node_done || !e.wide) {
     free(e.values);
     free(e.sym_ssa);
     free(e.node_done);
+    free(e.wide);
     return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
   }
   // Every symbolic size is read once, from the first input that has it:
@@ -188,6 +190,7 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
   free(e.values);
   free(e.sym_ssa);
   free(e.node_done);
+  free(e.wide);
   if (s) {
     kiln_sbuf_free(&head);
     kiln_sbuf_free(&e.out);

@@ -1487,8 +1487,9 @@ static void flat_extra(int64_t OH, int64_t W, int64_t KW, int64_t *rows, int64_t
 static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
                                     const kiln_tv_t *w, const kiln_type_t *ot,
                                     const int64_t st[2], const int64_t dl[2],
-                                    int64_t G, kiln_tv_t *out) {
+                                    int64_t G, kiln_tv_t *out, kiln_tv_t *wide_out) {
   kiln_sbuf_t *b = &e->out;
+  wide_out->ssa[0] = 0;
   int64_t N = x.type.dims[0], C = x.type.dims[1] / G;
   int64_t F = w->type.dims[0] / G, KH = w->type.dims[2], KW = w->type.dims[3];
   int64_t OH = ot->dims[2], OW = ot->dims[3];
@@ -1590,6 +1591,7 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
     *out = r;
     return NULL;
   }
+  *wide_out = r;
   char wty2[256], oty[256];
   kiln_mlir_tensor_type(&wide, wty2, sizeof(wty2));
   kiln_mlir_tensor_type(ot, oty, sizeof(oty));
@@ -1599,6 +1601,216 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
                       "[1, 1, 1, 1] : %s to %s\n",
                    out->ssa, r.ssa, (long long)N, (long long)(G * F), (long long)OH,
                    (long long)OW, wty2, oty);
+  return NULL;
+}
+
+// A stride-1 convolution's zero-padded input, flattened to rows of Wp, is
+// made in one pass where the input is elementwise ops (batch norm, relu:
+// per-channel or scalar operands besides one full-size one) over another
+// stride-1 convolution's output whose wide grid has the same Wp: that
+// grid, with its Wp - W extra columns set to zero, is the padded input
+// shifted by lo_h * Wp + lo_w elements (an extra column of row h lands in
+// row h's right padding or row h + 1's left padding). So the ops run on
+// the wide grid, a select zeroes the extra columns, and the result is
+// written straight into the padded buffer, whose head and tail are zero
+// filled; no narrow result, no fill of the whole buffer, no copy into it
+// (the resnet block's conv -> batch norm -> relu -> conv). An scf.forall
+// over (n, channel blocks) holds the ops (tiled to the block; the
+// schedule vectorizes them in place) and inserts the block into the
+// buffer. The narrow ops, emitted before, are dead unless something else
+// reads them. `*done` says whether `x` became that padded input.
+
+// Right-aligned to rank 4: 1 or absent in dims 0, 2 and 3, 1 or C in dim 1.
+static bool per_channel(const kiln_type_t *t, int64_t C) {
+  if (t->rank > 4 || !kiln_type_is_static(t)) return false;
+  for (int k = 0; k < t->rank; ++k) {
+    int d = 4 - t->rank + k;
+    if (d == 1 ? t->dims[k] != 1 && t->dims[k] != C : t->dims[k] != 1) return false;
+  }
+  return true;
+}
+
+enum { kPrepadChain = 16 };
+
+static kiln_status_t emit_prepadded(kiln_emitter_t *e, int32_t v, int64_t lo_h,
+                                    int64_t lo_w, int64_t Hp, int64_t Wp,
+                                    kiln_tv_t *x, bool *done) {
+  *done = false;
+  const kiln_graph_t *g = e->g;
+  const kiln_type_t *nt = &g->values[v].type;
+  if (nt->rank != 4 || nt->dtype != KILN_F32 || !kiln_type_is_static(nt)) return NULL;
+  const int64_t N = nt->dims[0], C = nt->dims[1], H = nt->dims[2], W = nt->dims[3];
+  // The chain back from v to a value with a wide grid: chain[i] is a node,
+  // spatial[i] its full-size operand.
+  int chain[kPrepadChain], spatial[kPrepadChain], count = 0;
+  int32_t cur = v;
+  while (!e->wide[cur].ssa[0]) {
+    int32_t p = g->values[cur].node;
+    if (p < 0 || count == kPrepadChain) return NULL;
+    const kiln_node_t *pn = &g->nodes[p];
+    kiln_op_class_t cls = kiln_op_class(pn->op);
+    if ((cls != KILN_CLASS_UNARY && cls != KILN_CLASS_UNARY_FLOAT &&
+         cls != KILN_CLASS_BINARY && cls != KILN_CLASS_BINARY_FLOAT) ||
+        pn->result_count != 1 || !kiln_type_equal(&g->values[cur].type, nt) ||
+        kiln_node_compute_dtype(g, pn) != KILN_F32)
+      return NULL;
+    int sp = -1;
+    for (int k = 0; k < pn->operand_count; ++k) {
+      const kiln_operand_t *o = &pn->operands[k];
+      if (o->kind != KILN_OPERAND_VALUE) continue;
+      const kiln_type_t *t = &g->values[o->value].type;
+      if (sp < 0 && kiln_type_equal(t, nt)) sp = k;
+      else if (!per_channel(t, C)) return NULL;
+    }
+    if (sp < 0) return NULL;
+    chain[count] = p;
+    spatial[count++] = sp;
+    cur = pn->operands[sp].value;
+  }
+  const kiln_tv_t *wide = &e->wide[cur];
+  const int64_t HW = H * Wp, off = lo_h * Wp + lo_w, tail = Hp * Wp - off - HW;
+  if (wide->type.dims[0] != N || wide->type.dims[1] != C || wide->type.dims[2] != H ||
+      wide->type.dims[3] != Wp || tail < 0)
+    return NULL;
+  // Channel blocks of at most 16K padded elements; at least two
+  // iterations (one would fold into top-level ops).
+  int64_t cb = 1;
+  for (int64_t c = N > 1 ? C : C / 2; c >= 1; --c)
+    if (C % c == 0 && c * Hp * Wp <= 16384) {
+      cb = c;
+      break;
+    }
+  if (N * (C / cb) < 2) return NULL;
+  kiln_sbuf_t *b = &e->out;
+  // Per-channel operands as [1, C or 1, 1] (the flat slab's rank).
+  kiln_tv_t pc[kPrepadChain][3];
+  for (int i = 0; i < count; ++i) {
+    const kiln_node_t *pn = &g->nodes[chain[i]];
+    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
+      const kiln_operand_t *o = &pn->operands[k];
+      if (k == spatial[i] || o->kind != KILN_OPERAND_VALUE) continue;
+      const kiln_tv_t *src = &e->values[o->value];
+      kiln_type_t t3 = {.dtype = src->type.dtype, .rank = 3, .dims = {1, 1, 1}};
+      if (src->type.rank >= 3) t3.dims[1] = src->type.dims[src->type.rank - 3];
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, src, &t3, &pc[i][k]));
+    }
+  }
+  // The column mask over the flat rows: mask[h * Wp + w] = (w < W).
+  char mask2[24], mask[24], empty[24], flat_ty[128], pad_ty[128];
+  kiln_emit_fresh(e, empty);
+  kiln_emit_fresh(e, mask2);
+  kiln_emit_fresh(e, mask);
+  int id = e->next_id++;
+  kiln_sbuf_printf(b,
+      "    %s = tensor.empty() : tensor<%lldx%lldxi8>\n"
+      "    %s = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>], "
+      "iterator_types = [\"parallel\", \"parallel\"]} outs(%s : tensor<%lldx%lldxi8>) {\n"
+      "    ^bb0(%%mo%d: i8):\n"
+      "      %%mj%d = linalg.index 1 : index\n"
+      "      %%mw%d = arith.constant %lld : index\n"
+      "      %%mc%d = arith.cmpi ult, %%mj%d, %%mw%d : index\n"
+      "      %%mb%d = arith.extui %%mc%d : i1 to i8\n"
+      "      linalg.yield %%mb%d : i8\n"
+      "    } -> tensor<%lldx%lldxi8>\n"
+      "    %s = tensor.collapse_shape %s [[0, 1]] : tensor<%lldx%lldxi8> into tensor<%lldxi8>\n",
+      empty, (long long)H, (long long)Wp, mask2, empty, (long long)H, (long long)Wp, id, id,
+      id, (long long)W, id, id, id, id, id, id, (long long)H, (long long)Wp, mask, mask2,
+      (long long)H, (long long)Wp, (long long)HW);
+  kiln_type_t ft = {.dtype = KILN_F32, .rank = 3, .dims = {N, C, HW}};
+  kiln_type_t pt = {.dtype = KILN_F32, .rank = 3, .dims = {N, C, Hp * Wp}};
+  kiln_mlir_tensor_type(&pt, pad_ty, sizeof(pad_ty));
+  kiln_tv_t wf;
+  kiln_emit_view(e, wide, &ft, &wf);
+  kiln_mlir_tensor_type(&ft, flat_ty, sizeof(flat_ty));
+  // The whole buffer is zero filled first (a write-only pass the schedule
+  // distributes): the blocks then write one slice each. Head and tail
+  // fills of their own slices in the loop made one-shot bufferization
+  // copy every block out and back (slices of the shared output at
+  // run-time offsets it cannot tell apart).
+  kiln_tv_t init;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, 0, &init));
+  char res[24];
+  kiln_emit_fresh(e, res);
+  kiln_sbuf_printf(b,
+      "    %s = scf.forall (%%qn%d, %%qc%d) in (%lld, %lld) shared_outs(%%qo%d = %s) -> (%s) {\n"
+      "      %%qf%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%qc%d)\n",
+      res, id, id, (long long)N, (long long)(C / cb), id, init.ssa, pad_ty, id,
+      (long long)cb, id);
+  kiln_type_t slab = {.dtype = KILN_F32, .rank = 3, .dims = {1, cb, HW}};
+  char slab_ty[128];
+  kiln_mlir_tensor_type(&slab, slab_ty, sizeof(slab_ty));
+  kiln_tv_t curv = {.type = slab};
+  kiln_emit_fresh(e, curv.ssa);
+  kiln_sbuf_printf(b, "      %s = tensor.extract_slice %s[%%qn%d, %%qf%d, 0] [1, %lld, %lld] "
+                      "[1, 1, 1] : %s to %s\n",
+                   curv.ssa, wf.ssa, id, id, (long long)cb, (long long)HW, flat_ty, slab_ty);
+  const kiln_node_t *saved = e->node;
+  for (int i = count - 1; i >= 0; --i) {
+    const kiln_node_t *pn = &g->nodes[chain[i]];
+    kiln_arg_t args[3];
+    e->node = pn;
+    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
+      const kiln_operand_t *o = &pn->operands[k];
+      if (k == spatial[i]) {
+        args[k] = kiln_arg_tensor(&curv);
+      } else if (o->kind == KILN_OPERAND_VALUE && pc[i][k].type.dims[1] == C && cb != C) {
+        kiln_tv_t sl = {.type = pc[i][k].type};
+        sl.type.dims[1] = cb;
+        char aty[128], sty[128];
+        kiln_mlir_tensor_type(&pc[i][k].type, aty, sizeof(aty));
+        kiln_mlir_tensor_type(&sl.type, sty, sizeof(sty));
+        kiln_emit_fresh(e, sl.ssa);
+        kiln_sbuf_printf(b, "      %s = tensor.extract_slice %s[0, %%qf%d, 0] [1, %lld, 1] "
+                            "[1, 1, 1] : %s to %s\n",
+                         sl.ssa, pc[i][k].ssa, id, (long long)cb, aty, sty);
+        args[k] = kiln_arg_tensor(&sl);
+      } else if (o->kind == KILN_OPERAND_VALUE) {
+        args[k] = kiln_arg_tensor(&pc[i][k]);
+      } else {
+        args[k] = kiln_arg_operand(e, k);
+      }
+    }
+    kiln_tv_t next;
+    kiln_status_t s = kiln_emit_ew(e, pn->op, pn, pn->operand_count, args, &slab,
+                                   KILN_F32, KILN_F32, &next);
+    if (s) {
+      e->node = saved;
+      return s;
+    }
+    curv = next;
+  }
+  e->node = saved;
+  // The block's slice of the buffer gets the ops' values, zero in the
+  // extra columns.
+  char zero[24];
+  kiln_emit_scalar_const(e, b, KILN_F32, 0, zero);
+  kiln_sbuf_printf(b,
+      "      %%qd%d = tensor.extract_slice %%qo%d[%%qn%d, %%qf%d, %lld] [1, %lld, %lld] "
+      "[1, 1, 1] : %s to %s\n"
+      "      %%qm%d = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d1, d2)>, "
+      "affine_map<(d0, d1, d2) -> (d2)>, affine_map<(d0, d1, d2) -> (d0, d1, d2)>], "
+      "iterator_types = [\"parallel\", \"parallel\", \"parallel\"]} ins(%s, %s : %s, "
+      "tensor<%lldxi8>) outs(%%qd%d : %s) {\n"
+      "      ^bb0(%%qx%d: f32, %%qk%d: i8, %%qy%d: f32):\n"
+      "        %%qz%d = arith.constant 0 : i8\n"
+      "        %%qb%d = arith.cmpi ne, %%qk%d, %%qz%d : i8\n"
+      "        %%qs%d = arith.select %%qb%d, %%qx%d, %s : f32\n"
+      "        linalg.yield %%qs%d : f32\n"
+      "      } -> %s\n",
+      id, id, id, id, (long long)off, (long long)cb, (long long)HW, pad_ty, slab_ty, id,
+      curv.ssa, mask, slab_ty, (long long)HW, id, slab_ty, id, id, id, id, id, id, id, id,
+      id, id, zero, id, slab_ty);
+  kiln_sbuf_puts(b, "      scf.forall.in_parallel {\n");
+  kiln_sbuf_printf(b, "        tensor.parallel_insert_slice %%qm%d into %%qo%d[%%qn%d, "
+                      "%%qf%d, %lld] [1, %lld, %lld] [1, 1, 1] : %s into %s\n"
+                      "      }\n    }\n",
+                   id, id, id, id, (long long)off, (long long)cb, (long long)HW, slab_ty,
+                   pad_ty);
+  kiln_tv_t r = {.type = pt};
+  snprintf(r.ssa, sizeof(r.ssa), "%s", res);
+  kiln_type_t xt = {.dtype = KILN_F32, .rank = 4, .dims = {N, C, Hp, Wp}};
+  kiln_emit_view(e, &r, &xt, x);
+  *done = true;
   return NULL;
 }
 
@@ -1616,9 +1828,16 @@ kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
   // The stride-1 taps form's extra rows and columns come with the
   // padding: one fill and one copy.
   int64_t xr = 0, xc = 0;
-  if (e->options.conv_taps && st[0] == 1 && st[1] == 1)
+  bool flat = e->options.conv_taps && st[0] == 1 && st[1] == 1;
+  if (flat)
     flat_extra(rt->dims[2], x.type.dims[3] + 2 * pd[1], w.type.dims[3], &xr, &xc);
-  KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, &x, pd[0], pd[1], pd[0] + xr, pd[1] + xc));
+  bool prepadded = false;
+  if (flat && !e->options.cuda)
+    KILN_RETURN_IF_ERROR_PLAIN(emit_prepadded(
+        e, n->operands[0].value, pd[0], pd[1], x.type.dims[2] + 2 * pd[0] + xr,
+        x.type.dims[3] + 2 * pd[1] + xc, &x, &prepadded));
+  if (!prepadded)
+    KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, &x, pd[0], pd[1], pd[0] + xr, pd[1] + xc));
   kiln_type_t ot = *rt;
   ot.dtype = acc;
   char attrs[256];
@@ -1627,9 +1846,9 @@ kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
            "strides = dense<[%lld, %lld]> : tensor<2xi64>}",
            (long long)dl[0], (long long)dl[1], (long long)st[0],
            (long long)st[1]);
-  kiln_tv_t conv;
+  kiln_tv_t conv, wide = {.ssa = ""};
   if (e->options.conv_taps) {
-    KILN_RETURN_IF_ERROR_PLAIN(emit_conv_taps(e, x, &w, &ot, st, dl, G, &conv));
+    KILN_RETURN_IF_ERROR_PLAIN(emit_conv_taps(e, x, &w, &ot, st, dl, G, &conv, &wide));
   } else if (G == 1) {
     kiln_tv_t init;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &ot, 0, &init));
@@ -1686,9 +1905,13 @@ kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &bias, &bt, &bv));
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
         e, KILN_OP_ADD, kiln_arg_tensor(&conv), kiln_arg_tensor(&bv), acc, &r));
+    if (wide.ssa[0])  // the bias on the wide grid too (dead if unused)
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(
+          e, KILN_OP_ADD, kiln_arg_tensor(&wide), kiln_arg_tensor(&bv), acc, &wide));
   }
   kiln_tv_t out;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, rt->dtype, &out));
   kiln_emit_set_result(e, n, 0, &out);
+  if (wide.ssa[0] && rt->dtype == KILN_F32 && !e->options.cuda) e->wide[n->results[0]] = wide;
   return NULL;
 }

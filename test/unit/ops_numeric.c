@@ -286,6 +286,24 @@ static const op_case_t kCases[] = {
                     " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [2, 2], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 bf16", "graph @t(%x: $T[2,16,5,5], %w: $T[8,16,1,1]) {\n"
                          " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1}\n return %y\n}"},
+    // A stride-1 convolution whose input is elementwise ops over another
+    // one's output (lowering/ops/matmul.c, emit_prepadded): the ops run on
+    // the first convolution's wide grid (bias included) and write the
+    // second one's zero-padded input directly. Batch norm + relu with
+    // per-channel operands of ranks 1-3 and a scalar; one image in channel
+    // blocks; the first result also read elsewhere (returned); a second
+    // convolution with other padding (Wp differs: the plain pad).
+    {"conv", "f32", "graph @t(%x: $T[2,8,9,13], %w: $T[8,8,3,3], %b: $T[8], %m: $T[8,1,1], %s: $T[1,8,1,1], %v: $T[8,1,1], %w2: $T[6,8,3,3]) {\n"
+                    " %c = aten.convolution(%x, %w, %b) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n"
+                    " %d = aten.sub(%c, %m)\n %e = aten.mul(%d, %s)\n %f = aten.add(%e, %v)\n %g = aten.mul(%f, 0.5)\n %r = aten.relu(%g)\n"
+                    " %y = aten.convolution(%r, %w2, none) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n"
+                    " %z = aten.convolution(%r, %w2, none) {stride = [1, 1], padding = [2, 2], dilation = [2, 2], groups = 1}\n"
+                    " return %y, %z\n}"},
+    {"conv", "f32", "graph @t(%x: $T[1,16,14,14], %w: $T[16,16,3,3], %w2: $T[16,16,3,3]) {\n"
+                    " %c = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n"
+                    " %r = aten.relu(%c)\n"
+                    " %y = aten.convolution(%r, %w2, none) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n"
+                    " return %c, %y\n}"},
     // Multi-output fusion (kernels/cpu_vectorize.c): an Adam-like step,
     // whose moment updates are computed inside the parameter update's
     // thread tiles and still returned; a producer read by an op before its
