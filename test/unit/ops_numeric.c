@@ -286,6 +286,27 @@ static const op_case_t kCases[] = {
                     " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [2, 2], dilation = [1, 1], groups = 1}\n return %y\n}"},
     {"conv", "f32 bf16", "graph @t(%x: $T[2,16,5,5], %w: $T[8,16,1,1]) {\n"
                          " %y = aten.convolution(%x, %w, none) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1}\n return %y\n}"},
+    // Strided convolutions with 8 or more filters per group as stride-1
+    // convolutions over the phases of the padded input (emit_conv_phases):
+    // 3x3 stride 2 with odd sizes and a bias; 1x1 stride 2 (one phase);
+    // a 7x7 stride-2 stem; strides (2, 1) and 3; two groups; and a
+    // stride-2 layer feeding relu and a stride-1 one (its wide grid as the
+    // next padded input).
+    {"conv", "f32 f64", "graph @t(%x: $T[2,8,13,11], %w: $T[16,8,3,3], %b: $T[16]) {\n"
+                        " %y = aten.convolution(%x, %w, %b) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n return %y\n}"},
+    {"conv", "f32", "graph @t(%x: $T[1,8,12,12], %w: $T[8,8,1,1], %v: $T[2,4,15,15], %u: $T[8,4,7,7]) {\n"
+                    " %y = aten.convolution(%x, %w, none) {stride = [2, 2], padding = [0, 0], dilation = [1, 1], groups = 1}\n"
+                    " %z = aten.convolution(%v, %u, none) {stride = [2, 2], padding = [3, 3], dilation = [1, 1], groups = 1}\n"
+                    " return %y, %z\n}"},
+    {"conv", "f32", "graph @t(%x: $T[1,8,10,9], %w: $T[8,8,3,3], %v: $T[2,16,14,13], %u: $T[16,8,3,2]) {\n"
+                    " %y = aten.convolution(%x, %w, none) {stride = [2, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n"
+                    " %z = aten.convolution(%v, %u, none) {stride = [3, 3], padding = [0, 1], dilation = [1, 1], groups = 2}\n"
+                    " return %y, %z\n}"},
+    {"conv", "f32", "graph @t(%x: $T[2,8,12,12], %w: $T[16,8,3,3], %w2: $T[16,16,3,3]) {\n"
+                    " %c = aten.convolution(%x, %w, none) {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}\n"
+                    " %r = aten.relu(%c)\n"
+                    " %y = aten.convolution(%r, %w2, none) {stride = [1, 1], padding = [1, 1], dilation = [1, 1], groups = 1}\n"
+                    " return %y\n}"},
     // A stride-1 convolution whose input is elementwise ops over another
     // one's output (lowering/ops/matmul.c, emit_prepadded): the ops run on
     // the first convolution's wide grid (bias included) and write the
