@@ -627,12 +627,19 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
     for (int i = 0; i < r; ++i) d->range[i] = dims[i];
     MlirAttribute perm = mlirOperationGetAttributeByName(
         op, mlirStringRefCreateFromCString("permutation"));
+    // A transpose moves the input's innermost dim away from the output's
+    // innermost (output loop q reads input dim perm[q]): a register block
+    // over loop q and the innermost loop reads and writes whole vectors
+    // (a vector.transpose between), where a vector along the output's
+    // innermost dim alone gathers from the input at a stride.
     if (r >= 2 && !mlirAttributeIsNull(perm) &&
         mlirAttributeIsADenseI64Array(perm) &&
         mlirDenseArrayGetNumElements(perm) == r &&
-        mlirDenseI64ArrayGetElement(perm, r - 1) == r - 2 &&
-        mlirDenseI64ArrayGetElement(perm, r - 2) == r - 1)
+        mlirDenseI64ArrayGetElement(perm, r - 1) != r - 1) {
+      for (int q = 0; q < r - 1; ++q)
+        if (mlirDenseI64ArrayGetElement(perm, q) == r - 1) d->transpose_dim = q;
       d->kind = KILN_KERNEL_TRANSPOSE;
+    }
     return true;
   }
   if (!equals(name, "linalg.generic")) return false;

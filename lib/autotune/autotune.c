@@ -205,10 +205,14 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
     return;
   case KILN_KERNEL_TRANSPOSE: {
     // Square register blocks: a block's vector transpose is a few shuffles.
-    for (int i = 0; i < r - 2; ++i) c->reg[i] = 1;
+    // Over a dim of 4 or less (a stride's phases) the block is that dim by
+    // a whole vector.
+    const int q = d->transpose_dim;
+    for (int i = 0; i < r - 1; ++i) c->reg[i] = 1;
     const int64_t blk[] = {8, 4, 2, 1};
-    c->reg[r - 2] = pick(d->range[r - 2], blk, 4);
-    c->reg[r - 1] = pick(d->range[r - 1], blk, 4);
+    c->reg[q] = pick(d->range[q], blk, 4);
+    c->reg[r - 1] = c->reg[q] <= 4 && d->range[q] <= 4 ? pick(d->range[r - 1], vec, 5)
+                                                       : pick(d->range[r - 1], blk, 4);
     break;
   }
   case KILN_KERNEL_ROW_REDUCTION:
@@ -404,8 +408,8 @@ static void stages_other(emitter_t *e, int stage) {
         c.reduction_tile = w;
       } else if (d->kind == KILN_KERNEL_TRANSPOSE) {
         if (w > 16) continue;
-        c.reg[r - 2] = c.reg[r - 1] = w;
-        refit_forall(d, &c, r - 2);
+        c.reg[d->transpose_dim] = c.reg[r - 1] = w;
+        refit_forall(d, &c, d->transpose_dim);
       } else {
         c.reg[r - 1] = w;
         refit_forall(d, &c, r - 1);

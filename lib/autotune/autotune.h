@@ -45,6 +45,10 @@ typedef struct kiln_kernel_desc {
   // Contractions: the two parallel loops that get the register tile (the
   // rows and columns of the output block); -1 otherwise.
   int32_t m_dim, n_dim;
+  // Transposes: the output loop that walks the input's innermost dim (the
+  // register block spans it and the output's innermost loop); r - 2 for a
+  // swap of the last two dims.
+  int32_t transpose_dim;
   int32_t elem_bytes;  // bytes of one element of the computation (f32: 4)
   bool nested;         // already inside a parallel loop: no forall of its own
   // An operand index is a sum of loops (a convolution's input, kh*Wp + p):
