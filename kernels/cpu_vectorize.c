@@ -376,6 +376,18 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
     kiln_sbuf_puts(&b, "    transform.apply_patterns to %funcs {\n"
                        "      transform.apply_patterns.canonicalization\n"
                        "    } : !transform.any_op\n");
+  bool gathers = false;
+  for (int32_t i = 0; i < count; ++i) gathers |= descs[i].gather;
+  // Gathers first, with tensor.extract vectorized (vector.gather, or a
+  // contiguous load where the vectorizer proves one); the children pass
+  // below would leave them scalar (and vectorizing every extract would
+  // reach strided tables, whose vector.gather has no LLVM lowering).
+  if (gathers)
+    kiln_sbuf_puts(&b,
+                   "    %gathers = transform.structured.match attributes {kiln.gather} in "
+                   "%funcs : (!transform.any_op) -> !transform.any_op\n"
+                   "    transform.structured.vectorize %gathers {vectorize_nd_extract} : "
+                   "!transform.any_op\n");
   kiln_sbuf_puts(&b,
                  "    %vec = transform.structured.vectorize_children_and_apply_"
                  "patterns %funcs : (!transform.any_op) -> !transform.any_op\n");
@@ -576,6 +588,25 @@ static kiln_hash128_t op_hash(MlirOperation op) {
   return hash;
 }
 
+// Whether the tensor a generic's body gathers from (tensor.extract; an
+// embedding's table) is certainly a dense buffer once bufferized: a
+// function argument with the identity layout, or a tensor an op computes.
+// Only then is the generic vectorized (`vectorize_nd_extract`: a
+// vector.gather, or a contiguous load where the vectorizer proves one); a
+// gather from a strided memref (a strided graph input, a slice) has no
+// LLVM lowering, so such a generic stays scalar.
+static bool gather_source_dense(MlirValue v) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation def = mlirOpResultGetOwner(v);
+  MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(def));
+  if (equals(name, "bufferization.to_tensor")) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(def, 0));
+    return mlirTypeIsAMemRef(t) && mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t));
+  }
+  return starts_with(name, "linalg.") || equals(name, "tensor.empty") ||
+         equals(name, "arith.constant");
+}
+
 // Describes one op; false when it is left alone (gathers, convolutions and
 // other named ops, empty tensors). Symbolic sizes are described by the
 // stand-in range and `dynamic_mask`.
@@ -655,7 +686,10 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   for (MlirOperation o = mlirBlockGetFirstOperation(block);
        !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
     MlirStringRef on = mlirIdentifierStr(mlirOperationGetName(o));
-    if (equals(on, "tensor.extract")) return false;
+    if (equals(on, "tensor.extract")) {
+      if (!gather_source_dense(mlirOperationGetOperand(o, 0))) return false;
+      d->gather = true;
+    }
     has_mul |= equals(on, "arith.mulf") || equals(on, "arith.muli");
     has_add |= equals(on, "arith.addf") || equals(on, "arith.addi");
   }
@@ -791,6 +825,9 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
   mlirOperationSetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.tile_id"),
       mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), c->count));
+  if (d.gather)
+    mlirOperationSetDiscardableAttributeByName(
+        op, mlirStringRefCreateFromCString("kiln.gather"), mlirUnitAttrGet(c->ctx));
   c->count++;
   return MlirWalkResultAdvance;
 }
