@@ -469,19 +469,26 @@ def _tanh_backward(e, n):
     return e.op("aten.mul", [g, one_minus])
 
 
-def _clamp(e, n):
+def _clamp_to(e, n, lo, hi):
+    """min(max(x, lo), hi), as torch.clamp defines it (hi wins where lo >
+    hi; NaN stays NaN); bounds are scalars or tensors (broadcast)."""
     x = e.operand(n.args[0])
-    lo = _arg(n, 1, "min")
-    hi = _arg(n, 2, "max")
-    if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
-        raise Unsupported("clamp with tensor bounds")
     if lo is None and hi is None:
         return e.op("aten.clone", [x])
     if lo is not None:
-        x = e.op("aten.maximum", [x, _scalar(lo)])
+        x = e.op("aten.maximum", [x, e.operand(lo)])
     if hi is not None:
-        x = e.op("aten.minimum", [x, _scalar(hi)])
+        x = e.op("aten.minimum", [x, e.operand(hi)])
     return x
+
+
+def _clamp(e, n):
+    return _clamp_to(e, n, _arg(n, 1, "min"), _arg(n, 2, "max"))
+
+
+def _hardtanh(e, n):
+    # relu6 is hardtanh(x, 0, 6).
+    return _clamp_to(e, n, _arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0))
 
 
 def _bool_only(kop):
@@ -690,6 +697,10 @@ TRANSLATORS = {
     aten.arange.start_step: _arange,
     aten.arange.default: lambda e, n: _arange(e, _ArangeDefault(n)),
     aten.clamp.default: _clamp,
+    aten.clamp.Tensor: _clamp,
+    aten.clamp_min.default: lambda e, n: _clamp_to(e, n, n.args[1], None),
+    aten.clamp_max.default: lambda e, n: _clamp_to(e, n, None, n.args[1]),
+    aten.hardtanh.default: _hardtanh,
     aten.bitwise_and.Tensor: _bool_only("aten.logical_and"),
     aten.bitwise_or.Tensor: _bool_only("aten.logical_or"),
     aten.bitwise_xor.Tensor: _bool_only("aten.logical_xor"),

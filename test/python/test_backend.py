@@ -133,6 +133,23 @@ def test_translated_composites_match_eager():
         torch.testing.assert_close(g, w)
 
 
+def test_clamp_forms_match_eager():
+    """hardtanh (relu6), clamp with tensor bounds (broadcast), clamp_min and
+    clamp_max: maximum/minimum chains in one kiln partition."""
+
+    def f(x, lo, hi):
+        return (nn.functional.relu6(x * 4), nn.functional.hardtanh(x),
+                torch.clamp(x, lo, hi), torch.clamp(x, min=lo),
+                torch.clamp_min(x, 0.1), torch.clamp_max(x, hi))
+
+    x = torch.randn(5, 7)
+    x[0, 0] = float("nan")
+    lo, hi = torch.randn(7) - 1, torch.randn(5, 1) + 1
+    got = torch.compile(f, backend="kiln", options={"fallback": "error"})(x, lo, hi)
+    for g, w in zip(got, f(x, lo, hi)):
+        torch.testing.assert_close(g, w, equal_nan=True)
+
+
 def test_backward_helpers_match_eager():
     def f(x):
         return (torch.relu(x) * torch.sigmoid(x) * torch.tanh(x)).log_softmax(-1).softmax(0)
