@@ -491,6 +491,40 @@ def _hardtanh(e, n):
     return _clamp_to(e, n, _arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0))
 
 
+def _leaky_relu(e, n):
+    x = e.operand(n.args[0])
+    slope = _arg(n, 1, "negative_slope", 0.01)
+    return e.op("aten.where", [e.op("aten.gt", [x, "0"]), x,
+                               e.op("aten.mul", [x, _scalar(float(slope))])])
+
+
+def _elu(e, n):
+    """x * scale where x > 0, else (exp(x * input_scale) - 1) * alpha *
+    scale (PyTorch's CPU formula; NaN stays NaN)."""
+    x = e.operand(n.args[0])
+    alpha = float(_arg(n, 1, "alpha", 1.0))
+    scale = float(_arg(n, 2, "scale", 1.0))
+    input_scale = float(_arg(n, 3, "input_scale", 1.0))
+    xi = x if input_scale == 1.0 else e.op("aten.mul", [x, _scalar(input_scale)])
+    neg = e.op("aten.sub", [e.op("aten.exp", [xi]), "1.0"])
+    if alpha * scale != 1.0:
+        neg = e.op("aten.mul", [neg, _scalar(alpha * scale)])
+    pos = x if scale == 1.0 else e.op("aten.mul", [x, _scalar(scale)])
+    return e.op("aten.where", [e.op("aten.gt", [x, "0"]), pos, neg])
+
+
+def _log1p(e, n):
+    """log(1 + x) without losing small x: with u = 1 + x rounded,
+    log(u) * x / (u - 1) (exact where u - 1 is, Goldberg's trick); x itself
+    where u rounds to 1, +inf at +inf."""
+    x = e.operand(n.args[0])
+    u = e.op("aten.add", [x, "1.0"])
+    ratio = e.op("aten.mul", [e.op("aten.log", [u]),
+                              e.op("aten.div", [x, e.op("aten.sub", [u, "1.0"])])])
+    r = e.op("aten.where", [e.op("aten.eq", [u, "1.0"]), x, ratio])
+    return e.op("aten.where", [e.op("aten.eq", [x, "inf"]), x, r])
+
+
 def _bool_only(kop):
     """bitwise ops equal the logical ones on bools (kiln has no integer
     bitwise ops yet)."""
@@ -701,6 +735,9 @@ TRANSLATORS = {
     aten.clamp_min.default: lambda e, n: _clamp_to(e, n, n.args[1], None),
     aten.clamp_max.default: lambda e, n: _clamp_to(e, n, None, n.args[1]),
     aten.hardtanh.default: _hardtanh,
+    aten.leaky_relu.default: _leaky_relu,
+    aten.elu.default: _elu,
+    aten.log1p.default: _log1p,
     aten.bitwise_and.Tensor: _bool_only("aten.logical_and"),
     aten.bitwise_or.Tensor: _bool_only("aten.logical_or"),
     aten.bitwise_xor.Tensor: _bool_only("aten.logical_xor"),

@@ -150,6 +150,24 @@ def test_clamp_forms_match_eager():
         torch.testing.assert_close(g, w, equal_nan=True)
 
 
+def test_activation_compositions_match_eager():
+    """leaky_relu, elu (alpha, and SELU's scale through F.selu) and log1p
+    (softplus decomposes to it) as kiln op chains, special values included:
+    log1p keeps tiny x (log(1 + x) alone rounds 1e-9 to 0)."""
+
+    def f(x):
+        return (nn.functional.leaky_relu(x, 0.2), nn.functional.elu(x, 0.7),
+                nn.functional.selu(x), torch.log1p(x), nn.functional.softplus(x))
+
+    x = torch.randn(6, 9) * 3
+    x[0, :6] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-9, -1e-9, -1.0])
+    x[1, 0] = -2.0  # log1p: NaN
+    got = torch.compile(f, backend="kiln", options={"fallback": "error"})(x)
+    for g, w in zip(got, f(x)):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    assert torch.log1p(x)[0, 3].item() == got[3][0, 3].item() != 0
+
+
 def test_backward_helpers_match_eager():
     def f(x):
         return (torch.relu(x) * torch.sigmoid(x) * torch.tanh(x)).log_softmax(-1).softmax(0)
