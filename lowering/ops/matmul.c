@@ -1455,16 +1455,23 @@ static void emit_mac_generic(kiln_sbuf_t *b, const char *res, const mac_form_t *
 
 // The stride-1 form's extra zero padding below and right of the padded
 // input x[N, C, H, W] (see emit_conv_taps): one row at the bottom when
-// KW > 1 keeps the last tap in bounds; extra columns on the right (up to 7)
-// make the wide grid OH x Wp split into register tiles as wide as can be,
-// up to 32 (and at least 2: a register tile one column wide loses its
-// accumulator column when the schedule folds the tile's unit dims).
+// KW > 1 keeps the last tap in bounds; extra columns on the right (up to
+// 31) make the wide grid OH x Wp split into register tiles as wide as pays:
+// each choice costs its grid's size over the tile width's measured
+// efficiency (32 lanes 1, 16 0.8, 8 0.5, less 0.25; a register tile one
+// column wide also loses its accumulator column when the schedule folds
+// the tile's unit dims). An odd OH (35 x 35) gets no tile wider than 8
+// from up to 7 extra columns: Wp 40 with 8-lane tiles ran a 3x3 layer,
+// 48 -> 64 channels, in 1.87 ms, Wp 48 with 16-lane ones in 1.48 ms.
 static void flat_extra(int64_t OH, int64_t W, int64_t KW, int64_t *rows, int64_t *cols) {
-  int64_t extra = 0, best = 0;
-  for (int64_t x8 = 0; x8 < 8; ++x8) {
-    int64_t p = OH * (W + x8), w = 1;
+  int64_t extra = 0;
+  double best = 0;
+  for (int64_t x = 0; x < 32; ++x) {
+    int64_t p = OH * (W + x), w = 1;
     while (w < 32 && p % (w * 2) == 0) w *= 2;
-    if (w > best) best = w, extra = x8;
+    double eff = w >= 32 ? 1.0 : w >= 16 ? 0.8 : w >= 8 ? 0.5 : 0.25;
+    double cost = (double)p / eff;
+    if (x == 0 || cost < best) best = cost, extra = x;
   }
   *rows = KW > 1 ? 1 : 0;
   *cols = extra;
