@@ -217,6 +217,25 @@ def _var(e, n):
     return e.op("aten.var", [e.operand(n.args[0])], attrs)
 
 
+def _var_mean(e, n):
+    """(var, mean) over the same dims: two kiln reductions, each annotated
+    with its own type."""
+    var = _var(e, n)
+    e.lines[-1] += " : " + tensor_type(n.meta["val"][0])
+    attrs = {}
+    dims = _arg(n, 1, "dim")
+    if dims:
+        attrs["dims"] = _int_list(dims, "dim")
+    if n.kwargs.get("keepdim", False):
+        attrs["keepdim"] = "true"
+    mean = e.op("aten.mean", [e.operand(n.args[0])], attrs)
+    e.lines[-1] += " : " + tensor_type(n.meta["val"][1])
+    return [var, mean]
+
+
+_var_mean.own_types = True
+
+
 def _addmm(e, n):
     attrs = {}
     for k in ("beta", "alpha"):
@@ -795,6 +814,7 @@ TRANSLATORS = {
     aten.prod.dim_int: _reduce("aten.prod"),
     aten.prod.default: _reduce("aten.prod", dims_index=None, has_keepdim=False),
     aten.var.correction: _var,
+    aten.var_mean.correction: _var_mean,
     aten.mm.default: lambda e, n: e.op("aten.mm", [e.operand(a) for a in n.args[:2]]),
     aten.bmm.default: lambda e, n: e.op("aten.bmm", [e.operand(a) for a in n.args[:2]]),
     aten.addmm.default: _addmm,
@@ -868,6 +888,12 @@ def _one_element(v) -> bool:
     return all(isinstance(d, int) and d == 1 for d in v.shape)
 
 
+# Ops translated to several kiln values (a list), read through getitem.
+_MULTI_RESULT = (aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
+                 aten._native_batch_norm_legit_no_training.default,
+                 aten.var_mean.correction)
+
+
 def support_reason(node) -> str | None:
     """None when kiln takes `node`, else why not."""
     if node.op != "call_function":
@@ -875,9 +901,7 @@ def support_reason(node) -> str | None:
     if node.target is operator.getitem:
         src = node.args[0]
         if isinstance(src, torch.fx.Node) and (
-                src.target in (aten.native_layer_norm.default,
-                               aten.native_layer_norm_backward.default,
-                               aten._native_batch_norm_legit_no_training.default) or
+                src.target in _MULTI_RESULT or
                 getattr(TRANSLATORS.get(src.target), "own_types", False)):
             return support_reason(src)
         return "getitem of a node kiln does not produce"
@@ -901,9 +925,7 @@ def support_reason(node) -> str | None:
         for a in node.all_input_nodes:
             if isinstance(a.meta.get("val"), torch.Tensor):
                 tensor_type(a.meta["val"])
-            elif a.target not in (aten.native_layer_norm.default,
-                                  aten.native_layer_norm_backward.default,
-                                  aten._native_batch_norm_legit_no_training.default):
+            elif a.target not in _MULTI_RESULT:
                 return f"operand {a.name} is not a tensor"
         # Dry run: translate with placeholder names for the operands.
         e = Emitter()

@@ -168,6 +168,21 @@ def test_activation_compositions_match_eager():
     assert torch.log1p(x)[0, 3].item() == got[3][0, 3].item() != 0
 
 
+def test_var_mean_matches_eager():
+    """torch.var_mean (and std, which decomposes to var) in one kiln
+    partition: two reductions read through getitem."""
+
+    def f(x):
+        v, m = torch.var_mean(x, dim=-1)
+        v2, m2 = torch.var_mean(x, dim=0, correction=0, keepdim=True)
+        return v + m, x.std(-1), v2 * m2
+
+    x = torch.randn(33, 65)
+    got = torch.compile(f, backend="kiln", options={"fallback": "error"})(x)
+    for g, w in zip(got, f(x)):
+        torch.testing.assert_close(g, w)
+
+
 def test_backward_helpers_match_eager():
     def f(x):
         return (torch.relu(x) * torch.sigmoid(x) * torch.tanh(x)).log_softmax(-1).softmax(0)
