@@ -18,7 +18,7 @@ import threading
 import time
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -592,6 +592,9 @@ def _decompositions():
     inference; training graphs trace it in math form, _hook_attention)."""
     table = dict(core_aten_decompositions())
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    # Group norm (core ATen keeps it whole) as a var_mean over its groups
+    # and a scale and shift per channel; its backward follows by autograd.
+    table.update(get_decompositions([torch.ops.aten.native_group_norm.default]))
     ln_bwd = torch.ops.aten.native_layer_norm_backward.default
     if ln_bwd in table:
         table[ln_bwd] = _layer_norm_backward_decomposition(table[ln_bwd])

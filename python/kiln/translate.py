@@ -279,6 +279,28 @@ def _view(e, n):
     return e.op("aten.view", [e.operand(n.args[0])], {"shape": _int_list(n.args[1], "shape")})
 
 
+def _as_strided(e, n):
+    """as_strided that is a view: the source contiguous from offset 0 and the
+    result its elements in order (the contiguous strides of the same number
+    of elements), as group norm's decomposition reshapes its per-group
+    scales; any other layout stays in PyTorch."""
+    src, size, stride = n.args[0], list(n.args[1]), list(n.args[2])
+    offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
+    val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not val.is_contiguous() or \
+            val.storage_offset() != 0 or offset not in (None, 0):
+        raise Unsupported("as_strided of a strided or offset tensor")
+    dense, acc = [], 1
+    for d in reversed(size):
+        dense.append(acc)
+        acc *= d
+    if any(st != dn for st, dn, d in zip(stride, reversed(dense), size) if d != 1):
+        raise Unsupported(f"as_strided to strides {stride} (not a view of {size})")
+    if acc != val.numel():
+        raise Unsupported("as_strided to fewer elements than its source")
+    return e.op("aten.view", [e.operand(src)], {"shape": _int_list(size, "shape")})
+
+
 def _expand(e, n):
     return e.op("aten.expand", [e.operand(n.args[0])], {"shape": _int_list(n.args[1], "shape")})
 
@@ -815,6 +837,7 @@ TRANSLATORS = {
     aten.prod.default: _reduce("aten.prod", dims_index=None, has_keepdim=False),
     aten.var.correction: _var,
     aten.var_mean.correction: _var_mean,
+    aten.as_strided.default: _as_strided,
     aten.mm.default: lambda e, n: e.op("aten.mm", [e.operand(a) for a in n.args[:2]]),
     aten.bmm.default: lambda e, n: e.op("aten.bmm", [e.operand(a) for a in n.args[:2]]),
     aten.addmm.default: _addmm,
