@@ -590,7 +590,8 @@ static kiln_hash128_t op_hash(MlirOperation op) {
 
 // Whether the tensor a generic's body gathers from (tensor.extract; an
 // embedding's table) is certainly a dense buffer once bufferized: a
-// function argument with the identity layout, or a tensor an op computes.
+// function argument with the identity layout (a computed tensor may be
+// bufferized into a strided subview of another buffer).
 // Only then is the generic vectorized (`vectorize_nd_extract`: a
 // vector.gather, or a contiguous load where the vectorizer proves one); a
 // gather from a strided memref (a strided graph input, a slice) has no
@@ -599,16 +600,13 @@ static bool gather_source_dense(MlirValue v) {
   if (!mlirValueIsAOpResult(v)) return false;
   MlirOperation def = mlirOpResultGetOwner(v);
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(def));
-  if (equals(name, "bufferization.to_tensor")) {
-    MlirType t = mlirValueGetType(mlirOperationGetOperand(def, 0));
-    return mlirTypeIsAMemRef(t) && mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t));
-  }
-  return starts_with(name, "linalg.") || equals(name, "tensor.empty") ||
-         equals(name, "arith.constant");
+  if (!equals(name, "bufferization.to_tensor")) return false;
+  MlirType t = mlirValueGetType(mlirOperationGetOperand(def, 0));
+  return mlirTypeIsAMemRef(t) && mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t));
 }
 
-// Describes one op; false when it is left alone (gathers, convolutions and
-// other named ops, empty tensors). Symbolic sizes are described by the
+// Describes one op; false when it is left alone (gathers from tables that
+// may be strided, convolutions and other named ops, empty tensors). Symbolic sizes are described by the
 // stand-in range and `dynamic_mask`.
 bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
@@ -679,7 +677,8 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   if (mlirAttributeIsNull(it) || !mlirAttributeIsAArray(it)) return false;
   int loops = (int)mlirArrayAttrGetNumElements(it);
   if (loops == 0 || loops > KILN_TILE_MAX_LOOPS) return false;
-  // Gathers (tensor.extract in the body) stay scalar.
+  // Gathers (tensor.extract in the body) from dense tables are described
+  // (`gather`); others stay scalar.
   MlirRegion region = mlirOperationGetRegion(op, 0);
   MlirBlock block = mlirRegionGetFirstBlock(region);
   bool has_mul = false, has_add = false;
@@ -825,7 +824,9 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
   mlirOperationSetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.tile_id"),
       mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), c->count));
-  if (d.gather)
+  // (A symbolic loop's peeled remainder would have a dynamic shape, which
+  // transform.structured.vectorize refuses, failing the whole schedule.)
+  if (d.gather && !d.dynamic_mask)
     mlirOperationSetDiscardableAttributeByName(
         op, mlirStringRefCreateFromCString("kiln.gather"), mlirUnitAttrGet(c->ctx));
   c->count++;

@@ -296,7 +296,9 @@ static MlirWalkResult split_op(MlirOperation op, void *user) {
   kiln_kernel_desc_t d;
   // Column-like reductions and contractions (a weight gradient's K is every
   // token); row reductions (innermost loop) keep their thread per row.
-  if (!kiln_kernels_describe(op, &d) || d.dynamic_mask ||
+  // (Gathers keep the GPU's scalar form: the CPU schedule's gather
+  // vectorization is CPU-only.)
+  if (!kiln_kernels_describe(op, &d) || d.gather || d.dynamic_mask ||
       (d.kind != KILN_KERNEL_CONTRACTION &&
        (d.kind == KILN_KERNEL_ROW_REDUCTION ||
         ((d.reduction_mask >> (d.loop_count - 1)) & 1u))))
@@ -407,7 +409,7 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
           op, mlirStringRefCreateFromCString("kiln.gpu_mma_epilogue"))))
     return MlirWalkResultAdvance;
   kiln_kernel_desc_t d;
-  if (!kiln_kernels_describe(op, &d) || kiln_kernels_inside_forall(op))
+  if (!kiln_kernels_describe(op, &d) || d.gather || kiln_kernels_inside_forall(op))
     return MlirWalkResultAdvance;
   // Parallel dims of more than one iteration, innermost first: x, then y,
   // then z.

@@ -57,8 +57,8 @@ kiln_status_t kiln_kernels_cpu_schedule(const kiln_kernel_desc_t *descs,
                                         const kiln_kernel_fusion_t *fusion,
                                         int32_t count, char **out_text);
 
-// Describes every linalg op of `module` it can tile (static shapes; not
-// gathers, not convolutions), asks `tiling` for its tiles, tags the ops and
+// Describes every linalg op of `module` it can tile (static shapes;
+// gathers only from dense tables; not named convolutions), asks `tiling` for its tiles, tags the ops and
 // applies the schedule. Ops it cannot tile are left for the scalar loop
 // lowering. `tiling` may be NULL (the heuristic for an AVX2-class target).
 kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
@@ -69,8 +69,9 @@ kiln_status_t kiln_kernels_vectorize_cpu(MlirContext ctx, MlirModule module,
 kiln_status_t kiln_kernels_apply_script(MlirContext ctx, MlirModule module,
                                         const char *text, const char *what);
 
-// The descriptor of a tileable linalg op (static shapes; not gathers, not
-// convolutions); false when kernels/ leaves the op alone. `nested` and
+// The descriptor of a tileable linalg op (static shapes; gathers only from
+// dense tables, marked `gather`, which the GPU schedule leaves alone; not
+// named convolutions); false when kernels/ leaves the op alone. `nested` and
 // `hash` are not filled.
 bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *desc);
 // True when `op` already sits inside an scf.forall.

@@ -42,7 +42,8 @@ typedef struct kiln_emitter {
   // and elementwise op the f32 microkernel takes over); the node loop
   // skips it.
   bool *node_done;
-  // Per graph value: a stride-1 convolution's output on its wide grid
+  // Per graph value: a convolution's output on the wide grid of the
+  // stride-1 flat form (a strided one's too, by phases)
   // [N, C, OH, Wp] (the Wp - OW extra columns not dropped), which a next
   // stride-1 convolution can take as its zero-padded input without a copy
   // (lowering/ops/matmul.c, emit_prepadded); ssa empty where there is none.

@@ -24,7 +24,7 @@
 
 typedef enum kiln_kernel_kind_e {
   KILN_KERNEL_ELEMENTWISE = 0,    // every loop parallel (fills, copies too)
-  KILN_KERNEL_TRANSPOSE = 1,      // the last two dims swapped
+  KILN_KERNEL_TRANSPOSE = 1,      // a permute moving the innermost dim
   KILN_KERNEL_ROW_REDUCTION = 2,  // one reduction loop, the innermost
   KILN_KERNEL_CONTRACTION = 3,    // matmul-like: one input misses n, one m
 } kiln_kernel_kind_t;

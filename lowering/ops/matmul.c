@@ -1388,7 +1388,9 @@ static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int
   kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
   kiln_mlir_tensor_type(&pt, pty, sizeof(pty));
   int id = e->next_id++;
-  if (!e->options.cuda && kiln_type_is_static(&x->type)) {
+  // (One element keeps tensor.pad: its insert would be one plain
+  // insert_slice, whose f16 form crashed LLVM's soft promotion.)
+  if (!e->options.cuda && kiln_type_is_static(&x->type) && kiln_type_numel(&x->type) > 1) {
     kiln_tv_t z, p;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, 0, &z));
     int64_t offsets[4] = {0, 0, lo_h, lo_w};
@@ -1483,11 +1485,11 @@ static void flat_extra(int64_t OH, int64_t W, int64_t KW, int64_t *rows, int64_t
 // With stride 1, over the padded input flattened to rows of Wp, the output
 // is computed on a grid OW -> Wp columns wide, so tap (kh, kw) of channel c
 // is the contiguous run of the input starting at kh*d*Wp + kw*d (one extra
-// zero row at the bottom keeps the last tap in bounds; a few extra zero
-// columns make OH * Wp divisible by the widest register tile they can, up
-// to 32 columns); the Wp - OW extra
-// columns are dropped at the end. Other strides: one contraction per tap
-// over its strided window, which bufferization copies contiguous.
+// zero row at the bottom keeps the last tap in bounds; extra zero columns
+// make OH * Wp split into register tiles wide enough to pay, flat_extra);
+// the Wp - OW extra columns are dropped at the end. Other strides (where
+// emit_conv_phases does not take them): one contraction per tap over its
+// strided window.
 // linalg.conv_2d left to the loop lowering ran scalar, ~50x slower than
 // PyTorch on a 3x3 layer; an im2col gather with an affine input map
 // (oh*s + kh) was left unvectorized.
@@ -1716,7 +1718,8 @@ static kiln_status_t emit_conv_phases(kiln_emitter_t *e, kiln_tv_t x, const kiln
 // over (n, channel blocks) holds the ops (tiled to the block; the
 // schedule vectorizes them in place) and inserts the block into the
 // buffer. The narrow ops, emitted before, are dead unless something else
-// reads them. `*done` says whether `x` became that padded input.
+// reads them. `*done` says whether `x` became that padded input
+// (emit_prepadded, below).
 
 // Right-aligned to rank 4: 1 or absent in dims 0, 2 and 3, 1 or C in dim 1.
 static bool per_channel(const kiln_type_t *t, int64_t C) {

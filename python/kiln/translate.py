@@ -539,15 +539,26 @@ def _leaky_relu(e, n):
                                e.op("aten.mul", [x, _scalar(float(slope))])])
 
 
+def _expm1(e, x):
+    """exp(x) - 1 without losing small x: with u = exp(x) rounded,
+    (u - 1) * x / log(u) (Kahan's trick); x itself where u rounds to 1, -1
+    where it underflows to 0."""
+    u = e.op("aten.exp", [x])
+    ratio = e.op("aten.mul", [e.op("aten.sub", [u, "1.0"]),
+                              e.op("aten.div", [x, e.op("aten.log", [u])])])
+    r = e.op("aten.where", [e.op("aten.eq", [u, "1.0"]), x, ratio])
+    return e.op("aten.where", [e.op("aten.eq", [u, "0.0"]), "-1.0", r])
+
+
 def _elu(e, n):
-    """x * scale where x > 0, else (exp(x * input_scale) - 1) * alpha *
-    scale (PyTorch's CPU formula; NaN stays NaN)."""
+    """x * scale where x > 0, else expm1(x * input_scale) * alpha * scale
+    (NaN stays NaN)."""
     x = e.operand(n.args[0])
     alpha = float(_arg(n, 1, "alpha", 1.0))
     scale = float(_arg(n, 2, "scale", 1.0))
     input_scale = float(_arg(n, 3, "input_scale", 1.0))
     xi = x if input_scale == 1.0 else e.op("aten.mul", [x, _scalar(input_scale)])
-    neg = e.op("aten.sub", [e.op("aten.exp", [xi]), "1.0"])
+    neg = _expm1(e, xi)
     if alpha * scale != 1.0:
         neg = e.op("aten.mul", [neg, _scalar(alpha * scale)])
     pos = x if scale == 1.0 else e.op("aten.mul", [x, _scalar(scale)])

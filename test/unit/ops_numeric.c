@@ -311,7 +311,7 @@ static const op_case_t kCases[] = {
     // one's output (lowering/ops/matmul.c, emit_prepadded): the ops run on
     // the first convolution's wide grid (bias included) and write the
     // second one's zero-padded input directly. Batch norm + relu with
-    // per-channel operands of ranks 1-3 and a scalar; one image in channel
+    // per-channel operands of ranks 3 and 4 and a scalar; one image in channel
     // blocks; the first result also read elsewhere (returned); a second
     // convolution with other padding (Wp differs: the plain pad).
     {"conv", "f32", "graph @t(%x: $T[2,8,9,13], %w: $T[8,8,3,3], %b: $T[8], %m: $T[8,1,1], %s: $T[1,8,1,1], %v: $T[8,1,1], %w2: $T[6,8,3,3]) {\n"
