@@ -1093,7 +1093,8 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
   int64_t cb = 1, iters = 1;
   if (j > 0) {
     --j;
-    for (int64_t c = st->dims[j]; c >= 1; --c)
+    int64_t most = kInsertSlabElems / inner;
+    for (int64_t c = st->dims[j] < most ? st->dims[j] : most; c >= 1; --c)
       if (st->dims[j] % c == 0 && c * inner <= kInsertSlabElems) {
         cb = c;
         break;
