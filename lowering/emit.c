@@ -1119,8 +1119,7 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
     for (int k = 0; k < r; ++k)
       kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)offsets[k]);
     kiln_sbuf_puts(b, "] [");
-    for (int k = 0; k < r; ++k)
-      kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)st->dims[k]);
+    kiln_emit_size_list(e, st);
     kiln_sbuf_puts(b, "] [");
     for (int k = 0; k < r; ++k) kiln_sbuf_printf(b, "%s1", k ? ", " : "");
     kiln_sbuf_printf(b, "] : %s into %s\n", sty, dty);
@@ -1158,8 +1157,7 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
       kiln_sbuf_printf(b, "%s0", k ? ", " : "");
   }
   kiln_sbuf_puts(b, "] [");
-  for (int k = 0; k < r; ++k)
-    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)slab.dims[k]);
+  kiln_emit_size_list(e, &slab);
   kiln_sbuf_puts(b, "] [");
   for (int k = 0; k < r; ++k) kiln_sbuf_printf(b, "%s1", k ? ", " : "");
   kiln_sbuf_printf(b, "] : %s to %s\n      scf.forall.in_parallel {\n"
@@ -1172,8 +1170,7 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
       kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)offsets[k]);
   }
   kiln_sbuf_puts(b, "] [");
-  for (int k = 0; k < r; ++k)
-    kiln_sbuf_printf(b, "%s%lld", k ? ", " : "", (long long)slab.dims[k]);
+  kiln_emit_size_list(e, &slab);
   kiln_sbuf_puts(b, "] [");
   for (int k = 0; k < r; ++k) kiln_sbuf_printf(b, "%s1", k ? ", " : "");
   kiln_sbuf_printf(b, "] : %s into %s\n      }\n    }\n", slty, dty);
