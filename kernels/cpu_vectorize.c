@@ -596,18 +596,57 @@ static kiln_hash128_t op_hash(MlirOperation op) {
 // vector.gather, or a contiguous load where the vectorizer proves one); a
 // gather from a strided memref (a strided graph input, a slice) has no
 // LLVM lowering, so such a generic stays scalar.
+//
+// A tensor computed by a linalg op into a tensor.empty (or a fill of one)
+// is dense too, as long as nothing inserts it into another tensor or an
+// output: eliminate-empty-tensors would then compute it in place, in a
+// subview of that destination (a cat's slab, a strided input written in
+// place). Reshapes of a dense tensor are dense.
+static bool defined_by(MlirValue v, const char *op_name, MlirOperation *def) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  *def = mlirOpResultGetOwner(v);
+  return equals(mlirIdentifierStr(mlirOperationGetName(*def)), op_name);
+}
+
 static bool gather_source_dense(MlirValue v) {
   if (!mlirValueIsAOpResult(v)) return false;
   MlirOperation def = mlirOpResultGetOwner(v);
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(def));
-  if (!equals(name, "bufferization.to_tensor")) return false;
-  MlirType t = mlirValueGetType(mlirOperationGetOperand(def, 0));
-  return mlirTypeIsAMemRef(t) && mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t));
+  if (equals(name, "bufferization.to_tensor")) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(def, 0));
+    return mlirTypeIsAMemRef(t) && mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t));
+  }
+  if (equals(name, "tensor.reshape") || equals(name, "tensor.expand_shape") ||
+      equals(name, "tensor.collapse_shape"))
+    return gather_source_dense(mlirOperationGetOperand(def, 0));
+  if (name.length < 7 || strncmp(name.data, "linalg.", 7) != 0) return false;
+  for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u);
+       u = mlirOpOperandGetNextUse(u)) {
+    MlirStringRef un = mlirIdentifierStr(mlirOperationGetName(mlirOpOperandGetOwner(u)));
+    if (equals(un, "tensor.insert_slice") || equals(un, "tensor.parallel_insert_slice") ||
+        equals(un, "bufferization.materialize_in_destination") || equals(un, "func.return"))
+      return false;
+  }
+  // The result's init: operand (inputs + result number), by the op's
+  // operand segments.
+  MlirAttribute seg = mlirOperationGetAttributeByName(
+      def, mlirStringRefCreateFromCString("operandSegmentSizes"));
+  if (mlirAttributeIsNull(seg) || !mlirAttributeIsADenseI32Array(seg) ||
+      mlirDenseArrayGetNumElements(seg) != 2)
+    return false;
+  intptr_t init_pos = mlirDenseI32ArrayGetElement(seg, 0) + mlirOpResultGetResultNumber(v);
+  if (init_pos >= mlirOperationGetNumOperands(def)) return false;
+  MlirValue init = mlirOperationGetOperand(def, init_pos);
+  MlirOperation fill;
+  if (defined_by(init, "linalg.fill", &fill))
+    init = mlirOperationGetOperand(fill, mlirOperationGetNumOperands(fill) - 1);
+  MlirOperation empty;
+  return defined_by(init, "tensor.empty", &empty);
 }
 
-// Describes one op; false when it is left alone (gathers from tables that
-// may be strided, convolutions and other named ops, empty tensors). Symbolic sizes are described by the
-// stand-in range and `dynamic_mask`.
+// Describes one op; false when it is left alone (convolutions and other
+// named ops, empty tensors). Symbolic sizes are described by the stand-in
+// range and `dynamic_mask`.
 bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   int64_t dims[KILN_TILE_MAX_LOOPS];
@@ -677,8 +716,9 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
   if (mlirAttributeIsNull(it) || !mlirAttributeIsAArray(it)) return false;
   int loops = (int)mlirArrayAttrGetNumElements(it);
   if (loops == 0 || loops > KILN_TILE_MAX_LOOPS) return false;
-  // Gathers (tensor.extract in the body) from dense tables are described
-  // (`gather`); others stay scalar.
+  // Gathers (tensor.extract in the body) are described (`gather`); those
+  // from a tensor that may be strided (`gather_scalar`) are tiled but not
+  // vectorized.
   MlirRegion region = mlirOperationGetRegion(op, 0);
   MlirBlock block = mlirRegionGetFirstBlock(region);
   bool has_mul = false, has_add = false;
@@ -686,7 +726,7 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
        !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
     MlirStringRef on = mlirIdentifierStr(mlirOperationGetName(o));
     if (equals(on, "tensor.extract")) {
-      if (!gather_source_dense(mlirOperationGetOperand(o, 0))) return false;
+      d->gather_scalar |= !gather_source_dense(mlirOperationGetOperand(o, 0));
       d->gather = true;
     }
     has_mul |= equals(on, "arith.mulf") || equals(on, "arith.muli");
@@ -826,7 +866,7 @@ static MlirWalkResult collect_op(MlirOperation op, void *user) {
       mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), c->count));
   // (A symbolic loop's peeled remainder would have a dynamic shape, which
   // transform.structured.vectorize refuses, failing the whole schedule.)
-  if (d.gather && !d.dynamic_mask)
+  if (d.gather && !d.gather_scalar && !d.dynamic_mask)
     mlirOperationSetDiscardableAttributeByName(
         op, mlirStringRefCreateFromCString("kiln.gather"), mlirUnitAttrGet(c->ctx));
   c->count++;

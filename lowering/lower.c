@@ -21,6 +21,7 @@ static kiln_lower_fn lowering_for(const kiln_node_t *n) {
         case KILN_OP_LAYER_NORM_BACKWARD: return kiln_lower_layer_norm_backward;
         case KILN_OP_EMBEDDING: return kiln_lower_embedding;
         case KILN_OP_INDEX_PUT: return kiln_lower_index_put;
+        case KILN_OP_INDEX: return kiln_lower_index;
         default: return NULL;
       }
     default: return kiln_lower_elementwise;

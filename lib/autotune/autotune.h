@@ -55,9 +55,11 @@ typedef struct kiln_kernel_desc {
   // the schedule folds the register tile's unit loops so the vectorizer
   // sees plain maps.
   bool sum_maps;
-  // The body gathers (tensor.extract) from a dense tensor: vectorized with
-  // vector.gather (kernels/cpu_vectorize.c, gather_source_dense).
-  bool gather;
+  // The body gathers (tensor.extract). From a dense tensor it is vectorized
+  // with vector.gather (kernels/cpu_vectorize.c, gather_source_dense); from
+  // one that may be strided once bufferized (`gather_scalar`), it is tiled
+  // and threaded but stays scalar.
+  bool gather, gather_scalar;
   kiln_hash128_t hash; // the op's identity (its printed form, shapes included)
 } kiln_kernel_desc_t;
 

@@ -842,6 +842,38 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
       res->dims[res->rank++] = w->dims[1];
       return NULL;
     }
+    case KILN_OP_INDEX: {
+      // x[..., i0, i1, ..., ...]: index tensors for the consecutive dims
+      // `dim` .. `dim` + k - 1 of x, broadcast together to B; the result is
+      // x's dims before `dim`, then B, then x's dims after the indexed ones.
+      KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 2, KILN_MAX_RANK + 1));
+      KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 0, &x));
+      int k = n->operand_count - 1;
+      int64_t dim = kiln_node_attr_int(n, "dim", 0);
+      if (dim < 0 || dim + k > x->rank)
+        return verr(c, "'dim' = %lld with %d index tensors does not fit %s",
+                    (long long)dim, k, kiln_type_str(c->g, x, t, sizeof(t)));
+      kiln_type_t b;
+      memset(&b, 0, sizeof(b));
+      for (int i = 1; i <= k; ++i) {
+        const kiln_type_t *it = NULL;
+        KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, i, &it));
+        if (!kiln_dtype_is_int(it->dtype))
+          return verr(c, "%s: expected i32 or i64 indices", opnd_str(c, i, o, sizeof(o)));
+        if (i == 1)
+          b = *it;
+        else
+          KILN_RETURN_IF_ERROR_PLAIN(broadcast(c, &b, it, i));
+      }
+      int rank = x->rank - k + b.rank;
+      if (rank > KILN_MAX_RANK) return verr(c, "result rank exceeds %d", KILN_MAX_RANK);
+      kiln_type_t r = *x;
+      r.rank = rank;
+      for (int i = 0; i < b.rank; ++i) r.dims[dim + i] = b.dims[i];
+      for (int i = (int)dim + k; i < x->rank; ++i) r.dims[i - k + b.rank] = x->dims[i];
+      *res = r;
+      return NULL;
+    }
     case KILN_OP_INDEX_PUT: {
       // base[V, D], indices of shape S, values of shape S ++ [D]:
       // base with values[p] added to row indices[p] (the embedding gradient).
@@ -896,6 +928,7 @@ static const char *known_attrs(kiln_op_id_t op) {
     case KILN_OP_LAYER_NORM: return "normalized_shape eps";
     case KILN_OP_LAYER_NORM_BACKWARD: return "normalized_shape";
     case KILN_OP_INDEX_PUT: return "accumulate";
+    case KILN_OP_INDEX: return "dim";
     default: return "";
   }
 }

@@ -616,6 +616,36 @@ static void run_embedding(ref_t *r, const kiln_node_t *n, rt_t *out) {
   }
 }
 
+// x indexed by tensors on the dims `dim` .. `dim` + k - 1 (broadcast
+// together to B): a negative index counts from the end, and one still
+// outside the dim is clamped into it, as the compiled code does (PyTorch
+// raises; compiled code must never read outside x).
+static void run_index(ref_t *r, const kiln_node_t *n, rt_t *out) {
+  const rt_t *x = &r->vals[n->operands[0].value];
+  int k = n->operand_count - 1;
+  int dim = (int)kiln_node_attr_int(n, "dim", 0);
+  int brank = out->type.rank - x->type.rank + k;
+  // B as a type of its own, for the index tensors' broadcast offsets.
+  kiln_type_t bt = out->type;
+  bt.rank = brank;
+  for (int i = 0; i < brank; ++i) bt.dims[i] = out->type.dims[dim + i];
+  int64_t count = numel(&out->type);
+  int64_t oi[KILN_MAX_RANK], xi[KILN_MAX_RANK];
+  for (int64_t lin = 0; lin < count; ++lin) {
+    unravel(&out->type, lin, oi);
+    for (int i = 0; i < dim; ++i) xi[i] = oi[i];
+    for (int j = 0; j < k; ++j) {
+      const rt_t *it = &r->vals[n->operands[1 + j].value];
+      int64_t size = x->type.dims[dim + j];
+      int64_t v = (int64_t)it->data[bcast_offset(&it->type, &bt, oi + dim)];
+      if (v < 0) v += size;
+      xi[dim + j] = v < 0 ? 0 : v >= size ? size - 1 : v;
+    }
+    for (int i = dim + k; i < x->type.rank; ++i) xi[i] = oi[i - k + brank];
+    out->data[lin] = x->data[ravel(&x->type, xi)];
+  }
+}
+
 // base with values[p, :] added to row indices[p] in order of p; a negative
 // index counts from the end, one outside [-V, V) adds nothing (PyTorch
 // raises; compiled code cannot, and never writes outside the output).
@@ -680,6 +710,7 @@ kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
         else if (n->op == KILN_OP_LAYER_NORM_BACKWARD) s = run_layer_norm_backward(&r, n, outs);
         else if (n->op == KILN_OP_EMBEDDING) run_embedding(&r, n, out);
         else if (n->op == KILN_OP_INDEX_PUT) run_index_put(&r, n, out);
+        else if (n->op == KILN_OP_INDEX) run_index(&r, n, out);
         else run_softmax(&r, n, out);
         break;
       default: run_elementwise(&r, n, out); break;

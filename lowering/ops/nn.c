@@ -796,6 +796,134 @@ kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n) {
   return NULL;
 }
 
+// x indexed by k tensors on its dims `dim` .. `dim` + k - 1 (aten.index:
+// x[:, :, ih, iw], a nearest upsampling's form), broadcast together to B:
+// one generic over the result, the index tensors read through broadcasting
+// maps into B's loops, x read by tensor.extract (a gather; the CPU schedule
+// vectorizes it from a dense x). A negative index counts from the end and
+// one still outside the dim is clamped into it: compiled code never reads
+// outside x (PyTorch raises; the reference interpreter clamps the same way).
+kiln_status_t kiln_lower_index(kiln_emitter_t *e, const kiln_node_t *n) {
+  const kiln_tv_t *x = &e->values[n->operands[0].value];
+  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  kiln_sbuf_t *b = &e->out;
+  int k = n->operand_count - 1;
+  int dim = (int)kiln_node_attr_int(n, "dim", 0);
+  int r = rt->rank, brank = r - x->type.rank + k;
+  char empty[24], oty[256], xty[256], sizes[KILN_MAX_RANK][24];
+  kiln_mlir_tensor_type(rt, oty, sizeof(oty));
+  kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
+  // The indexed dims' sizes as index values (for the wrap and the clamp).
+  for (int j = 0; j < k; ++j) {
+    kiln_emit_fresh(e, sizes[j]);
+    int64_t d = x->type.dims[dim + j];
+    if (KILN_IS_SYM(d)) {
+      char c[24];
+      kiln_emit_fresh(e, c);
+      kiln_sbuf_printf(b, "    %s = arith.constant %d : index\n"
+                          "    %s = tensor.dim %s, %s : %s\n",
+                       c, dim + j, sizes[j], x->ssa, c, xty);
+    } else {
+      kiln_sbuf_printf(b, "    %s = arith.constant %lld : index\n", sizes[j], (long long)d);
+    }
+  }
+  // A 1-D x is read as [1, N]: the vectorizer turns a one-index
+  // tensor.extract into a vector.gather even where the CPU schedule leaves
+  // the op scalar (an x that may be strided), and a strided vector.gather
+  // has no LLVM lowering.
+  char src[24], srcty[256];
+  snprintf(src, sizeof(src), "%s", x->ssa);
+  snprintf(srcty, sizeof(srcty), "%s", xty);
+  bool lift = x->type.rank == 1;
+  if (lift) {
+    kiln_type_t lt = x->type;
+    lt.rank = 2;
+    lt.dims[0] = 1;
+    lt.dims[1] = x->type.dims[0];
+    kiln_mlir_tensor_type(&lt, srcty, sizeof(srcty));
+    kiln_emit_fresh(e, src);
+    char n0[24];
+    kiln_emit_size_operand(e, &x->type, 0, n0);
+    kiln_sbuf_printf(b, "    %s = tensor.expand_shape %s [[0, 1]] output_shape [1, %s] : %s into %s\n",
+                     src, x->ssa, n0, xty, srcty);
+  }
+  kiln_emit_empty(e, rt, empty);
+  kiln_tv_t out;
+  kiln_emit_fresh(e, out.ssa);
+  out.type = *rt;
+  kiln_sbuf_printf(b, "    %s = linalg.generic {indexing_maps = [", out.ssa);
+  for (int j = 0; j <= k; ++j) {
+    kiln_sbuf_puts(b, j ? ", affine_map<(" : "affine_map<(");
+    for (int i = 0; i < r; ++i) kiln_sbuf_printf(b, "%sd%d", i ? ", " : "", i);
+    kiln_sbuf_puts(b, ") -> (");
+    if (j == k) {
+      for (int i = 0; i < r; ++i) kiln_sbuf_printf(b, "%sd%d", i ? ", " : "", i);
+    } else {
+      // Index tensor j, right-aligned in B (result loops dim .. dim +
+      // brank - 1); a dim of size 1 broadcasts.
+      const kiln_type_t *it = &e->values[n->operands[1 + j].value].type;
+      for (int i = 0; i < it->rank; ++i) {
+        int loop = dim + brank - it->rank + i;
+        if (it->dims[i] == 1 && rt->dims[loop] != 1)
+          kiln_sbuf_printf(b, "%s0", i ? ", " : "");
+        else
+          kiln_sbuf_printf(b, "%sd%d", i ? ", " : "", loop);
+      }
+    }
+    kiln_sbuf_puts(b, ")>");
+  }
+  kiln_sbuf_puts(b, "], iterator_types = [");
+  for (int i = 0; i < r; ++i) kiln_sbuf_printf(b, "%s\"parallel\"", i ? ", " : "");
+  kiln_sbuf_puts(b, "]} ins(");
+  for (int j = 0; j < k; ++j)
+    kiln_sbuf_printf(b, "%s%s", j ? ", " : "", e->values[n->operands[1 + j].value].ssa);
+  kiln_sbuf_puts(b, " : ");
+  for (int j = 0; j < k; ++j) {
+    char ity[256];
+    kiln_mlir_tensor_type(&e->values[n->operands[1 + j].value].type, ity, sizeof(ity));
+    kiln_sbuf_printf(b, "%s%s", j ? ", " : "", ity);
+  }
+  int id = e->next_id++;
+  kiln_sbuf_printf(b, ") outs(%s : %s) {\n  ^bb0(", empty, oty);
+  for (int j = 0; j < k; ++j)
+    kiln_sbuf_printf(b, "%%i%d_%d: %s, ", id, j,
+                     kiln_mlir_elem(e->values[n->operands[1 + j].value].type.dtype));
+  kiln_sbuf_printf(b, "%%o%d: %s):\n", id, kiln_mlir_storage_elem(rt->dtype));
+  kiln_sbuf_printf(b, "    %%z%d = arith.constant 0 : index\n"
+                      "    %%one%d = arith.constant 1 : index\n", id, id);
+  for (int j = 0; j < k; ++j) {
+    const char *ie = kiln_mlir_elem(e->values[n->operands[1 + j].value].type.dtype);
+    kiln_sbuf_printf(b,
+        "    %%ix%d_%d = arith.index_cast %%i%d_%d : %s to index\n"
+        "    %%neg%d_%d = arith.cmpi slt, %%ix%d_%d, %%z%d : index\n"
+        "    %%up%d_%d = arith.addi %%ix%d_%d, %s : index\n"
+        "    %%w%d_%d = arith.select %%neg%d_%d, %%up%d_%d, %%ix%d_%d : index\n"
+        "    %%hi%d_%d = arith.subi %s, %%one%d : index\n"
+        "    %%lo%d_%d = arith.maxsi %%w%d_%d, %%z%d : index\n"
+        "    %%x%d_%d = arith.minsi %%lo%d_%d, %%hi%d_%d : index\n",
+        id, j, id, j, ie, id, j, id, j, id, id, j, id, j, sizes[j], id, j, id, j, id, j,
+        id, j, id, j, sizes[j], id, id, j, id, j, id, id, j, id, j, id, j);
+  }
+  for (int i = 0; i < r; ++i)
+    if (i < dim || i >= dim + brank)
+      kiln_sbuf_printf(b, "    %%l%d_%d = linalg.index %d : index\n", id, i, i);
+  kiln_sbuf_printf(b, "    %%v%d = tensor.extract %s[%s", id, src, lift ? "%z" : "");
+  if (lift) kiln_sbuf_printf(b, "%d, ", id);
+  for (int i = 0; i < x->type.rank; ++i) {
+    if (i) kiln_sbuf_puts(b, ", ");
+    if (i < dim)
+      kiln_sbuf_printf(b, "%%l%d_%d", id, i);
+    else if (i < dim + k)
+      kiln_sbuf_printf(b, "%%x%d_%d", id, i - dim);
+    else
+      kiln_sbuf_printf(b, "%%l%d_%d", id, i - k + brank);
+  }
+  kiln_sbuf_printf(b, "] : %s\n    linalg.yield %%v%d : %s\n  } -> %s\n", srcty, id,
+                   kiln_mlir_storage_elem(rt->dtype), oty);
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}
+
 // index_put(base[V, D], indices, values, accumulate): out[v, d] = base[v,
 // d] + the sum over positions p with wrap(indices[p]) == v of values[p, d]
 // (wrap: a negative index counts from the end; one still outside [0, V)

@@ -384,6 +384,31 @@ def _embedding(e, n):
     return e.op("aten.embedding", [e.operand(n.args[0]), e.operand(n.args[1])])
 
 
+def _index(e, n):
+    """x[..., i0, i1, ...] (aten.index / _unsafe_index with index tensors on
+    consecutive dims; a nearest upsampling's form): kiln's aten.index with
+    the first indexed dim. Boolean masks (a result size that depends on the
+    data) and index tensors on dims apart from each other (the result puts
+    their broadcast shape first) stay in PyTorch. Out-of-range indices are
+    clamped where PyTorch raises (kiln never reads outside x)."""
+    x, indices = n.args[0], n.args[1]
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if not pos:
+        raise Unsupported("index without index tensors")
+    if pos != list(range(pos[0], pos[-1] + 1)):
+        raise Unsupported(f"index tensors on dims {pos}, not adjacent (the result "
+                          "puts their shape first)")
+    for i in pos:
+        t = indices[i]
+        tv = t.meta.get("val") if isinstance(t, torch.fx.Node) else None
+        if tv is None or tv.dtype not in (torch.int32, torch.int64):
+            raise Unsupported(f"index on dim {i}: {getattr(tv, 'dtype', t)!r}; kiln takes "
+                              "i32/i64 index tensors (a boolean mask's result size "
+                              "depends on the data)")
+    return e.op("aten.index", [e.operand(x)] + [e.operand(indices[i]) for i in pos],
+                {"dim": str(pos[0])})
+
+
 # index_put's lowering reads every value once per table row: V x P values.
 _INDEX_PUT_MAX_READS = 1 << 24
 
@@ -875,6 +900,8 @@ TRANSLATORS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_cpu,
     aten.embedding.default: _embedding,
     aten.index_put.default: _index_put,
+    aten.index.Tensor: _index,
+    aten._unsafe_index.Tensor: _index,
     aten.threshold_backward.default: _threshold_backward,
     aten._softmax_backward_data.default: _softmax_backward,
     aten._log_softmax_backward_data.default: _log_softmax_backward,

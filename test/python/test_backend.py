@@ -150,6 +150,36 @@ def test_clamp_forms_match_eager():
         torch.testing.assert_close(g, w, equal_nan=True)
 
 
+def test_index_forms_match_eager():
+    """aten.index in kiln (one gather generic): nearest upsampling (index
+    tensors [H', 1] and [W'] broadcast together) of an input and of a
+    computed tensor, columns by an index tensor with negative entries, a
+    broadcast pair of index tensors, rows by a 2-D index, bf16. Index
+    tensors on dims apart from each other stay in PyTorch."""
+
+    def f(x, t, i, r, c):
+        return (nn.functional.interpolate(x, scale_factor=2, mode="nearest"),
+                nn.functional.interpolate(x * 2 + 1, scale_factor=(2, 3), mode="nearest"),
+                t[:, i] * 2, t[r[:, None], c], t[r.view(2, 3)],
+                nn.functional.interpolate(x.bfloat16(), size=(5, 7), mode="nearest"))
+
+    x = torch.randn(2, 3, 6, 8)
+    t = torch.randn(12, 20)
+    i = torch.randint(-20, 20, (9,))
+    r, c = torch.randint(0, 12, (6,)), torch.randint(-20, 20, (4,), dtype=torch.int32)
+    got = torch.compile(f, backend="kiln", options={"fallback": "error"})(x, t, i, r, c)
+    for g, w in zip(got, f(x, t, i, r, c)):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+    def apart(t3, a, b):
+        return t3[a, :, b] + 1
+
+    t3, a, b = torch.randn(4, 5, 6), torch.randint(0, 4, (3,)), torch.randint(0, 6, (3,))
+    torch.testing.assert_close(torch.compile(apart, backend="kiln")(t3, a, b), apart(t3, a, b))
+    with pytest.raises(Exception, match="not adjacent"):
+        torch.compile(apart, backend="kiln", options={"fallback": "error"})(t3, a, b)
+
+
 def test_activation_compositions_match_eager():
     """leaky_relu, elu (alpha, and SELU's scale through F.selu) and log1p
     (softplus decomposes to it) as kiln op chains, special values included:

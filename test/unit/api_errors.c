@@ -63,6 +63,14 @@ static void test_verifier_errors(void) {
                      KILN_STATUS_VERIFY_ERROR, "expected a floating-point input");
   expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.sum(%x) {dims = [2]}\n  return %z\n}",
                      KILN_STATUS_VERIFY_ERROR, "dim 2 is out of range for f32[4,3]");
+  // aten.index: float indices, indexed dims past x's rank, index tensors
+  // that do not broadcast.
+  expect_parse_error("graph @g(%x: f32[4,3], %i: f32[2]) {\n  %z = aten.index(%x, %i) {dim = 0}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "aten.index: operand 1 (%i: f32[2]): expected i32 or i64 indices");
+  expect_parse_error("graph @g(%x: f32[4,3], %i: i64[2]) {\n  %z = aten.index(%x, %i, %i) {dim = 1}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "aten.index: 'dim' = 1 with 2 index tensors does not fit f32[4,3]");
+  expect_parse_error("graph @g(%x: f32[4,3], %i: i64[2], %j: i64[5]) {\n  %z = aten.index(%x, %i, %j) {dim = 0}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "aten.index: operand 2 (%j: i64[5]) does not broadcast with i64[2]");
   expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.where(%x, %x, %x)\n  return %z\n}",
                      KILN_STATUS_VERIFY_ERROR, "expected a bool condition");
   expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.neg(%x, %x)\n  return %z\n}",

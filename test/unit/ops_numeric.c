@@ -417,6 +417,22 @@ static const op_case_t kCases[] = {
                                " return %a, %b, %c\n}"},
     {"embedding", "f32 bf16 f64 i64", "graph @t(%w: $T[10,4], %i: i64[3,5]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
     {"embedding", "f32", "graph @t(%w: $T[10,4], %i: i32[7]) {\n %y = aten.embedding(%w, %i)\n return %y\n}"},
+    // Index tensors on adjacent dims (aten.index), indices in [-5, 5]:
+    // negative ones wrap, 5 on a dim of 5 is clamped (PyTorch raises).
+    // The second index broadcasts against the first (a nearest upsampling's
+    // [H', 1] and [W'] form); x computed in the graph is gathered vectorized
+    // (kernels/cpu_vectorize.c, gather_source_dense), except where it is
+    // also inserted into a cat (it may then live in the cat's buffer).
+    {"index", "f32 bf16 f64 i64", "graph @t(%x: $T[3,4,5,6], %ih: i64[7,1], %iw: i64[5]) {\n"
+                                  " %y = aten.index(%x, %ih, %iw) {dim = 2}\n return %y\n}"},
+    {"index", "f32 i32", "graph @t(%x: $T[6], %i: i32[3,5]) {\n %y = aten.index(%x, %i) {dim = 0}\n return %y\n}"},
+    {"index", "f32", "graph @t(%x: $T[4,5,3], %i: i64[2,1,3]) {\n %y = aten.index(%x, %i) {dim = 1}\n return %y\n}"},
+    {"index", "f32 bf16", "graph @t(%x0: $T[4,16,20,20], %ih: i64[40,1], %iw: i64[40]) {\n"
+                          " %x = aten.mul(%x0, 2.0)\n %y = aten.index(%x, %ih, %iw) {dim = 2}\n"
+                          " return %y\n}"},
+    {"index", "f32", "graph @t(%x0: $T[4,16,20], %i: i64[30]) {\n"
+                     " %x = aten.mul(%x0, 2.0)\n %c = aten.cat(%x, %x0) {dim = 0}\n"
+                     " %y = aten.index(%x, %i) {dim = 2}\n return %c, %y\n}"},
     // Embedding gradients: indices in [-5, 5] over 4 rows wrap (negative)
     // or add nothing (out of range); repeated rows accumulate.
     {"index_put", "f32", "graph @t(%b: $T[4,6], %i: i64[3,5], %v: $T[3,5,6]) {\n %y = aten.index_put(%b, %i, %v) {accumulate = true}\n return %y\n}"},
