@@ -687,7 +687,8 @@ bool kiln_kernels_describe(MlirOperation op, kiln_kernel_desc_t *d) {
     d->n_dim = b + 1;
     return true;
   }
-  if (equals(name, "linalg.transpose") || equals(name, "linalg.fill")) {
+  if (equals(name, "linalg.transpose") || equals(name, "linalg.fill") ||
+      equals(name, "linalg.copy")) {
     if (r == 0) return false;
     d->kind = KILN_KERNEL_ELEMENTWISE;
     d->loop_count = r;
