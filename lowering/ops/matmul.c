@@ -2047,9 +2047,10 @@ kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
   }
   kiln_tv_t out;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, rt->dtype, &out));
-  if (wide.ssa[0] && strcmp(out.ssa, conv.ssa) == 0 && slice_needs_copy(e->g, n->results[0])) {
+  if (wide.ssa[0] && !e->options.cuda && strcmp(out.ssa, conv.ssa) == 0 &&
+      slice_needs_copy(e->g, n->results[0])) {
     // The result is still the slice of the wide grid, and something makes
-    // a buffer of it: a parallel copy (the schedule tiles and threads
+    // a buffer of it: on the CPU a parallel copy (the schedule tiles and threads
     // linalg.copy), where bufferization would copy it on one thread.
     char empty[24], oty[256];
     kiln_mlir_tensor_type(&ot, oty, sizeof(oty));
