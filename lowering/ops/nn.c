@@ -205,12 +205,13 @@ static void vec_hmax(kiln_emitter_t *e, const char *v, char out[24]) {
 }
 
 // One row of emit_softmax_rows' loop body: row `row` of x2 (typed `ty`,
-// rows of C) read, written into the block tensor `cur` (`next` gets the
-// result) at block row `brow`; `sv` the scale vector or NULL.
+// rows of C) read, written into the block tensor `cur` ([rows, C/16, 16];
+// `next` gets the result) at block row `brow`; `sv` the scale vector or
+// NULL; `c0` the index 0.
 static void emit_softmax_row(kiln_emitter_t *e, const kiln_node_t *n, const char *x2,
                              const char *ty, int64_t C, const char *row, const char *brow,
-                             const char *pad, const char *sv, const char *cur,
-                             char next[24]) {
+                             const char *pad, const char *sv, const char *c0,
+                             const char *cur, char next[24]) {
   kiln_sbuf_t *o = &e->out;
   int nv = (int)(C / 16);
   char v[64][24];
@@ -267,23 +268,28 @@ static void emit_softmax_row(kiln_emitter_t *e, const kiln_node_t *n, const char
   }
   kiln_emit_fresh(e, fin);
   kiln_sbuf_printf(o, "        %s = vector.broadcast %s : f32 to vector<16xf32>\n", fin, sum);
+  // The row's vectors go into one vector<nv x 16> and out by one write
+  // into the block viewed as [rows, nv, 16]: a chain of nv writes into
+  // the tensor cost one-shot bufferization time superlinear in the chain
+  // (rows of 1024, two per step: 6.5 s of analysis).
   char at[24];
-  snprintf(at, sizeof(at), "%s", cur);
+  kiln_emit_fresh(e, at);
+  kiln_sbuf_printf(o, "        %s = ub.poison : vector<%dx16xf32>\n", at, nv);
   for (int j = 0; j < nv; ++j) {
-    char c[24], r[24], w[24];
-    kiln_emit_fresh(e, c);
+    char r[24], w[24];
     kiln_emit_fresh(e, r);
     kiln_emit_fresh(e, w);
     kiln_sbuf_printf(o,
-        "        %s = arith.constant %d : index\n"
         "        %s = %s %s, %s : vector<16xf32>\n"
-        "        %s = vector.transfer_write %s, %s[%s, %s] {in_bounds = [true]} : "
-        "vector<16xf32>, tensor<?x%lldxf32>\n",
-        c, j * 16, r, soft ? "arith.mulf" : "arith.subf", soft ? ex[j] : xm[j], fin, w, r, at,
-        brow, c, (long long)C);
+        "        %s = vector.insert %s, %s [%d] : vector<16xf32> into vector<%dx16xf32>\n",
+        r, soft ? "arith.mulf" : "arith.subf", soft ? ex[j] : xm[j], fin, w, r, at, j, nv);
     memcpy(at, w, 24);
   }
-  memcpy(next, at, 24);
+  kiln_emit_fresh(e, next);
+  kiln_sbuf_printf(o,
+      "        %s = vector.transfer_write %s, %s[%s, %s, %s] {in_bounds = [true, true]} : "
+      "vector<%dx16xf32>, tensor<?x%dx16xf32>\n",
+      next, at, cur, brow, c0, c0, nv, nv);
 }
 
 static kiln_status_t emit_softmax_rows(kiln_emitter_t *e, const kiln_node_t *n,
@@ -322,11 +328,14 @@ static kiln_status_t emit_softmax_rows(kiln_emitter_t *e, const kiln_node_t *n,
       "      %%srn_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%sb%d)\n"
       "      %%sblk_%d = tensor.extract_slice %%so%d[%%sr0_%d, 0] [%%srn_%d, %lld] [1, 1] : "
       "%s to tensor<?x%lldxf32>\n"
+      "      %%sbv_%d = tensor.expand_shape %%sblk_%d [[0], [1, 2]] output_shape "
+      "[%%srn_%d, %lld, 16] : tensor<?x%lldxf32> into tensor<?x%lldx16xf32>\n"
       "      %%sout_%d = scf.for %%si%d = %%sc0_%d to %%srn_%d step %%scn_%d "
-      "iter_args(%%st%d = %%sblk_%d) -> (tensor<?x%lldxf32>) {\n",
+      "iter_args(%%st%d = %%sbv_%d) -> (tensor<?x%lldx16xf32>) {\n",
       res.ssa, id, (long long)NB, id, init.ssa, ty, id, id, nr, id, id, (long long)RB, id, id,
       (long long)RB, (long long)R, (long long)RB, id, id, id, id, id, (long long)C, ty,
-      (long long)C, id, id, id, id, id, id, id, (long long)C);
+      (long long)C, id, id, id, (long long)(C / 16), (long long)C, (long long)(C / 16), id, id,
+      id, id, id, id, id, (long long)(C / 16));
   char sv[24] = "", pad[24], cur[24];
   if (scale != 1) {
     kiln_emit_fresh(e, sv);
@@ -345,18 +354,23 @@ static kiln_status_t emit_softmax_rows(kiln_emitter_t *e, const kiln_node_t *n,
         "        %s = affine.apply affine_map<(d0) -> (d0 + %d)>(%%si%d)\n"
         "        %s = arith.addi %%sr0_%d, %s : index\n",
         brow, k, id, row, id, brow);
-    emit_softmax_row(e, n, x2.ssa, ty, C, row, brow, pad, sv[0] ? sv : NULL, cur, next);
+    char c0[24];
+    snprintf(c0, sizeof(c0), "%%sc0_%d", id);
+    emit_softmax_row(e, n, x2.ssa, ty, C, row, brow, pad, sv[0] ? sv : NULL, c0, cur, next);
     memcpy(cur, next, 24);
   }
   kiln_sbuf_printf(o,
-      "        scf.yield %s : tensor<?x%lldxf32>\n"
+      "        scf.yield %s : tensor<?x%lldx16xf32>\n"
       "      }\n"
+      "      %%sflat_%d = tensor.collapse_shape %%sout_%d [[0], [1, 2]] : "
+      "tensor<?x%lldx16xf32> into tensor<?x%lldxf32>\n"
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %%sout_%d into %%so%d[%%sr0_%d, 0] [%%srn_%d, %lld] "
+      "        tensor.parallel_insert_slice %%sflat_%d into %%so%d[%%sr0_%d, 0] [%%srn_%d, %lld] "
       "[1, 1] : tensor<?x%lldxf32> into %s\n"
       "      }\n"
       "    }\n",
-      cur, (long long)C, id, id, id, id, (long long)C, (long long)C, ty);
+      cur, (long long)(C / 16), id, id, (long long)(C / 16), (long long)C, id, id, id, id,
+      (long long)C, (long long)C, ty);
   return kiln_emit_reshape(e, &res, rt, out);
 }
 

@@ -379,6 +379,11 @@ static const op_case_t kCases[] = {
                        " %s = aten.mul(%x, 0.125)\n %c = aten._softmax(%s) {dim = -1}\n"
                        " %u = aten.mul(%y, 3.0)\n %d = aten._softmax(%u) {dim = -1}\n"
                        " %f = aten._log_softmax(%y) {dim = -1}\n return %a, %b, %c, %d, %f, %u\n}"},
+    // The longest one-pass rows (1024 floats: 64 vectors a row, written
+    // by one vector<64x16xf32>), paired and single.
+    {"softmax", "f32", "graph @t(%x: $T[6,1024], %y: $T[5,1024]) {\n"
+                       " %a = aten._softmax(%x) {dim = -1}\n %b = aten._log_softmax(%y) {dim = 1}\n"
+                       " return %a, %b\n}"},
     {"softmax", "f32", "graph @t(%x: $T[3]) {\n"
                        " %c = kiln.constant() {value = [1.5, -2.0, 88.0, -100.0, 0.25, 3.0, -0.5, 7.0, 80.0, -3.0, 0.0, 1.0, 2.0, -88.0, 5.0, 0.5, -inf, 1.0, -inf, 2.0, 0.5, -inf, -inf, 3.0, 0.0, -inf, 1.0, -inf, -1.0, -inf, 2.5, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, 1.0, 2.0, nan, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 1.0, 2.0, 3.0]} : $T[4,16]\n"
                        " %a = aten._softmax(%c) {dim = -1}\n %b = aten._log_softmax(%c) {dim = 1}\n"
