@@ -2,6 +2,7 @@
 // f16/bf16 operands accumulating in f32 (the named ops cast their inputs to
 // the accumulator element type).
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -369,8 +370,14 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   // Row blocks for threads: four (fewer when M is small), whole register
   // tiles each. Inside a block the 32-column panel of Bp (K x 64 bytes) is
   // the outer loop, so it stays in L1/L2 while the block's rows go by.
+  // AMX (32-row tiles, 32 k a step) reads A in place: K a multiple of 32
+  // and A's rows contiguous. Its blocks keep whole 32-row tiles: split
+  // into 16-row blocks, 64 rows ran on the vector kernel (0.40 ms for
+  // 64 x 768 x 768 against 0.1 on the tile unit).
+  bool amx = e->options.x86_amx && k % 32 == 0 && unit_inner_stride(e, a_value);
+  int tile = amx ? 32 : rm;
   int64_t mb = sym_m ? 0 : m;
-  for (int split = 0; !sym_m && split < 2 && mb % 2 == 0 && (mb / 2) % rm == 0; ++split)
+  for (int split = 0; !sym_m && split < 2 && mb % 2 == 0 && (mb / 2) % tile == 0; ++split)
     mb /= 2;
   char ae[24], be[24], bpt[24], bp[24], res[24];
   kiln_emit_fresh(e, bpt);
@@ -440,9 +447,6 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
         be, src, K2, G, K, N32, K2, G, tinit, G, K2, bpt, be, K2, G, tinit, G, K2, bp, bpt,
         G, K2, G, K2);
   }
-  // AMX (32-row tiles, 32 k a step) reads A in place: K a multiple of 32
-  // and A's rows contiguous.
-  bool amx = e->options.x86_amx && K % 32 == 0 && unit_inner_stride(e, a_value);
   char am[24], bpm[24], amty[160], bpmty[160];
   if (amx) {
     kiln_emit_fresh(e, am);
@@ -1052,6 +1056,254 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   snprintf(out, 24, "%s", res);
 }
 
+//===--- Small-M matmuls against a weight: dot products along K ---===//
+//
+// C = A @ W^T (+ bias, then a unary op) with A [M, K] and W [N, K] (a
+// linear layer's weight) read in place, for few rows of A (decoding one
+// token, a small batch): every other form materializes W^T or packs it, a
+// pass over the whole weight per call that few rows of A cannot pay back
+// (kiln-run, 1 x 4096 x 4096 f32 + GELU: the transpose took 12-15 ms of
+// 15; eager 1.4). Here each output is a dot product of two contiguous
+// rows: a thread takes blocks of 16 rows of W, and per K block (16 rows x
+// kc, 16 KB, read again from cache for each row of A) each row of A gets
+// 16 vector accumulators, one per row of W (f32 FMAs, or vdpbf16ps on bf16 pairs),
+// reduced by a transpose-add tree into the 16 outputs, which go into C
+// (added to the previous K blocks' sums; from the bias in the first; the
+// unary op applied in the last). W's last block, N % 16 rows, re-reads
+// row N - 1 and stores masked.
+
+typedef struct rowdot {
+  bool bf16;               // bf16 A and W (vdpbf16ps), else f32
+  int vl;                  // K elements per step: 16 f32, 32 bf16
+  long long K, N;
+  const char *a, *aty;     // A [M, K]
+  const char *w, *wty;     // W [N, K]
+  const char *bias;        // [N] f32 (first K block) or NULL
+  const kiln_node_t *epi;  // unary op of the last K block or NULL
+  const char *m;           // A's rows (index SSA value)
+  int id;
+} rowdot_t;
+
+// The sums of the lanes of 16 vectors %<pre>0 .. 15 as one vector (lane i:
+// the sum of vector i): four levels of pairwise shuffles and adds, each
+// halving the lanes a partial sum spans while doubling the sums a vector
+// holds (15 adds, 30 two-source shuffles).
+static void emit_hsum16(kiln_emitter_t *e, kiln_sbuf_t *o, char (*v)[24], char out[24]) {
+  char cur[16][24];
+  memcpy(cur, v, sizeof(cur));
+  int n = 16;
+  for (int width = 16; width > 1; width /= 2, n /= 2) {
+    int groups = 16 / width, half = width / 2;
+    for (int p = 0; p < n / 2; ++p) {
+      char lo[24], hi[24], r[24];
+      kiln_emit_fresh(e, lo);
+      kiln_emit_fresh(e, hi);
+      kiln_emit_fresh(e, r);
+      for (int h = 0; h < 2; ++h) {
+        kiln_sbuf_printf(o, "            %s = vector.shuffle %s, %s [", h ? hi : lo,
+                         cur[2 * p], cur[2 * p + 1]);
+        int lane = 0;
+        for (int src = 0; src < 2; ++src)
+          for (int g = 0; g < groups; ++g)
+            for (int i = 0; i < half; ++i)
+              kiln_sbuf_printf(o, "%s%d", lane++ ? ", " : "",
+                               src * 16 + g * width + h * half + i);
+        kiln_sbuf_puts(o, "] : vector<16xf32>, vector<16xf32>\n");
+      }
+      kiln_sbuf_printf(o, "            %s = arith.addf %s, %s : vector<16xf32>\n", r, lo, hi);
+      memcpy(cur[p], r, 24);
+    }
+  }
+  memcpy(out, cur[0], 24);
+}
+
+// One K block [kb, ke) for every row of A into the block tensor `cur`
+// ([M, cw] of C); `next` gets the result.
+static void emit_rowdot_kblock(kiln_emitter_t *e, const rowdot_t *d, const char *cur,
+                               bool first, bool last, const char *kb, const char *ke,
+                               char next[24]) {
+  kiln_sbuf_t *o = &e->out;
+  int id = d->id;
+  char in[24];  // (`next` may be `cur`)
+  snprintf(in, sizeof(in), "%s", cur);
+  cur = in;
+  const char *inb = d->N % 16 ? "false" : "true";
+  const char *vty = d->bf16 ? "vector<32xbf16>" : "vector<16xf32>";
+  const char *pad = d->bf16 ? "%rpb" : "%rpf";
+  kiln_emit_fresh(e, next);
+  kiln_sbuf_printf(o,
+      "      %s = scf.for %%rm%d = %%rc0_%d to %s step %%rc1_%d iter_args(%%rcc%d = %s) "
+      "-> (tensor<?x?xf32>) {\n"
+      "        %%racc%d:16 = scf.for %%rk%d = %s to %s step %%rvl_%d iter_args(",
+      next, id, id, d->m, id, id, cur, id, id, kb, ke, id);
+  for (int i = 0; i < 16; ++i)
+    kiln_sbuf_printf(o, "%s%%rx%d_%d = %%rz_%d", i ? ", " : "", id, i, id);
+  kiln_sbuf_puts(o, ") -> (");
+  for (int i = 0; i < 16; ++i) kiln_sbuf_printf(o, "%svector<16xf32>", i ? ", " : "");
+  kiln_sbuf_puts(o, ") {\n");
+  kiln_sbuf_printf(o,
+      "          %%ra%d = vector.transfer_read %s[%%rm%d, %%rk%d], %s_%d {in_bounds = [true]} : "
+      "%s, %s\n",
+      id, d->a, id, id, pad, id, d->aty, vty);
+  for (int i = 0; i < 16; ++i) {
+    kiln_sbuf_printf(o,
+          "          %%rw%d_%d = vector.transfer_read %s[%%rr%d_%d, %%rk%d], %s_%d "
+          "{in_bounds = [true]} : %s, %s\n",
+          id, i, d->w, id, i, id, pad, id, d->wty, vty);
+    if (d->bf16)
+      kiln_sbuf_printf(o,
+          "          %%ry%d_%d = x86vector.avx512.dot %%rx%d_%d, %%ra%d, %%rw%d_%d : "
+          "vector<32xbf16> -> vector<16xf32>\n",
+          id, i, id, i, id, id, i);
+    else
+      kiln_sbuf_printf(o,
+          "          %%ry%d_%d = vector.fma %%ra%d, %%rw%d_%d, %%rx%d_%d : vector<16xf32>\n",
+          id, i, id, id, i, id, i);
+  }
+  kiln_sbuf_puts(o, "          scf.yield ");
+  for (int i = 0; i < 16; ++i) kiln_sbuf_printf(o, "%s%%ry%d_%d", i ? ", " : "", id, i);
+  kiln_sbuf_puts(o, " : ");
+  for (int i = 0; i < 16; ++i) kiln_sbuf_printf(o, "%svector<16xf32>", i ? ", " : "");
+  kiln_sbuf_puts(o, "\n        }\n");
+  char acc[16][24], sum[24], v[24];
+  for (int i = 0; i < 16; ++i) snprintf(acc[i], 24, "%%racc%d#%d", id, i);
+  emit_hsum16(e, o, acc, sum);
+  kiln_emit_fresh(e, v);
+  if (first && d->bias)
+    kiln_sbuf_printf(o, "        %s = arith.addf %s, %%rbv_%d : vector<16xf32>\n", v, sum, id);
+  else if (first)
+    memcpy(v, sum, 24);
+  else
+    kiln_sbuf_printf(o,
+        "        %%rold%s = vector.transfer_read %%rcc%d[%%rm%d, %%rc0_%d], %%rpf_%d "
+        "{in_bounds = [%s]} : tensor<?x?xf32>, vector<16xf32>\n"
+        "        %s = arith.addf %%rold%s, %s : vector<16xf32>\n",
+        v + 1, id, id, id, id, inb, v, v + 1, sum);
+  if (last && d->epi) {
+    char ev[24];
+    kiln_emit_lanes_op(e, o, d->epi->op, d->epi, v, ev);
+    memcpy(v, ev, 24);
+  }
+  kiln_sbuf_printf(o,
+      "        %%rst%d = vector.transfer_write %s, %%rcc%d[%%rm%d, %%rc0_%d] {in_bounds = [%s]} : "
+      "vector<16xf32>, tensor<?x?xf32>\n"
+      "        scf.yield %%rst%d : tensor<?x?xf32>\n"
+      "      }\n",
+      id, v, id, id, id, inb, id);
+}
+
+// C (`init`, f32 [M, N] typed `oty`, every element written) = epi(A @ W^T
+// (+ bias)); A the value `a_value` ([M, K], f32 or bf16 as W), W [N, K]
+// static, K a multiple of 16 (f32) or 32 (bf16); `bias` an f32 [N] tensor
+// or NULL; `epi` a unary elementwise node (kiln_lanes_op_supported) or NULL.
+static void emit_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
+                        const kiln_tv_t *bias, const kiln_node_t *epi, const char *init,
+                        const char *oty, char out[24]) {
+  const kiln_tv_t *a = &e->values[a_value];
+  kiln_sbuf_t *o = &e->out;
+  char aty[96], wty[96], msz[24], mv[32];
+  kiln_mlir_tensor_type(&a->type, aty, sizeof(aty));
+  kiln_mlir_tensor_type(&w->type, wty, sizeof(wty));
+  rowdot_t d = {.bf16 = w->type.dtype == KILN_BF16, .K = w->type.dims[1],
+                .N = w->type.dims[0], .a = a->ssa, .aty = aty, .w = w->ssa, .wty = wty,
+                .bias = bias ? bias->ssa : NULL, .epi = epi, .id = e->next_id++};
+  d.vl = d.bf16 ? 32 : 16;
+  int id = d.id;
+  kiln_emit_size_operand(e, &a->type, 0, msz);
+  if (KILN_IS_SYM(a->type.dims[0])) {
+    snprintf(mv, sizeof(mv), "%s", msz);
+  } else {
+    snprintf(mv, sizeof(mv), "%%rM_%d", id);
+    kiln_sbuf_printf(o, "    %s = arith.constant %s : index\n", mv, msz);
+  }
+  d.m = mv;
+  // K blocks of at most 16 KB of W's 16 rows (256 f32, 512 bf16), equal
+  // but for the last, in whole steps. (kiln-run, 8 and 24 x 4096 x 4096:
+  // blocks of 128 to 1024 within 15% of each other; copying each block
+  // of W into a [16, kc] buffer, as rows 16 KiB apart share L1 sets,
+  // measured 10-60% slower.)
+  long long kmax = d.bf16 ? 512 : 256, nkb = (d.K + kmax - 1) / kmax;
+  long long kc = ((d.K + nkb - 1) / nkb + d.vl - 1) / d.vl * d.vl;
+  nkb = (d.K + kc - 1) / kc;
+  long long NB = (d.N + 15) / 16;
+  kiln_emit_fresh(e, out);
+  kiln_sbuf_printf(o,
+      "    %s = scf.forall (%%rn%d) in (%lld) shared_outs(%%rco%d = %s) -> (%s) {\n"
+      "      %%rc0_%d = arith.constant 0 : index\n"
+      "      %%rc1_%d = arith.constant 1 : index\n"
+      "      %%rvl_%d = arith.constant %d : index\n"
+      "      %%rpf_%d = arith.constant 0.0 : f32\n"
+      "      %%rpb_%d = arith.constant 0.0 : bf16\n"
+      "      %%rz_%d = arith.constant dense<0.0> : vector<16xf32>\n"
+      "      %%rn0_%d = affine.apply affine_map<(d0) -> (d0 * 16)>(%%rn%d)\n"
+      "      %%rcw_%d = affine.min affine_map<(d0) -> (16, %lld - d0 * 16)>(%%rn%d)\n"
+      "      %%rblk_%d = tensor.extract_slice %%rco%d[0, %%rn0_%d] [%s, %%rcw_%d] [1, 1] : "
+      "%s to tensor<?x?xf32>\n",
+      out, id, NB, id, init, oty, id, id, id, d.vl, id, id, id, id, id, id, d.N, id, id, id,
+      id, mv, id, oty);
+  // W's rows of this block; past N (the last block), row N - 1 again.
+  // (Where no block passes N the rows are n0 + i, constant offsets from
+  // one base address.)
+  for (int i = 0; i < 16; ++i) {
+    if (d.N % 16)
+      kiln_sbuf_printf(o,
+          "      %%rr%d_%d = affine.min affine_map<(d0) -> (d0 * 16 + %d, %lld)>(%%rn%d)\n", id,
+          i, i, d.N - 1, id);
+    else
+      kiln_sbuf_printf(o, "      %%rr%d_%d = affine.apply affine_map<(d0) -> (d0 * 16 + %d)>"
+                          "(%%rn%d)\n", id, i, i, id);
+  }
+  if (d.bias)
+    kiln_sbuf_printf(o,
+        "      %%rbv_%d = vector.transfer_read %s[%%rn0_%d], %%rpf_%d {in_bounds = [%s]} : "
+        "tensor<%lldxf32>, vector<16xf32>\n",
+        id, d.bias, id, id, d.N % 16 ? "false" : "true", d.N);
+  // The first K block from zeros or the bias, the last with the
+  // epilogue, the ones between in a loop.
+  char blk[24], bnd[2][24];
+  kiln_sbuf_printf(o,
+      "      %%rkb0_%d = arith.constant 0 : index\n"
+      "      %%rke0_%d = arith.constant %lld : index\n",
+      id, id, kc < d.K ? kc : d.K);
+  snprintf(bnd[0], 24, "%%rkb0_%d", id);
+  snprintf(bnd[1], 24, "%%rke0_%d", id);
+  snprintf(blk, sizeof(blk), "%%rblk_%d", id);
+  emit_rowdot_kblock(e, &d, blk, true, nkb == 1, bnd[0], bnd[1], blk);
+  if (nkb > 2) {
+    char nb[24];
+    kiln_sbuf_printf(o,
+        "      %%rkc_%d = arith.constant %lld : index\n"
+        "      %%rkm_%d = arith.constant %lld : index\n"
+        "      %%rkl%d = scf.for %%rkb%d = %%rkc_%d to %%rkm_%d step %%rkc_%d "
+        "iter_args(%%rkt%d = %s) -> (tensor<?x?xf32>) {\n"
+        "      %%rke%d = arith.addi %%rkb%d, %%rkc_%d : index\n",
+        id, kc, id, (nkb - 1) * kc, id, id, id, id, id, id, blk, id, id, id);
+    char cur[24];
+    snprintf(cur, 24, "%%rkt%d", id);
+    snprintf(bnd[0], 24, "%%rkb%d", id);
+    snprintf(bnd[1], 24, "%%rke%d", id);
+    emit_rowdot_kblock(e, &d, cur, false, false, bnd[0], bnd[1], nb);
+    kiln_sbuf_printf(o, "      scf.yield %s : tensor<?x?xf32>\n      }\n", nb);
+    snprintf(blk, sizeof(blk), "%%rkl%d", id);
+  }
+  if (nkb > 1) {
+    kiln_sbuf_printf(o,
+        "      %%rkbl_%d = arith.constant %lld : index\n"
+        "      %%rkel_%d = arith.constant %lld : index\n",
+        id, (nkb - 1) * kc, id, d.K);
+    snprintf(bnd[0], 24, "%%rkbl_%d", id);
+    snprintf(bnd[1], 24, "%%rkel_%d", id);
+    emit_rowdot_kblock(e, &d, blk, false, true, bnd[0], bnd[1], blk);
+  }
+  kiln_sbuf_printf(o,
+      "      scf.forall.in_parallel {\n"
+      "        tensor.parallel_insert_slice %s into %%rco%d[0, %%rn0_%d] [%s, %%rcw_%d] "
+      "[1, 1] : tensor<?x?xf32> into %s\n"
+      "      }\n"
+      "    }\n",
+      blk, id, id, mv, id, oty);
+}
+
 // Where the f32 microkernel takes a matmul (AVX-512): f32 [M, K] x [K, N]
 // with K and N static, M·K·N at least 2^20 and M at least 32 rows, so the
 // per-call pack of B (K·N floats written and read again) is shared by at
@@ -1096,6 +1348,28 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
   const kiln_tv_t *src = NULL;
   kiln_permute_source(e, p, 2, perm, &src);
   return perm[0] == 1 && perm[1] == 0 && src->type.rank == 2 ? src : NULL;
+}
+
+// The weight W when emit_rowdot takes a matmul A @ B: on the CPU, B = W^T
+// of a static [N, K] tensor of A's dtype (f32; bf16 where AVX512-BF16 is
+// there), A [M, K] with K static and a whole number of steps, few rows of
+// A (under 32: from 32 rows the microkernels' pack of W^T pays off; for
+// bf16 also odd counts up to 63) and at least 2^16 multiply-adds; else
+// NULL.
+static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int b_value) {
+  if (e->options.cuda || a->type.rank != 2 || KILN_IS_SYM(a->type.dims[1])) return NULL;
+  const kiln_tv_t *w = transposed_source(e, b_value);
+  if (!w || w->type.dtype != a->type.dtype || !kiln_type_is_static(&w->type)) return NULL;
+  bool bf16 = a->type.dtype == KILN_BF16;
+  if (!(a->type.dtype == KILN_F32 || (bf16 && e->options.x86_bf16_dot))) return NULL;
+  int64_t K = w->type.dims[1], N = w->type.dims[0];
+  if (K % (bf16 ? 32 : 16) != 0) return NULL;
+  int64_t m = KILN_IS_SYM(a->type.dims[0]) ? -1 : a->type.dims[0];
+  // (An odd M over 32 has no bf16 microkernel either: the generic
+  // contraction would take it.)
+  bool few = m < 32 || (bf16 && m < 64 && m % 2);
+  if (m < 1 || !few || m * K * N < (int64_t)1 << 16) return NULL;
+  return w;
 }
 
 // B's untransposed source for the bf16 microkernel's pack: a contiguous
@@ -1223,7 +1497,10 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_mlir_tensor_type(&b->type, bty, sizeof(bty));
   kiln_mlir_tensor_type(&at, oty, sizeof(oty));
   mm.type = at;
-  if (n->op == KILN_OP_MM && rt->dtype == KILN_BF16 && bf16_dot_applies(e, a, b)) {
+  // Few rows against a linear's weight: dot products reading W in place.
+  const kiln_tv_t *rd_w =
+      n->op != KILN_OP_BMM ? rowdot_weight(e, a, n->operands[base + 1].value) : NULL;
+  if (!rd_w && n->op == KILN_OP_MM && rt->dtype == KILN_BF16 && bf16_dot_applies(e, a, b)) {
     // A plain bf16 mm: the kernel rounds as it stores; nothing else to do.
     kiln_tv_t out;
     char rty[256];
@@ -1239,16 +1516,17 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   // entirely. With alpha = 1 the product accumulates into beta * bias.
   double beta = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "beta", 1) : 0;
   double alpha = n->op == KILN_OP_ADDMM ? kiln_node_attr_float(n, "alpha", 1) : 1;
-  bool bf16_dot = n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b);
+  bool bf16_dot = !rd_w && n->op != KILN_OP_BMM && acc == KILN_F32 && bf16_dot_applies(e, a, b);
   // A transposed lhs (grad_W = dY^T @ X) is read in place by both the f32
   // microkernel and the tiled matmul (through its indexing map), never
   // materialized.
   const kiln_tv_t *lhs_src = n->op != KILN_OP_BMM && e->options.lhs_transpose_map
                                  ? transposed_source(e, n->operands[base].value)
                                  : NULL;
-  bool f32_dot = !bf16_dot && n->op != KILN_OP_BMM && acc == KILN_F32 &&
-                 f32_dot_applies(e, a, b) &&
-                 (!lhs_src || f32_dot_transposed_applies(a, b, lhs_src));
+  bool rd_f32 = rd_w && a->type.dtype == KILN_F32, rd_bf16 = rd_w && !rd_f32;
+  bool f32_dot = rd_f32 || (!rd_w && !bf16_dot && n->op != KILN_OP_BMM && acc == KILN_F32 &&
+                            f32_dot_applies(e, a, b) &&
+                            (!lhs_src || f32_dot_transposed_applies(a, b, lhs_src)));
   // The f32 microkernel starts from an [N] bias (addmm, alpha = beta = 1).
   const kiln_tv_t *f32_bias = NULL;
   if (f32_dot && n->op == KILN_OP_ADDMM && n->operands[0].kind == KILN_OPERAND_VALUE &&
@@ -1260,7 +1538,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   }
   bool bias_init = e->options.matmul_bias_init && n->op == KILN_OP_ADDMM &&
                    n->operands[0].kind == KILN_OPERAND_VALUE && beta != 0 &&
-                   alpha == 1 && !bf16_dot && !f32_dot;
+                   alpha == 1 && !bf16_dot && !f32_dot && !rd_bf16;
   if (f32_dot) {
     kiln_emit_empty(e, &at, init.ssa);
     const kiln_tv_t *w = transposed_source(e, n->operands[base + 1].value);
@@ -1280,8 +1558,11 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     } else if (ch.bias) {
       f32_bias = ch.bias;
     }
-    emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, ch.unary, init.ssa,
-                 oty, mm.ssa);
+    if (rd_f32)
+      emit_rowdot(e, n->operands[base].value, rd_w, f32_bias, ch.unary, init.ssa, oty, mm.ssa);
+    else
+      emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, ch.unary, init.ssa,
+                   oty, mm.ssa);
     bias_init = f32_bias != NULL;  // the bias is in
     if (ch.count) {
       // The last node taken gets the kernel's output (viewed to its
@@ -1296,6 +1577,10 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
       for (int i = 0; i < ch.count; ++i) e->node_done[ch.nodes[i]] = true;
       return NULL;
     }
+  } else if (rd_bf16) {
+    // f32 sums of bf16 dot products; the bias and the rounding follow.
+    kiln_emit_empty(e, &at, init.ssa);
+    emit_rowdot(e, n->operands[base].value, rd_w, NULL, NULL, init.ssa, oty, mm.ssa);
   } else if (bf16_dot) {
     // Every element is written by the kernel: no fill.
     kiln_emit_empty(e, &at, init.ssa);

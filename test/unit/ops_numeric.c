@@ -194,6 +194,17 @@ static const op_case_t kCases[] = {
                        " %wt = aten.permute(%w) {dims = [1, 0]}\n %vt = aten.permute(%v) {dims = [1, 0]}\n"
                        " %x = aten.mm(%a, %wt)\n %y = aten.mm(%a, %vt)\n return %x, %y\n}"},
     {"matmul", "bf16", "graph @t(%c: $T[70], %a: $T[12,96], %b: $T[96,70]) {\n %d = aten.addmm(%c, %a, %b)\n return %d\n}"},
+    // Few rows against a linear's weight, W read in place (emit_rowdot):
+    // one row, K in one block, a relu after it; five rows, three K blocks
+    // (f32; two for bf16), N = 100 (a partial block of W's rows), bias and
+    // GELU (f32 takes both into the kernel); an odd bf16 row count over 32.
+    {"matmul", "f32 bf16", "graph @t(%a: $T[1,512], %w: $T[200,512]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                           " %c = aten.mm(%a, %t)\n %r = aten.relu(%c)\n return %r\n}"},
+    {"matmul", "f32 bf16", "graph @t(%c: $T[100], %a: $T[5,640], %w: $T[100,640]) {\n"
+                           " %t = aten.permute(%w) {dims = [1, 0]}\n %d = aten.addmm(%c, %a, %t)\n"
+                           " %g = aten.gelu(%d)\n return %g\n}"},
+    {"matmul", "bf16", "graph @t(%a: $T[33,64], %w: $T[48,64]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                       " %c = aten.mm(%a, %t)\n return %c\n}"},
     // A permute of a permute is A itself: strided inputs (the second run
     // of every case) stay off AMX, which reads A's rows in place.
     {"matmul", "bf16", "graph @t(%a: $T[64,128], %b: $T[128,32]) {\n %t = aten.permute(%a) {dims = [1, 0]}\n"
