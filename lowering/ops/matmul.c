@@ -1167,6 +1167,28 @@ static void emit_rowdot_kblock(kiln_emitter_t *e, const rowdot_t *d, const char 
   kiln_sbuf_puts(o, "\n        }\n");
   char acc[16][24], sum[24], v[24];
   for (int i = 0; i < 16; ++i) snprintf(acc[i], 24, "%%racc%d#%d", id, i);
+  if (last && d->K % d->vl) {
+    // K's last partial step (the loop stopped before it): lanes past K
+    // read as zeros.
+    kiln_sbuf_printf(o,
+        "        %%rkt%d = arith.constant %lld : index\n"
+        "        %%rta%d = vector.transfer_read %s[%%rm%d, %%rkt%d], %s_%d : %s, %s\n",
+        id, d->K / d->vl * d->vl, id, d->a, id, id, pad, id, d->aty, vty);
+    for (int i = 0; i < 16; ++i) {
+      char y[24];
+      kiln_emit_fresh(e, y);
+      kiln_sbuf_printf(o,
+          "        %%rtw%d_%d = vector.transfer_read %s[%%rr%d_%d, %%rkt%d], %s_%d : %s, %s\n",
+          id, i, d->w, id, i, id, pad, id, d->wty, vty);
+      if (d->bf16)
+        kiln_sbuf_printf(o, "        %s = x86vector.avx512.dot %s, %%rta%d, %%rtw%d_%d : "
+                            "vector<32xbf16> -> vector<16xf32>\n", y, acc[i], id, id, i);
+      else
+        kiln_sbuf_printf(o, "        %s = vector.fma %%rta%d, %%rtw%d_%d, %s : vector<16xf32>\n",
+                         y, id, id, i, acc[i]);
+      memcpy(acc[i], y, 24);
+    }
+  }
   emit_hsum16(e, o, acc, sum);
   kiln_emit_fresh(e, v);
   if (first && d->bias)
@@ -1194,7 +1216,7 @@ static void emit_rowdot_kblock(kiln_emitter_t *e, const rowdot_t *d, const char 
 
 // C (`init`, f32 [M, N] typed `oty`, every element written) = epi(A @ W^T
 // (+ bias)); A the value `a_value` ([M, K], f32 or bf16 as W), W [N, K]
-// static, K a multiple of 16 (f32) or 32 (bf16); `bias` an f32 [N] tensor
+// static; `bias` an f32 [N] tensor
 // or NULL; `epi` a unary elementwise node (kiln_lanes_op_supported) or NULL.
 static void emit_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
                         const kiln_tv_t *bias, const kiln_node_t *epi, const char *init,
@@ -1261,10 +1283,13 @@ static void emit_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
   // The first K block from zeros or the bias, the last with the
   // epilogue, the ones between in a loop.
   char blk[24], bnd[2][24];
+  // The last block's loop stops at the last whole step (the partial one
+  // after it is masked).
+  long long kfloor = d.K / d.vl * d.vl;
   kiln_sbuf_printf(o,
       "      %%rkb0_%d = arith.constant 0 : index\n"
       "      %%rke0_%d = arith.constant %lld : index\n",
-      id, id, kc < d.K ? kc : d.K);
+      id, id, nkb == 1 ? kfloor : kc);
   snprintf(bnd[0], 24, "%%rkb0_%d", id);
   snprintf(bnd[1], 24, "%%rke0_%d", id);
   snprintf(blk, sizeof(blk), "%%rblk_%d", id);
@@ -1290,7 +1315,7 @@ static void emit_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
     kiln_sbuf_printf(o,
         "      %%rkbl_%d = arith.constant %lld : index\n"
         "      %%rkel_%d = arith.constant %lld : index\n",
-        id, (nkb - 1) * kc, id, d.K);
+        id, (nkb - 1) * kc, id, kfloor);
     snprintf(bnd[0], 24, "%%rkbl_%d", id);
     snprintf(bnd[1], 24, "%%rkel_%d", id);
     emit_rowdot_kblock(e, &d, blk, false, true, bnd[0], bnd[1], blk);
@@ -1352,7 +1377,7 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
 
 // The weight W when emit_rowdot takes a matmul A @ B: on the CPU, B = W^T
 // of a static [N, K] tensor of A's dtype (f32; bf16 where AVX512-BF16 is
-// there), A [M, K] with K static and a whole number of steps, few rows of
+// there), A [M, K] with K static, few rows of
 // A (under 32: from 32 rows the microkernels' pack of W^T pays off; for
 // bf16 also odd counts up to 63) and at least 2^16 multiply-adds; else
 // NULL.
@@ -1363,7 +1388,6 @@ static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int
   bool bf16 = a->type.dtype == KILN_BF16;
   if (!(a->type.dtype == KILN_F32 || (bf16 && e->options.x86_bf16_dot))) return NULL;
   int64_t K = w->type.dims[1], N = w->type.dims[0];
-  if (K % (bf16 ? 32 : 16) != 0) return NULL;
   int64_t m = KILN_IS_SYM(a->type.dims[0]) ? -1 : a->type.dims[0];
   // (An odd M over 32 has no bf16 microkernel either: the generic
   // contraction would take it.)

@@ -205,6 +205,11 @@ static const op_case_t kCases[] = {
                            " %g = aten.gelu(%d)\n return %g\n}"},
     {"matmul", "bf16", "graph @t(%a: $T[33,64], %w: $T[48,64]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
                        " %c = aten.mm(%a, %t)\n return %c\n}"},
+    // K not a whole number of steps: the last partial step masked
+    // (K = 1000 after full steps; K = 8, no full step).
+    {"matmul", "f32 bf16", "graph @t(%a: $T[3,1000], %w: $T[64,1000], %b: $T[20,8], %v: $T[1024,8]) {\n"
+                           " %t = aten.permute(%w) {dims = [1, 0]}\n %c = aten.mm(%a, %t)\n"
+                           " %u = aten.permute(%v) {dims = [1, 0]}\n %d = aten.mm(%b, %u)\n return %c, %d\n}"},
     // A permute of a permute is A itself: strided inputs (the second run
     // of every case) stay off AMX, which reads A's rows in place.
     {"matmul", "bf16", "graph @t(%a: $T[64,128], %b: $T[128,32]) {\n %t = aten.permute(%a) {dims = [1, 0]}\n"
