@@ -1380,15 +1380,22 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
 // there), A [M, K] with K static, few rows of
 // A (under 32: from 32 rows the microkernels' pack of W^T pays off; for
 // bf16 also odd counts up to 63) and at least 2^16 multiply-adds; else
-// NULL.
-static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int b_value) {
+// NULL. A symbolic M (f32 only) sets `*sym`: the caller chooses at run
+// time.
+static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int b_value,
+                                      bool *sym) {
+  *sym = false;
   if (e->options.cuda || a->type.rank != 2 || KILN_IS_SYM(a->type.dims[1])) return NULL;
   const kiln_tv_t *w = transposed_source(e, b_value);
   if (!w || w->type.dtype != a->type.dtype || !kiln_type_is_static(&w->type)) return NULL;
   bool bf16 = a->type.dtype == KILN_BF16;
   if (!(a->type.dtype == KILN_F32 || (bf16 && e->options.x86_bf16_dot))) return NULL;
   int64_t K = w->type.dims[1], N = w->type.dims[0];
-  int64_t m = KILN_IS_SYM(a->type.dims[0]) ? -1 : a->type.dims[0];
+  if (KILN_IS_SYM(a->type.dims[0])) {
+    *sym = !bf16 && K * N >= (int64_t)1 << 11;
+    return *sym ? w : NULL;
+  }
+  int64_t m = a->type.dims[0];
   // (An odd M over 32 has no bf16 microkernel either: the generic
   // contraction would take it.)
   bool few = m < 32 || (bf16 && m < 64 && m % 2);
@@ -1522,8 +1529,9 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_mlir_tensor_type(&at, oty, sizeof(oty));
   mm.type = at;
   // Few rows against a linear's weight: dot products reading W in place.
+  bool rd_sym = false;
   const kiln_tv_t *rd_w =
-      n->op != KILN_OP_BMM ? rowdot_weight(e, a, n->operands[base + 1].value) : NULL;
+      n->op != KILN_OP_BMM ? rowdot_weight(e, a, n->operands[base + 1].value, &rd_sym) : NULL;
   if (!rd_w && n->op == KILN_OP_MM && rt->dtype == KILN_BF16 && bf16_dot_applies(e, a, b)) {
     // A plain bf16 mm: the kernel rounds as it stores; nothing else to do.
     kiln_tv_t out;
@@ -1547,6 +1555,11 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_tv_t *lhs_src = n->op != KILN_OP_BMM && e->options.lhs_transpose_map
                                  ? transposed_source(e, n->operands[base].value)
                                  : NULL;
+  // A symbolic M: the row dot products below 32 rows, the microkernel
+  // from there (an scf.if on M); Dynamo makes a batch symbolic once it has
+  // seen two sizes, and the microkernel's pack of W^T for a few rows cost
+  // 6x eager's time (8 x 2048 x 8192: 26.8 against 4.5 ms).
+  if (rd_sym && (lhs_src || !f32_dot_applies(e, a, b))) rd_w = NULL;
   bool rd_f32 = rd_w && a->type.dtype == KILN_F32, rd_bf16 = rd_w && !rd_f32;
   bool f32_dot = rd_f32 || (!rd_w && !bf16_dot && n->op != KILN_OP_BMM && acc == KILN_F32 &&
                             f32_dot_applies(e, a, b) &&
@@ -1582,9 +1595,24 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     } else if (ch.bias) {
       f32_bias = ch.bias;
     }
-    if (rd_f32)
+    if (rd_f32 && rd_sym) {
+      char msz[24], small[24], r1[24], r2[24];
+      kiln_emit_size_operand(e, &a->type, 0, msz);
+      kiln_emit_fresh(e, small);
+      kiln_emit_fresh(e, mm.ssa);
+      kiln_sbuf_printf(&e->out,
+          "    %sc = arith.constant 32 : index\n"
+          "    %s = arith.cmpi ult, %s, %sc : index\n"
+          "    %s = scf.if %s -> (%s) {\n",
+          small, small, msz, small, mm.ssa, small, oty);
+      emit_rowdot(e, n->operands[base].value, rd_w, f32_bias, ch.unary, init.ssa, oty, r1);
+      kiln_sbuf_printf(&e->out, "    scf.yield %s : %s\n    } else {\n", r1, oty);
+      emit_f32_dot(e, n->operands[base].value, NULL, b, w, f32_bias, ch.unary, init.ssa, oty,
+                   r2);
+      kiln_sbuf_printf(&e->out, "    scf.yield %s : %s\n    }\n", r2, oty);
+    } else if (rd_f32) {
       emit_rowdot(e, n->operands[base].value, rd_w, f32_bias, ch.unary, init.ssa, oty, mm.ssa);
-    else
+    } else
       emit_f32_dot(e, n->operands[base].value, lhs_src, b, w, f32_bias, ch.unary, init.ssa,
                    oty, mm.ssa);
     bias_init = f32_bias != NULL;  // the bias is in
