@@ -1380,8 +1380,7 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
 // there), A [M, K] with K static, few rows of
 // A (under 32: from 32 rows the microkernels' pack of W^T pays off; for
 // bf16 also odd counts up to 63) and at least 2^16 multiply-adds; else
-// NULL. A symbolic M (f32 only) sets `*sym`: the caller chooses at run
-// time.
+// NULL. A symbolic M sets `*sym`: the caller chooses at run time.
 static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int b_value,
                                       bool *sym) {
   *sym = false;
@@ -1392,7 +1391,7 @@ static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int
   if (!(a->type.dtype == KILN_F32 || (bf16 && e->options.x86_bf16_dot))) return NULL;
   int64_t K = w->type.dims[1], N = w->type.dims[0];
   if (KILN_IS_SYM(a->type.dims[0])) {
-    *sym = !bf16 && K * N >= (int64_t)1 << 11;
+    *sym = K * N >= (int64_t)1 << 11;
     return *sym ? w : NULL;
   }
   int64_t m = a->type.dims[0];
@@ -1401,6 +1400,25 @@ static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int
   bool few = m < 32 || (bf16 && m < 64 && m % 2);
   if (m < 1 || !few || m * K * N < (int64_t)1 << 16) return NULL;
   return w;
+}
+
+// `res` = scf.if (A's symbolic row count < 32) -> (oty) { ...: the then
+// branch follows, emit_yield ends each branch.
+static void emit_few_rows_if(kiln_emitter_t *e, const kiln_tv_t *a, const char *oty,
+                             char res[24]) {
+  char msz[24], small[24];
+  kiln_emit_size_operand(e, &a->type, 0, msz);
+  kiln_emit_fresh(e, small);
+  kiln_emit_fresh(e, res);
+  kiln_sbuf_printf(&e->out,
+      "    %sc = arith.constant 32 : index\n"
+      "    %s = arith.cmpi ult, %s, %sc : index\n"
+      "    %s = scf.if %s -> (%s) {\n",
+      small, small, msz, small, res, small, oty);
+}
+
+static void emit_yield(kiln_emitter_t *e, const char *v, const char *oty, bool last) {
+  kiln_sbuf_printf(&e->out, "    scf.yield %s : %s\n    }%s\n", v, oty, last ? "" : " else {");
 }
 
 // B's untransposed source for the bf16 microkernel's pack: a contiguous
@@ -1532,6 +1550,9 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   bool rd_sym = false;
   const kiln_tv_t *rd_w =
       n->op != KILN_OP_BMM ? rowdot_weight(e, a, n->operands[base + 1].value, &rd_sym) : NULL;
+  // (A symbolic bf16 M with the microkernel for the large branch: see
+  // rd_bf16 below.)
+  if (rd_sym && rd_w->type.dtype == KILN_BF16 && !bf16_dot_applies(e, a, b)) rd_w = NULL;
   if (!rd_w && n->op == KILN_OP_MM && rt->dtype == KILN_BF16 && bf16_dot_applies(e, a, b)) {
     // A plain bf16 mm: the kernel rounds as it stores; nothing else to do.
     kiln_tv_t out;
@@ -1559,7 +1580,8 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   // from there (an scf.if on M); Dynamo makes a batch symbolic once it has
   // seen two sizes, and the microkernel's pack of W^T for a few rows cost
   // 6x eager's time (8 x 2048 x 8192: 26.8 against 4.5 ms).
-  if (rd_sym && (lhs_src || !f32_dot_applies(e, a, b))) rd_w = NULL;
+  if (rd_sym && rd_w && rd_w->type.dtype == KILN_F32 && (lhs_src || !f32_dot_applies(e, a, b)))
+    rd_w = NULL;
   bool rd_f32 = rd_w && a->type.dtype == KILN_F32, rd_bf16 = rd_w && !rd_f32;
   bool f32_dot = rd_f32 || (!rd_w && !bf16_dot && n->op != KILN_OP_BMM && acc == KILN_F32 &&
                             f32_dot_applies(e, a, b) &&
@@ -1596,20 +1618,13 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
       f32_bias = ch.bias;
     }
     if (rd_f32 && rd_sym) {
-      char msz[24], small[24], r1[24], r2[24];
-      kiln_emit_size_operand(e, &a->type, 0, msz);
-      kiln_emit_fresh(e, small);
-      kiln_emit_fresh(e, mm.ssa);
-      kiln_sbuf_printf(&e->out,
-          "    %sc = arith.constant 32 : index\n"
-          "    %s = arith.cmpi ult, %s, %sc : index\n"
-          "    %s = scf.if %s -> (%s) {\n",
-          small, small, msz, small, mm.ssa, small, oty);
+      char r1[24], r2[24];
+      emit_few_rows_if(e, a, oty, mm.ssa);
       emit_rowdot(e, n->operands[base].value, rd_w, f32_bias, ch.unary, init.ssa, oty, r1);
-      kiln_sbuf_printf(&e->out, "    scf.yield %s : %s\n    } else {\n", r1, oty);
+      emit_yield(e, r1, oty, false);
       emit_f32_dot(e, n->operands[base].value, NULL, b, w, f32_bias, ch.unary, init.ssa, oty,
                    r2);
-      kiln_sbuf_printf(&e->out, "    scf.yield %s : %s\n    }\n", r2, oty);
+      emit_yield(e, r2, oty, true);
     } else if (rd_f32) {
       emit_rowdot(e, n->operands[base].value, rd_w, f32_bias, ch.unary, init.ssa, oty, mm.ssa);
     } else
@@ -1629,6 +1644,17 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
       for (int i = 0; i < ch.count; ++i) e->node_done[ch.nodes[i]] = true;
       return NULL;
     }
+  } else if (rd_bf16 && rd_sym) {
+    // f32 sums either way (the microkernel without its bf16 store); the
+    // bias and the rounding follow.
+    kiln_emit_empty(e, &at, init.ssa);
+    char r1[24], r2[24];
+    emit_few_rows_if(e, a, oty, mm.ssa);
+    emit_rowdot(e, n->operands[base].value, rd_w, NULL, NULL, init.ssa, oty, r1);
+    emit_yield(e, r1, oty, false);
+    emit_bf16_dot(e, n->operands[base].value, b, bf16_dot_bt(e, n->operands[base + 1].value),
+                  init.ssa, oty, false, r2);
+    emit_yield(e, r2, oty, true);
   } else if (rd_bf16) {
     // f32 sums of bf16 dot products; the bias and the rounding follow.
     kiln_emit_empty(e, &at, init.ssa);
