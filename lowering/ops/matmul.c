@@ -1663,14 +1663,27 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   // (A symbolic bf16 M with the microkernel for the large branch: see
   // rd_bf16 below.)
   if (rd_sym && rd_w->type.dtype == KILN_BF16 && !bf16_dot_applies(e, a, b)) rd_w = NULL;
-  if (!rd_w && n->op == KILN_OP_MM && rt->dtype == KILN_BF16 && bf16_dot_applies(e, a, b)) {
+  if ((!rd_w || rd_sym) && n->op == KILN_OP_MM && rt->dtype == KILN_BF16 &&
+      bf16_dot_applies(e, a, b)) {
     // A plain bf16 mm: the kernel rounds as it stores; nothing else to do.
+    // (A symbolic M: under rowdot_rows the row dot products' f32 sums,
+    // rounded by a pass of their own.)
     kiln_tv_t out;
-    char rty[256];
+    char rty[256], r1[24] = "";
     kiln_mlir_tensor_type(rt, rty, sizeof(rty));
     kiln_emit_empty(e, rt, init.ssa);
+    if (rd_w) {
+      kiln_tv_t sums, r;
+      kiln_emit_empty(e, &at, sums.ssa);
+      emit_few_rows_if(e, a, rty, out.ssa);
+      emit_rowdot(e, n->operands[base].value, rd_w, NULL, NULL, sums.ssa, oty, r.ssa);
+      r.type = at;
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, KILN_BF16, &sums));
+      emit_yield(e, sums.ssa, rty, false);
+    }
     emit_bf16_dot(e, n->operands[base].value, b, bf16_dot_bt(e, n->operands[base + 1].value),
-                  init.ssa, rty, true, out.ssa);
+                  init.ssa, rty, true, rd_w ? r1 : out.ssa);
+    if (rd_w) emit_yield(e, r1, rty, true);
     out.type = *rt;
     kiln_emit_set_result(e, n, 0, &out);
     return NULL;
