@@ -28,6 +28,7 @@
 #ifndef KILN_KILN_H_
 #define KILN_KILN_H_
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -283,6 +284,13 @@ typedef struct kiln_compile_options_t {
   // again (a few per variant are kept, the least recently used is updated in
   // place). Temporaries become per-graph device buffers. Default 0.
   int cuda_graphs;
+  // CPU: the inputs the first calls will pass with strides other than
+  // contiguous, one entry per graph input (NULL: all contiguous). The
+  // variant kiln_function_compile compiles for a static graph takes these
+  // layouts, so a first call with them compiles nothing more
+  // (torch.compile's backward graphs read saved activations through
+  // transposed views). Read during kiln_function_compile only.
+  const bool *input_strided;
 } kiln_compile_options_t;
 
 KILN_API void kiln_compile_options_init(kiln_compile_options_t *options);

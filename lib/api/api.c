@@ -1324,6 +1324,7 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   f->options = opts;
   snprintf(f->target, sizeof(f->target), "%s", opts.target ? opts.target : "cpu");
   f->options.target = f->target;
+  f->options.input_strided = NULL;  // (the caller's, read below only)
   pthread_mutex_init(&f->lock, NULL);
   if (opts.max_variants < 1) opts.max_variants = 1;
   f->options.max_variants = opts.max_variants;
@@ -1355,10 +1356,15 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
                             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "f");
   if (!s) s = kiln_graph_parse_text(text, strlen(text), graph->name, &f->graph);
   free(text);
-  // A static graph is compiled now, so errors surface at compile time.
+  // A static graph is compiled now, so errors surface at compile time,
+  // for the layouts the caller expects (the CUDA target takes contiguous
+  // tensors only).
   if (!s && graph->symbol_count == 0) {
+    uint64_t mask = 0;
+    for (int i = 0; opts.input_strided && !f->cuda && i < graph->input_count; ++i)
+      if (opts.input_strided[i]) mask |= (uint64_t)1 << mask_bit(i);
     kiln_variant_t *v = NULL;
-    s = compile_variant(f, unbound, 0, &v);
+    s = compile_variant(f, unbound, mask, &v);
     if (!s) {
       f->variants = v;
       f->variant_count = 1;

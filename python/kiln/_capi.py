@@ -71,7 +71,8 @@ class CompileOptions(ctypes.Structure):
                 ("vectorize", ctypes.c_int), ("dynamic", ctypes.c_int),
                 ("max_variants", ctypes.c_int), ("num_threads", ctypes.c_int),
                 ("autotune", ctypes.c_int), ("autotune_budget_seconds", ctypes.c_double),
-                ("cuda_graphs", ctypes.c_int)]
+                ("cuda_graphs", ctypes.c_int),
+                ("input_strided", ctypes.POINTER(ctypes.c_bool))]
 
 
 DYNAMIC_AUTO, DYNAMIC_ALWAYS, DYNAMIC_NEVER = 0, 1, 2
@@ -214,7 +215,11 @@ class Function:
                  opt_level: int = 3, vectorize: bool = True,
                  dynamic: int = DYNAMIC_AUTO, max_variants: int = 8,
                  autotune: int = AUTOTUNE_HEURISTIC, autotune_budget: float = 0.0,
-                 target: str = "cpu", cuda_graphs: bool = False):
+                 target: str = "cpu", cuda_graphs: bool = False,
+                 input_strided=None):
+        """`input_strided`: per graph input, whether the first calls pass it
+        with strides other than contiguous (a static graph's first variant
+        is compiled for those layouts)."""
         self.ctx = ctx  # keeps the context alive
         graph = _P()
         data = text.encode()
@@ -229,6 +234,9 @@ class Function:
         opts.autotune = autotune
         opts.autotune_budget_seconds = autotune_budget
         opts.cuda_graphs = 1 if cuda_graphs else 0
+        if input_strided is not None and any(input_strided):
+            strided = (ctypes.c_bool * len(input_strided))(*input_strided)
+            opts.input_strided = strided  # alive until the compile returns
         target_bytes = target.encode()  # alive until the compile returns
         opts.target = target_bytes
         self.handle = _P()

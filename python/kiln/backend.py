@@ -155,8 +155,21 @@ _FUNCTIONS: dict[str, _capi.Function] = {}
 _FUNCTIONS_LOCK = threading.Lock()
 
 
+def _strided_layout(shape, stride) -> bool:
+    """Whether a tensor of `shape` and `stride` reaches kiln with strides
+    (as lib/api's dl_is_contiguous decides: size-1 dims ignored)."""
+    expect = 1
+    for d, s in zip(reversed(shape), reversed(stride)):
+        if d != 1 and s != expect:
+            return True
+        expect *= d
+    return False
+
+
 def _function_for(text: str, name: str, opts: dict, dynamic: int,
-                  target: str = "cpu") -> _capi.Function:
+                  target: str = "cpu", strided=None) -> _capi.Function:
+    """The kiln function of `text` (shared by identical partitions);
+    `strided`: per input, whether calls pass it strided (see Function)."""
     body = text[text.index("("):]
     autotune = (_capi.AUTOTUNE_MEASURE if opts["mode"] == "max-autotune"
                 else _capi.AUTOTUNE_HEURISTIC)
@@ -173,7 +186,8 @@ def _function_for(text: str, name: str, opts: dict, dynamic: int,
                                 max_variants=opts["max_variants"],
                                 autotune=autotune,
                                 autotune_budget=float(opts["autotune_budget"]),
-                                target=target, cuda_graphs=graphs)
+                                target=target, cuda_graphs=graphs,
+                                input_strided=strided)
             _FUNCTIONS[key] = fn
         else:
             _note("stats", f"{name}: same graph as an earlier partition, reused")
@@ -222,9 +236,22 @@ class CompiledSubgraph(torch.nn.Module):
         self.written = set(tr.written)
         self.in_perms = tr.in_perms
         self.text = text = tr.text
+        # The layouts the calls will pass (Dynamo guards on the traced
+        # strides): the first variant is compiled for them. A backward
+        # graph's saved activations arrive as transposed views; compiled
+        # for contiguous inputs first, its first call compiled it again.
+        strided = None
+        if not symbolic and not self.cuda:
+            strided = []
+            for v, perm in zip(vals_in, self.in_perms):
+                shape, stride = tuple(v.shape), tuple(v.stride())
+                if perm is not None:
+                    shape = tuple(shape[p] for p in perm)
+                    stride = tuple(stride[p] for p in perm)
+                strided.append(_strided_layout(shape, stride))
         self.fn = _function_for(text, name, opts,
                                 _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
-                                "cuda" if self.cuda else "cpu")
+                                "cuda" if self.cuda else "cpu", strided)
         self.in_dtypes = [v.dtype for v in vals_in]
         self.graph_outputs, self.out_inputs = tr.graph_outputs, tr.out_inputs
         self.out_alias_views = tr.out_alias_views

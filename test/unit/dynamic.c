@@ -1,7 +1,9 @@
 // Symbolic sizes end to end: one compiled variant serves every value of a
 // symbolic dim (sizes 1, primes, large), checked against the reference
 // interpreter; the variant policy compiles at most two variants for 50 batch
-// sizes in the default mode, one in "always", and respects the limit.
+// sizes in the default mode, one in "always", and respects the limit; a
+// static graph's first variant takes the input layouts given at compile
+// time.
 #include <time.h>
 
 #include "test_util.h"
@@ -156,6 +158,33 @@ int main(void) {
     kiln_function_release(fn);
   }
   kiln_graph_destroy(g);
+  // Layouts given at compile time (kiln_compile_options_t.input_strided):
+  // a static graph's first variant takes input 0 strided, so a call with it
+  // strided compiles nothing more; a contiguous call is another variant.
+  static const char *kStatic =
+      "graph @st(%x: f32[8,24], %w: f32[16,24]) {\n"
+      "  %t = aten.permute(%w) {dims = [1, 0]}\n"
+      "  %y = aten.mm(%x, %t)\n"
+      "  %r = aten.relu(%y)\n"
+      "  return %r\n}\n";
+  CHECK_OK(kiln_graph_parse(ctx, kStatic, strlen(kStatic), "st", &g));
+  if (g) {
+    kiln_compile_options_t o;
+    kiln_compile_options_init(&o);
+    bool strided[2] = {true, false};
+    o.input_strided = strided;
+    fn = NULL;
+    CHECK_OK(kiln_function_compile(ctx, g, &o, &fn));
+    if (fn) {
+      CHECK(kiln_function_variant_count(fn) == 1);
+      kt_failures += run_once(ctx, g, fn, 0, 0, true, &seed);
+      CHECK(kiln_function_variant_count(fn) == 1);
+      kt_failures += run_once(ctx, g, fn, 0, 0, false, &seed);
+      CHECK(kiln_function_variant_count(fn) == 2);
+      kiln_function_release(fn);
+    }
+    kiln_graph_destroy(g);
+  }
   kiln_context_destroy(ctx);
   return kt_finish("dynamic");
 }
