@@ -416,6 +416,19 @@ static const op_case_t kCases[] = {
     {"softmax", "f16 bf16", "graph @t(%x: $T[4,33]) {\n %a = aten._softmax(%x) {dim = -1, half_to_float = true}\n return %a\n}"},
     {"layer_norm", FLOATS, "graph @t(%x: $T[3,5,16], %w: $T[16], %b: $T[16]) {\n"
                            " %y, %m, %r = aten.native_layer_norm(%x, %w, %b) {normalized_shape = [16], eps = 1e-5}\n return %y, %m, %r\n}"},
+    // Short f32 rows (16-1024 floats, a multiple of 16) in one pass
+    // (lowering/ops/nn.c, emit_layer_norm_rows): rows of 1024 (64 vectors),
+    // a weight without a bias, no affine parameters, an odd row count; a
+    // constant row (variance 0) and a row far from zero.
+    {"layer_norm", "f32", "graph @t(%x: $T[6,1024], %w: $T[1024], %b: $T[1024], %y: $T[5,3,48], %v: $T[48], %z: $T[7,32]) {\n"
+                          " %a, %m, %r = aten.native_layer_norm(%x, %w, %b) {normalized_shape = [1024], eps = 1e-5}\n"
+                          " %c, %n, %s = aten.native_layer_norm(%y, %v, none) {normalized_shape = [48], eps = 1e-3}\n"
+                          " %d, %o, %t = aten.native_layer_norm(%z, none, none) {normalized_shape = [32], eps = 1e-5}\n"
+                          " return %a, %m, %r, %c, %n, %s, %d, %o, %t\n}"},
+    {"layer_norm", "f32", "graph @t(%x: $T[3]) {\n"
+                          " %c = kiln.constant() {value = [2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 1000.0, 1001.0, 1002.0, 1003.0, 1004.0, 1005.0, 1006.0, 1007.0, 1008.0, 1009.0, 1010.0, 1011.0, 1012.0, 1013.0, 1014.0, 1015.0]} : $T[2,16]\n"
+                          " %a, %m, %r = aten.native_layer_norm(%c, none, none) {normalized_shape = [16], eps = 1e-5}\n"
+                          " %y = aten.neg(%x)\n return %a, %m, %r, %y\n}"},
     {"layer_norm", "f32 f64", "graph @t(%x: $T[3,5,16]) {\n"
                               " %y, %m, %r = aten.native_layer_norm(%x, none, none) {normalized_shape = [5, 16], eps = 1e-3}\n return %y, %m, %r\n}"},
     // Above 8 MB layer norm runs in blocks of rows (lowering/ops/nn.c):
