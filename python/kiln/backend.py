@@ -280,12 +280,18 @@ class CompiledSubgraph(torch.nn.Module):
             tuple(v.stride()) if self.static_out and p is None and not v.is_contiguous()
             else None
             for v, p in zip(vals, perms)]
-        # Outputs of 256 KiB and more come from kiln's output pool (see
-        # kiln_function_call_alloc): no page faults on every call.
+        # Outputs of 16 MiB and more come from kiln's output pool (see
+        # kiln_function_call_alloc): glibc maps buffers of 32 MiB and more
+        # afresh on every allocation, so each call page-faulted its output
+        # (x + 1 on 8M floats: 11.8 ms, pooled 1.4). Smaller ones come from
+        # PyTorch's allocator, whose freed buffers glibc hands out again
+        # (its mmap threshold rises to what was freed); the pool's DLPack
+        # exchange cost 4 us a call there (x + 1 on 128K floats: 31.7 ->
+        # 27.5 us torch.compile'd).
         self.pooled_out = (not self.cuda and self.static_out
                            and os.environ.get("KILN_OUTPUT_POOL_MB") != "0"
                            and max((v.numel() * v.element_size() for v in vals),
-                                   default=0) >= 256 << 10)
+                                   default=0) >= 16 << 20)
         # The steady-state fast path (see _fast). A graph with symbolic
         # sizes takes it too: called again with the same input layouts, its
         # outputs have the shapes of the call that filled the structs
