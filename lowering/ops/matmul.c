@@ -1489,12 +1489,14 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
 static bool amx_rowdot_applies(kiln_emitter_t *e, const kiln_tv_t *a, const kiln_tv_t *w) {
   // (W's rows are tile loads: W must have contiguous rows, as A in the
   // microkernel's AMX form.)
-  if (!e->options.x86_amx || a->type.dtype != KILN_BF16 || KILN_IS_SYM(a->type.dims[0]) ||
+  if (!e->options.x86_amx || a->type.dtype != KILN_BF16 ||
       !unit_inner_stride(e, (int)(w - e->values)))
     return false;
-  int64_t M = a->type.dims[0], K = w->type.dims[1], N = w->type.dims[0];
-  // (One row: the vector form, as fast on a large weight and without the
-  // pack and scratch, 0.009 against 0.022 ms on 768 x 768.)
+  int64_t K = w->type.dims[1], N = w->type.dims[0];
+  // A symbolic M is the few-rows branch of an scf.if (under 32 at run
+  // time). One row: the vector form, as fast on a large weight and without
+  // the pack and scratch (0.009 against 0.022 ms on 768 x 768).
+  int64_t M = KILN_IS_SYM(a->type.dims[0]) ? 2 : a->type.dims[0];
   return M >= 2 && M <= 32 && K % 32 == 0 && N % 32 == 0;
 }
 
@@ -1502,8 +1504,20 @@ static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
                             const char *init, const char *oty, char out[24]) {
   const kiln_tv_t *a = &e->values[a_value];
   kiln_sbuf_t *o = &e->out;
-  long long M = a->type.dims[0], K = w->type.dims[1], N = w->type.dims[0], K2 = K / 2;
+  // A symbolic M (at most 32 at run time: the caller's scf.if) is padded
+  // to 32 rows: the pack reads row min(r, M - 1) for the rows past M (their
+  // columns of C^T are not written: the writes are masked past M).
+  bool sym = KILN_IS_SYM(a->type.dims[0]);
+  long long M = sym ? 32 : a->type.dims[0], K = w->type.dims[1], N = w->type.dims[0],
+            K2 = K / 2;
   int MT = M > 16 ? 2 : 1, MP = 16 * MT;
+  char msz[24], mv[24], cty[48];
+  kiln_emit_size_operand(e, &a->type, 0, msz);
+  snprintf(mv, sizeof(mv), "%s", msz);  // M as text (a number or the symbol's value)
+  if (sym)
+    snprintf(cty, sizeof(cty), "tensor<?x?xf32>");
+  else
+    snprintf(cty, sizeof(cty), "tensor<%lldx?xf32>", M);
   // Chunks of blocks for the threads, each with its scratch (at most 32:
   // 128 KB of stack).
   long long NB = N / 32, NC = NB < 32 ? NB : 32, CB = (NB + NC - 1) / NC;
@@ -1543,13 +1557,17 @@ static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
       kiln_emit_fresh(e, v);
       kiln_emit_fresh(e, vi);
       kiln_emit_fresh(e, nb);
+      if (sym)
+        kiln_sbuf_printf(o, "      %s = affine.min affine_map<()[s0] -> (%d, s0 - 1)>()[%s]\n",
+                         ri, mt * 16 + r, mv);
+      else
+        kiln_sbuf_printf(o, "      %s = arith.constant %d : index\n", ri, mt * 16 + r);
       kiln_sbuf_printf(o,
-          "      %s = arith.constant %d : index\n"
           "      %s = vector.transfer_read %s[%s, %%xpkk%d], %%xpp%d {in_bounds = [true]} : %s, "
           "vector<32xbf16>\n"
           "      %s = vector.bitcast %s : vector<32xbf16> to vector<16xi32>\n"
           "      %s = vector.insert %s, %s [%d] : vector<16xi32> into vector<16x16xi32>\n",
-          ri, mt * 16 + r, v, a->ssa, ri, id, id, aty, vi, v, nb, vi, blk, r);
+          v, a->ssa, ri, id, id, aty, vi, v, nb, vi, blk, r);
       snprintf(blk, sizeof(blk), "%s", nb);
     }
     char t[24], col[24];
@@ -1603,15 +1621,15 @@ static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
       "%%xb1_%d)\n",
       id, id, id, MP, NC, MP, sty, id, CB, id, id, CB, CB, NB, id, id, id, id, id, id);
   kiln_sbuf_printf(o,
-      "      %%xcb%d = tensor.extract_slice %%xco%d[0, %%xn0_%d] [%lld, %%xnw_%d] [1, 1] : %s to "
-      "tensor<%lldx?xf32>\n"
+      "      %%xcb%d = tensor.extract_slice %%xco%d[0, %%xn0_%d] [%s, %%xnw_%d] [1, 1] : %s to "
+      "%s\n"
       "      %%xr%d = scf.for %%xnb%d = %%xb0_%d to %%xb1_%d step %%xc1_%d "
-      "iter_args(%%xcc%d = %%xcb%d) -> (tensor<%lldx?xf32>) {\n"
+      "iter_args(%%xcc%d = %%xcb%d) -> (%s) {\n"
       "        %%xn%d = affine.apply affine_map<(d0) -> (d0 * 32)>(%%xnb%d)\n"
       "        %%xn16_%d = arith.addi %%xn%d, %%xc16_%d : index\n"
       "        %%xl%d = arith.subi %%xn%d, %%xn0_%d : index\n"
       "        %%xz%d = amx.tile_zero : %s\n",
-      id, id, id, M, id, oty, M, id, id, id, id, id, id, id, M, id, id, id, id, id, id, id,
+      id, id, id, mv, id, oty, cty, id, id, id, id, id, id, id, cty, id, id, id, id, id, id, id,
       id, id, tt);
   int nacc = 2 * MT;
   kiln_sbuf_printf(o, "        %%xacc%d:%d = scf.for %%xk%d = %%xc0_%d to %%xck_%d step %%xc16_%d "
@@ -1665,29 +1683,28 @@ static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
           "        %s = vector.transpose %s, [1, 0] : vector<16x16xf32> to vector<16x16xf32>\n"
           "        %s = arith.addi %%xl%d, %s : index\n",
           v, id, h ? c16 : col[0], mt ? c16 : col[0], id, sty, t, v, cc, id, h ? c16 : col[0]);
-      for (int r = 0; r < 16 && mt * 16 + r < M; ++r) {
-        char x[24], wv[24], ri[24];
-        kiln_emit_fresh(e, x);
-        kiln_emit_fresh(e, wv);
-        kiln_emit_fresh(e, ri);
-        kiln_sbuf_printf(o,
-            "        %s = vector.extract %s[%d] : vector<16xf32> from vector<16x16xf32>\n"
-            "        %s = arith.constant %d : index\n"
-            "        %s = vector.transfer_write %s, %s[%s, %s] {in_bounds = [true]} : "
-            "vector<16xf32>, tensor<%lldx?xf32>\n",
-            x, t, r, ri, mt * 16 + r, wv, x, cur, ri, cc, M);
-        snprintf(cur, sizeof(cur), "%s", wv);
-      }
+      // The square's 16 rows of C in one write, masked past M (rows of a
+      // symbolic M, or of a last partial tile of 16).
+      char wv[24], ri[24];
+      kiln_emit_fresh(e, wv);
+      kiln_emit_fresh(e, ri);
+      bool whole = !sym && 16 * (mt + 1) <= M;
+      kiln_sbuf_printf(o,
+          "        %s = arith.constant %d : index\n"
+          "        %s = vector.transfer_write %s, %s[%s, %s] {in_bounds = [%s, true]} : "
+          "vector<16x16xf32>, %s\n",
+          ri, 16 * mt, wv, t, cur, ri, cc, whole ? "true" : "false", cty);
+      snprintf(cur, sizeof(cur), "%s", wv);
     }
   kiln_sbuf_printf(o,
-      "        scf.yield %s : tensor<%lldx?xf32>\n"
+      "        scf.yield %s : %s\n"
       "      }\n"
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %%xr%d into %%xco%d[0, %%xn0_%d] [%lld, %%xnw_%d] "
-      "[1, 1] : tensor<%lldx?xf32> into %s\n"
+      "        tensor.parallel_insert_slice %%xr%d into %%xco%d[0, %%xn0_%d] [%s, %%xnw_%d] "
+      "[1, 1] : %s into %s\n"
       "      }\n"
       "    }\n",
-      cur, M, id, id, id, M, id, M, oty);
+      cur, cty, id, id, id, mv, id, cty, oty);
 }
 
 // Up to how many rows (exclusive) emit_rowdot takes a matmul: f32 under
@@ -1892,7 +1909,10 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
       kiln_tv_t sums, r;
       kiln_emit_empty(e, &at, sums.ssa);
       emit_few_rows_if(e, a, rty, out.ssa);
-      emit_rowdot(e, n->operands[base].value, rd_w, NULL, NULL, sums.ssa, oty, r.ssa);
+      if (amx_rowdot_applies(e, a, rd_w))
+        emit_amx_rowdot(e, n->operands[base].value, rd_w, sums.ssa, oty, r.ssa);
+      else
+        emit_rowdot(e, n->operands[base].value, rd_w, NULL, NULL, sums.ssa, oty, r.ssa);
       r.type = at;
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, KILN_BF16, &sums));
       emit_yield(e, sums.ssa, rty, false);
@@ -1989,7 +2009,10 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     kiln_emit_empty(e, &at, init.ssa);
     char r1[24], r2[24];
     emit_few_rows_if(e, a, oty, mm.ssa);
-    emit_rowdot(e, n->operands[base].value, rd_w, NULL, NULL, init.ssa, oty, r1);
+    if (amx_rowdot_applies(e, a, rd_w))
+      emit_amx_rowdot(e, n->operands[base].value, rd_w, init.ssa, oty, r1);
+    else
+      emit_rowdot(e, n->operands[base].value, rd_w, NULL, NULL, init.ssa, oty, r1);
     emit_yield(e, r1, oty, false);
     emit_bf16_dot(e, n->operands[base].value, b, bf16_dot_bt(e, n->operands[base + 1].value),
                   init.ssa, oty, false, r2);
