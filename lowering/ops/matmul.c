@@ -1478,241 +1478,277 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value) {
 // bf16 rows against a bf16 weight on AMX (emit_rowdot's job where the CPU
 // has the tile unit): C^T = W A^T, so W [N, K], read in place, is the
 // tile unit's A operand (16 rows x 32 k a tile) and A^T the B operand,
-// packed once into [K/2, 16 MT, 2] bf16 pairs (MT = ceil(M / 16) tiles
-// of 16 rows of A, zero-padded). A thread takes chunks of blocks of 32
-// rows of W; per block 2 x MT f32 accumulator tiles run the whole K loop
-// (two W tiles, MT A^T tiles and 2 MT tdpbf16ps per 32 k), go through a
-// [32, 16 MT] f32 scratch, and come out transposed (vector.transpose of
-// 16 x 16) as rows of C. vdpbf16ps, the vector form, runs at half an f32
-// FMA's rate here: 8 x 2048 x 8192 took 1.5 ms against eager's (oneDNN
-// on AMX) 1.0.
+// packed once into bf16 pairs. A thread takes chunks of blocks of 32 rows
+// of W; per block and chunk of 32 rows of A (16 where M is at most 16)
+// four f32 accumulator tiles run the whole K loop (two W tiles, two A^T
+// tiles and four tdpbf16ps per 32 k), go through a [32, 32] f32 scratch,
+// and come out transposed (vector.transpose of 16 x 16) as rows of C.
+// Against the vector form (vdpbf16ps, half an f32 FMA's rate here) and
+// the microkernel (AMX too, but packing W^T on every call), `kiln-run` x
+// @ W^T: 8 x 4096 x 4096 1.5 -> 0.75 ms, 64 x 4096 x 4096 8.1 -> 1.4 (eager
+// 1.8), 128 x 4096 x 4096 10.6 -> 2.9 (eager 2.8), 64 x 768 x 768 0.17 ->
+// 0.09; from 256 rows the microkernel (or eager) is ahead on small
+// weights (256 x 768 x 768: 0.33 against 0.37).
+//
+// Whether W suits it (AMX, contiguous rows of W for the tile loads, N and
+// K multiples of 32); then rows 2..128 take it (one row: the vector form,
+// as fast on a large weight and without the pack and scratch, 0.009
+// against 0.022 ms on 768 x 768).
+static bool amx_rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *w) {
+  return e->options.x86_amx && w->type.dtype == KILN_BF16 &&
+         w->type.dims[1] % 32 == 0 && w->type.dims[0] % 32 == 0 &&
+         unit_inner_stride(e, (int)(w - e->values));
+}
+
+enum { KILN_AMX_ROWDOT_MAX = 128 };
+
+// A symbolic M is the few-rows branch of an scf.if (emit_few_rows_if).
 static bool amx_rowdot_applies(kiln_emitter_t *e, const kiln_tv_t *a, const kiln_tv_t *w) {
-  // (W's rows are tile loads: W must have contiguous rows, as A in the
-  // microkernel's AMX form.)
-  if (!e->options.x86_amx || a->type.dtype != KILN_BF16 ||
-      !unit_inner_stride(e, (int)(w - e->values)))
-    return false;
-  int64_t K = w->type.dims[1], N = w->type.dims[0];
-  // A symbolic M is the few-rows branch of an scf.if (under 32 at run
-  // time). One row: the vector form, as fast on a large weight and without
-  // the pack and scratch (0.009 against 0.022 ms on 768 x 768).
-  int64_t M = KILN_IS_SYM(a->type.dims[0]) ? 2 : a->type.dims[0];
-  return M >= 2 && M <= 32 && K % 32 == 0 && N % 32 == 0;
+  if (a->type.dtype != KILN_BF16 || !amx_rowdot_weight(e, w)) return false;
+  int64_t M = a->type.dims[0];
+  return KILN_IS_SYM(M) || (M >= 2 && M <= KILN_AMX_ROWDOT_MAX);
 }
 
 static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
                             const char *init, const char *oty, char out[24]) {
   const kiln_tv_t *a = &e->values[a_value];
   kiln_sbuf_t *o = &e->out;
-  // A symbolic M (at most 32 at run time: the caller's scf.if) is padded
-  // to 32 rows: the pack reads row min(r, M - 1) for the rows past M (their
-  // columns of C^T are not written: the writes are masked past M).
+  // Rows of A go in chunks of CH = 16 MT (MT A^T tiles: 32 rows, or 16 for
+  // at most 16), each chunk its own pass over the block's K loop (the two
+  // W tiles come again from cache). Rows past M (a partial last chunk, a
+  // symbolic M) are packed from row M - 1, and C's writes are masked past
+  // M.
   bool sym = KILN_IS_SYM(a->type.dims[0]);
-  long long M = sym ? 32 : a->type.dims[0], K = w->type.dims[1], N = w->type.dims[0],
+  long long M = sym ? -1 : a->type.dims[0], K = w->type.dims[1], N = w->type.dims[0],
             K2 = K / 2;
-  int MT = M > 16 ? 2 : 1, MP = 16 * MT;
-  char msz[24], mv[24], cty[48];
-  kiln_emit_size_operand(e, &a->type, 0, msz);
-  snprintf(mv, sizeof(mv), "%s", msz);  // M as text (a number or the symbol's value)
-  if (sym)
-    snprintf(cty, sizeof(cty), "tensor<?x?xf32>");
-  else
-    snprintf(cty, sizeof(cty), "tensor<%lldx?xf32>", M);
-  // Chunks of blocks for the threads, each with its scratch (at most 32:
-  // 128 KB of stack).
-  long long NB = N / 32, NC = NB < 32 ? NB : 32, CB = (NB + NC - 1) / NC;
-  NC = (NB + CB - 1) / CB;
+  int MT = !sym && M <= 16 ? 1 : 2, CH = 16 * MT;
+  long long MCH = sym ? -1 : (M + CH - 1) / CH;
+  bool whole = !sym && M % CH == 0;
   int id = e->next_id++;
-  char aty[96], wty[96], apty[96], wmty[96], sty[96];
+  char mv[24], msz[24], cty[48], apt[64], apty[96], wmty[96], sty[96], aty[96], wty[96];
+  // M as an index value (the symbol's, or a constant) and as a slice size
+  // (the symbol's value, or the number).
+  kiln_emit_size_operand(e, &a->type, 0, msz);
+  snprintf(mv, sizeof(mv), "%s", msz);
+  if (!sym) {
+    kiln_sbuf_printf(o, "    %%xM%d = arith.constant %lld : index\n", id, M);
+    snprintf(mv, sizeof(mv), "%%xM%d", id);
+  }
   kiln_mlir_tensor_type(&a->type, aty, sizeof(aty));
   kiln_mlir_tensor_type(&w->type, wty, sizeof(wty));
-  snprintf(apty, sizeof(apty), "memref<%lldx%dxbf16, strided<[?, 1], offset: ?>>", K2, 2 * MP);
+  if (sym) {
+    snprintf(cty, sizeof(cty), "tensor<?x?xf32>");
+    snprintf(apt, sizeof(apt), "tensor<%lldx?xbf16>", K2);
+    snprintf(apty, sizeof(apty), "memref<%lldx?xbf16, strided<[?, 1], offset: ?>>", K2);
+  } else {
+    snprintf(cty, sizeof(cty), "tensor<%lldx?xf32>", M);
+    snprintf(apt, sizeof(apt), "tensor<%lldx%lldxbf16>", K2, 2 * CH * MCH);
+    snprintf(apty, sizeof(apty), "memref<%lldx%lldxbf16, strided<[?, 1], offset: ?>>", K2,
+             2 * CH * MCH);
+  }
   snprintf(wmty, sizeof(wmty), "memref<%lldx%lldxbf16, strided<[?, 1], offset: ?>>", N, K);
-  snprintf(sty, sizeof(sty), "memref<32x%dxf32, strided<[%d, 1], offset: ?>>", MP, MP);
+  snprintf(sty, sizeof(sty), "memref<32x%dxf32, strided<[%d, 1], offset: ?>>", CH, CH);
   const char *tt = "!amx.tile<16x16xf32>", *it = "!amx.tile<16x32xbf16>";
+  // The chunk count and the packed A^T's width: %xmch, %xgp (groups of 16
+  // rows) and %xapw (bf16 columns).
+  if (sym)
+    kiln_sbuf_printf(o,
+        "    %%xmch%d = affine.apply affine_map<()[s0] -> ((s0 + 31) floordiv 32)>()[%s]\n"
+        "    %%xgp%d = affine.apply affine_map<()[s0] -> (((s0 + 31) floordiv 32) * 2)>()[%s]\n"
+        "    %%xapw%d = affine.apply affine_map<()[s0] -> (((s0 + 31) floordiv 32) * 64)>()[%s]\n"
+        "    %%xpe%d = tensor.empty(%%xapw%d) : %s\n",
+        id, mv, id, mv, id, mv, id, id, apt);
+  else
+    kiln_sbuf_printf(o,
+        "    %%xmch%d = arith.constant %lld : index\n"
+        "    %%xgp%d = arith.constant %lld : index\n"
+        "    %%xpe%d = tensor.empty() : %s\n",
+        id, MCH, id, MCH * MT, id, apt);
   // A^T in pairs, [K/2, 2 MP] bf16 (row kk: the pairs A[m, 2kk..2kk+1] of
-  // rows m = 0 .. MP - 1, zero past M): per 32 k and 16 rows of A, the rows'
-  // 32-bit pairs as a 16 x 16 i32 block, transposed by shuffles (a
+  // rows m = 0 .. MP - 1): per 32 k and 16 rows of A, the rows' 32-bit
+  // pairs as a 16 x 16 i32 block, transposed by shuffles (a
   // linalg.transpose of [M, K/2, 2] was vectorized whole for some M).
   kiln_sbuf_printf(o,
-      "    %%xpe%d = tensor.empty() : tensor<%lldx%dxbf16>\n"
       "    %%xpc0_%d = arith.constant 0 : index\n"
+      "    %%xpc1_%d = arith.constant 1 : index\n"
       "    %%xpck_%d = arith.constant %lld : index\n"
       "    %%xpc16_%d = arith.constant 16 : index\n"
       "    %%xpz%d = arith.constant dense<0> : vector<16x16xi32>\n"
       "    %%xpp%d = arith.constant 0.0 : bf16\n"
       "    %%xap%d = scf.for %%xpk%d = %%xpc0_%d to %%xpck_%d step %%xpc16_%d "
-      "iter_args(%%xpo%d = %%xpe%d) -> (tensor<%lldx%dxbf16>) {\n"
-      "      %%xpkk%d = arith.addi %%xpk%d, %%xpk%d : index\n",
-      id, K2, 2 * MP, id, id, K2, id, id, id, id, id, id, id, id, id, id, K2, 2 * MP, id, id,
-      id);
-  char prev[24];
-  snprintf(prev, sizeof(prev), "%%xpo%d", id);
-  for (int mt = 0; mt < MT; ++mt) {
-    char blk[24];
-    snprintf(blk, sizeof(blk), "%%xpz%d", id);
-    for (int r = 0; r < 16 && mt * 16 + r < M; ++r) {
-      char ri[24], v[24], vi[24], nb[24];
-      kiln_emit_fresh(e, ri);
-      kiln_emit_fresh(e, v);
-      kiln_emit_fresh(e, vi);
-      kiln_emit_fresh(e, nb);
-      if (sym)
-        kiln_sbuf_printf(o, "      %s = affine.min affine_map<()[s0] -> (%d, s0 - 1)>()[%s]\n",
-                         ri, mt * 16 + r, mv);
-      else
-        kiln_sbuf_printf(o, "      %s = arith.constant %d : index\n", ri, mt * 16 + r);
-      kiln_sbuf_printf(o,
-          "      %s = vector.transfer_read %s[%s, %%xpkk%d], %%xpp%d {in_bounds = [true]} : %s, "
-          "vector<32xbf16>\n"
-          "      %s = vector.bitcast %s : vector<32xbf16> to vector<16xi32>\n"
-          "      %s = vector.insert %s, %s [%d] : vector<16xi32> into vector<16x16xi32>\n",
-          v, a->ssa, ri, id, id, aty, vi, v, nb, vi, blk, r);
-      snprintf(blk, sizeof(blk), "%s", nb);
-    }
-    char t[24], col[24];
-    kiln_emit_fresh(e, t);
-    kiln_emit_fresh(e, col);
+      "iter_args(%%xpo%d = %%xpe%d) -> (%s) {\n"
+      "      %%xpkk%d = arith.addi %%xpk%d, %%xpk%d : index\n"
+      "      %%xpg%d = scf.for %%xg%d = %%xpc0_%d to %%xgp%d step %%xpc1_%d "
+      "iter_args(%%xpq%d = %%xpo%d) -> (%s) {\n"
+      "        %%xgc%d = affine.apply affine_map<(d0) -> (d0 * 32)>(%%xg%d)\n",
+      id, id, id, K2, id, id, id, id, id, id, id, id, id, id, apt, id, id, id, id, id, id, id,
+      id, id, id, apt, id, id);
+  char blk[24], prev[24];
+  snprintf(blk, sizeof(blk), "%%xpz%d", id);
+  snprintf(prev, sizeof(prev), "%%xpq%d", id);
+  for (int r = 0; r < 16; ++r) {
+    char ri[24], v[24], vi[24], nb[24];
+    kiln_emit_fresh(e, ri);
+    kiln_emit_fresh(e, v);
+    kiln_emit_fresh(e, vi);
+    kiln_emit_fresh(e, nb);
     kiln_sbuf_printf(o,
-        "      %s = vector.transpose %s, [1, 0] : vector<16x16xi32> to vector<16x16xi32>\n"
-        "      %s = arith.constant %d : index\n",
-        t, blk, col, 32 * mt);
-    for (int c = 0; c < 16; ++c) {
-      char x[24], xb[24], ri[24], w2[24];
-      kiln_emit_fresh(e, x);
-      kiln_emit_fresh(e, xb);
-      kiln_emit_fresh(e, ri);
-      kiln_emit_fresh(e, w2);
-      kiln_sbuf_printf(o,
-          "      %s = vector.extract %s[%d] : vector<16xi32> from vector<16x16xi32>\n"
-          "      %s = vector.bitcast %s : vector<16xi32> to vector<32xbf16>\n"
-          "      %s = affine.apply affine_map<(d0) -> (d0 + %d)>(%%xpk%d)\n"
-          "      %s = vector.transfer_write %s, %s[%s, %s] {in_bounds = [true]} : "
-          "vector<32xbf16>, tensor<%lldx%dxbf16>\n",
-          x, t, c, xb, x, ri, c, id, w2, xb, prev, ri, col, K2, 2 * MP);
-      snprintf(prev, sizeof(prev), "%s", w2);
-    }
+        "        %s = affine.min affine_map<(d0)[s0] -> (d0 * 16 + %d, s0 - 1)>(%%xg%d)[%s]\n"
+        "        %s = vector.transfer_read %s[%s, %%xpkk%d], %%xpp%d {in_bounds = [true]} : %s, "
+        "vector<32xbf16>\n"
+        "        %s = vector.bitcast %s : vector<32xbf16> to vector<16xi32>\n"
+        "        %s = vector.insert %s, %s [%d] : vector<16xi32> into vector<16x16xi32>\n",
+        ri, r, id, mv, v, a->ssa, ri, id, id, aty, vi, v, nb, vi, blk, r);
+    snprintf(blk, sizeof(blk), "%s", nb);
   }
-  kiln_sbuf_printf(o, "      scf.yield %s : tensor<%lldx%dxbf16>\n    }\n", prev, K2, 2 * MP);
+  char tp[24];
+  kiln_emit_fresh(e, tp);
   kiln_sbuf_printf(o,
-      "    %%xapm%d = bufferization.to_buffer %%xap%d read_only : tensor<%lldx%dxbf16> to %s\n"
+      "        %s = vector.transpose %s, [1, 0] : vector<16x16xi32> to vector<16x16xi32>\n", tp,
+      blk);
+  for (int c = 0; c < 16; ++c) {
+    char x[24], xb[24], ri[24], w2[24];
+    kiln_emit_fresh(e, x);
+    kiln_emit_fresh(e, xb);
+    kiln_emit_fresh(e, ri);
+    kiln_emit_fresh(e, w2);
+    kiln_sbuf_printf(o,
+        "        %s = vector.extract %s[%d] : vector<16xi32> from vector<16x16xi32>\n"
+        "        %s = vector.bitcast %s : vector<16xi32> to vector<32xbf16>\n"
+        "        %s = affine.apply affine_map<(d0) -> (d0 + %d)>(%%xpk%d)\n"
+        "        %s = vector.transfer_write %s, %s[%s, %%xgc%d] {in_bounds = [true]} : "
+        "vector<32xbf16>, %s\n",
+        x, tp, c, xb, x, ri, c, id, w2, xb, prev, ri, id, apt);
+    snprintf(prev, sizeof(prev), "%s", w2);
+  }
+  kiln_sbuf_printf(o, "        scf.yield %s : %s\n      }\n      scf.yield %%xpg%d : %s\n    }\n",
+                   prev, apt, id, apt);
+  // Chunks of blocks for the threads, each with its scratch (at most 32:
+  // 128 KB of stack, on the stack outside the parallel loop as the bf16
+  // microkernel's: an alloca inside it would be scoped).
+  long long NB = N / 32, NC = NB < 32 ? NB : 32, CB = (NB + NC - 1) / NC;
+  NC = (NB + CB - 1) / CB;
+  kiln_sbuf_printf(o,
+      "    %%xapm%d = bufferization.to_buffer %%xap%d read_only : %s to %s\n"
       "    %%xwm%d = bufferization.to_buffer %s read_only : %s to %s\n"
-      // One scratch per chunk, on the stack outside the parallel loop (as
-      // the bf16 microkernel's: an alloca inside it would be scoped).
       "    %%xscr%d = memref.alloca() {alignment = 64 : i64} : memref<%lldx32x%dxf32>\n",
-      id, id, K2, 2 * MP, apty, id, w->ssa, wty, wmty, id, NC, MP);
+      id, id, apt, apty, id, w->ssa, wty, wmty, id, NC, CH);
   kiln_emit_fresh(e, out);
   kiln_sbuf_printf(o,
       "    %s = scf.forall (%%xc%d) in (%lld) shared_outs(%%xco%d = %s) -> (%s) {\n"
       "      %%xc0_%d = arith.constant 0 : index\n"
       "      %%xc1_%d = arith.constant 1 : index\n"
       "      %%xc16_%d = arith.constant 16 : index\n"
-      "      %%xc32_%d = arith.constant 32 : index\n"
       "      %%xck_%d = arith.constant %lld : index\n"
-      "      %%xpd_%d = arith.constant 0.0 : f32\n",
-      out, id, NC, id, init, oty, id, id, id, id, id, K2, id);
-  kiln_sbuf_printf(o,
+      "      %%xpd_%d = arith.constant 0.0 : f32\n"
       "      %%xs%d = memref.subview %%xscr%d[%%xc%d, 0, 0] [1, 32, %d] [1, 1, 1] : "
-      "memref<%lldx32x%dxf32> to %s\n"
+      "memref<%lldx32x%dxf32> to %s\n",
+      out, id, NC, id, init, oty, id, id, id, id, K2, id, id, id, id, CH, NC, CH, sty);
+  kiln_sbuf_printf(o,
       "      %%xb0_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%xc%d)\n"
       "      %%xb1_%d = affine.min affine_map<(d0) -> (d0 * %lld + %lld, %lld)>(%%xc%d)\n"
       "      %%xn0_%d = affine.apply affine_map<(d0) -> (d0 * 32)>(%%xb0_%d)\n"
       "      %%xnw_%d = affine.apply affine_map<(d0, d1) -> ((d1 - d0) * 32)>(%%xb0_%d, "
-      "%%xb1_%d)\n",
-      id, id, id, MP, NC, MP, sty, id, CB, id, id, CB, CB, NB, id, id, id, id, id, id);
-  kiln_sbuf_printf(o,
+      "%%xb1_%d)\n"
       "      %%xcb%d = tensor.extract_slice %%xco%d[0, %%xn0_%d] [%s, %%xnw_%d] [1, 1] : %s to "
-      "%s\n"
+      "%s\n",
+      id, CB, id, id, CB, CB, NB, id, id, id, id, id, id, id, id, id, msz, id, oty, cty);
+  kiln_sbuf_printf(o,
       "      %%xr%d = scf.for %%xnb%d = %%xb0_%d to %%xb1_%d step %%xc1_%d "
       "iter_args(%%xcc%d = %%xcb%d) -> (%s) {\n"
       "        %%xn%d = affine.apply affine_map<(d0) -> (d0 * 32)>(%%xnb%d)\n"
       "        %%xn16_%d = arith.addi %%xn%d, %%xc16_%d : index\n"
       "        %%xl%d = arith.subi %%xn%d, %%xn0_%d : index\n"
-      "        %%xz%d = amx.tile_zero : %s\n",
-      id, id, id, mv, id, oty, cty, id, id, id, id, id, id, id, cty, id, id, id, id, id, id, id,
-      id, id, tt);
+      "        %%xl16_%d = arith.addi %%xl%d, %%xc16_%d : index\n"
+      "        %%xz%d = amx.tile_zero : %s\n"
+      "        %%xrr%d = scf.for %%xch%d = %%xc0_%d to %%xmch%d step %%xc1_%d "
+      "iter_args(%%xcq%d = %%xcc%d) -> (%s) {\n"
+      "          %%xm0_%d = affine.apply affine_map<(d0) -> (d0 * %d)>(%%xch%d)\n"
+      "          %%xm16_%d = arith.addi %%xm0_%d, %%xc16_%d : index\n"
+      "          %%xa0_%d = affine.apply affine_map<(d0) -> (d0 * %d)>(%%xch%d)\n"
+      "          %%xa32_%d = affine.apply affine_map<(d0) -> (d0 * %d + 32)>(%%xch%d)\n",
+      id, id, id, id, id, id, id, cty, id, id, id, id, id, id, id, id, id, id, id, id, tt, id,
+      id, id, id, id, id, id, cty, id, CH, id, id, id, id, id, 2 * CH, id, id, 2 * CH, id);
   int nacc = 2 * MT;
-  kiln_sbuf_printf(o, "        %%xacc%d:%d = scf.for %%xk%d = %%xc0_%d to %%xck_%d step %%xc16_%d "
-                      "iter_args(", id, nacc, id, id, id, id);
+  kiln_sbuf_printf(o, "          %%xacc%d:%d = scf.for %%xk%d = %%xc0_%d to %%xck_%d step "
+                      "%%xc16_%d iter_args(", id, nacc, id, id, id, id);
   for (int t = 0; t < nacc; ++t)
     kiln_sbuf_printf(o, "%s%%xa%d_%d = %%xz%d", t ? ", " : "", id, t, id);
   kiln_sbuf_puts(o, ") -> (");
   for (int t = 0; t < nacc; ++t) kiln_sbuf_printf(o, "%s%s", t ? ", " : "", tt);
   kiln_sbuf_printf(o, ") {\n"
-                      "          %%xk2_%d = arith.addi %%xk%d, %%xk%d : index\n", id, id, id);
-  char row[2][24], col[2][24];
+                      "            %%xk2_%d = arith.addi %%xk%d, %%xk%d : index\n", id, id, id);
+  char row[2][24], acol[2][24], c0[24], c16[24];
   snprintf(row[0], 24, "%%xn%d", id);
   snprintf(row[1], 24, "%%xn16_%d", id);
-  snprintf(col[0], 24, "%%xc0_%d", id);
-  snprintf(col[1], 24, "%%xc32_%d", id);
+  snprintf(acol[0], 24, "%%xa0_%d", id);
+  snprintf(acol[1], 24, "%%xa32_%d", id);
+  snprintf(c0, 24, "%%xc0_%d", id);
+  snprintf(c16, 24, "%%xc16_%d", id);
   for (int h = 0; h < 2; ++h)
-    kiln_sbuf_printf(o, "          %%xtw%d_%d = amx.tile_load %%xwm%d[%s, %%xk2_%d] : %s into %s\n",
+    kiln_sbuf_printf(o, "            %%xtw%d_%d = amx.tile_load %%xwm%d[%s, %%xk2_%d] : %s into %s\n",
                      id, h, id, row[h], id, wmty, it);
   for (int mt = 0; mt < MT; ++mt)
-    kiln_sbuf_printf(o, "          %%xtb%d_%d = amx.tile_load %%xapm%d[%%xk%d, %s] : %s into %s\n",
-                     id, mt, id, id, col[mt], apty, it);
+    kiln_sbuf_printf(o, "            %%xtb%d_%d = amx.tile_load %%xapm%d[%%xk%d, %s] : %s into %s\n",
+                     id, mt, id, id, acol[mt], apty, it);
   for (int h = 0; h < 2; ++h)
     for (int mt = 0; mt < MT; ++mt)
-      kiln_sbuf_printf(o, "          %%xu%d_%d = amx.tile_mulf %%xtw%d_%d, %%xtb%d_%d, %%xa%d_%d : "
-                          "%s, %s, %s\n",
+      kiln_sbuf_printf(o, "            %%xu%d_%d = amx.tile_mulf %%xtw%d_%d, %%xtb%d_%d, "
+                          "%%xa%d_%d : %s, %s, %s\n",
                        id, h * MT + mt, id, h, id, mt, id, h * MT + mt, it, it, tt);
-  kiln_sbuf_puts(o, "          scf.yield ");
+  kiln_sbuf_puts(o, "            scf.yield ");
   for (int t = 0; t < nacc; ++t) kiln_sbuf_printf(o, "%s%%xu%d_%d", t ? ", " : "", id, t);
   kiln_sbuf_puts(o, " : ");
   for (int t = 0; t < nacc; ++t) kiln_sbuf_printf(o, "%s%s", t ? ", " : "", tt);
-  kiln_sbuf_puts(o, "\n        }\n");
+  kiln_sbuf_puts(o, "\n          }\n");
   // The accumulators into the scratch (row: a row of W; column: a row of
-  // A), then 16 x 16 squares of it transposed into rows of C.
-  char c16[24];
-  snprintf(c16, 24, "%%xc16_%d", id);
+  // A), then each 16 x 16 square transposed into 16 rows of C by one write
+  // (masked past M).
   for (int h = 0; h < 2; ++h)
     for (int mt = 0; mt < MT; ++mt)
-      kiln_sbuf_printf(o, "        amx.tile_store %%xs%d[%s, %s], %%xacc%d#%d : %s, %s\n", id,
-                       h ? c16 : col[0], mt ? c16 : col[0], id, h * MT + mt, sty, tt);
+      kiln_sbuf_printf(o, "          amx.tile_store %%xs%d[%s, %s], %%xacc%d#%d : %s, %s\n", id,
+                       h ? c16 : c0, mt ? c16 : c0, id, h * MT + mt, sty, tt);
   char cur[24];
-  snprintf(cur, sizeof(cur), "%%xcc%d", id);
+  snprintf(cur, sizeof(cur), "%%xcq%d", id);
   for (int h = 0; h < 2; ++h)
     for (int mt = 0; mt < MT; ++mt) {
-      char v[24], t[24], cc[24];
+      char v[24], t[24], wv[24];
       kiln_emit_fresh(e, v);
       kiln_emit_fresh(e, t);
-      kiln_emit_fresh(e, cc);
-      kiln_sbuf_printf(o,
-          "        %s = vector.transfer_read %%xs%d[%s, %s], %%xpd_%d {in_bounds = [true, true]} "
-          ": %s, vector<16x16xf32>\n"
-          "        %s = vector.transpose %s, [1, 0] : vector<16x16xf32> to vector<16x16xf32>\n"
-          "        %s = arith.addi %%xl%d, %s : index\n",
-          v, id, h ? c16 : col[0], mt ? c16 : col[0], id, sty, t, v, cc, id, h ? c16 : col[0]);
-      // The square's 16 rows of C in one write, masked past M (rows of a
-      // symbolic M, or of a last partial tile of 16).
-      char wv[24], ri[24];
       kiln_emit_fresh(e, wv);
-      kiln_emit_fresh(e, ri);
-      bool whole = !sym && 16 * (mt + 1) <= M;
       kiln_sbuf_printf(o,
-          "        %s = arith.constant %d : index\n"
-          "        %s = vector.transfer_write %s, %s[%s, %s] {in_bounds = [%s, true]} : "
+          "          %s = vector.transfer_read %%xs%d[%s, %s], %%xpd_%d {in_bounds = [true, true]} "
+          ": %s, vector<16x16xf32>\n"
+          "          %s = vector.transpose %s, [1, 0] : vector<16x16xf32> to vector<16x16xf32>\n"
+          "          %s = vector.transfer_write %s, %s[%%xm%s_%d, %%xl%s%d] {in_bounds = [%s, true]} : "
           "vector<16x16xf32>, %s\n",
-          ri, 16 * mt, wv, t, cur, ri, cc, whole ? "true" : "false", cty);
+          v, id, h ? c16 : c0, mt ? c16 : c0, id, sty, t, v, wv, t, cur, mt ? "16" : "0", id,
+          h ? "16_" : "", id, whole ? "true" : "false", cty);
       snprintf(cur, sizeof(cur), "%s", wv);
     }
   kiln_sbuf_printf(o,
-      "        scf.yield %s : %s\n"
+      "          scf.yield %s : %s\n"
+      "        }\n"
+      "        scf.yield %%xrr%d : %s\n"
       "      }\n"
       "      scf.forall.in_parallel {\n"
       "        tensor.parallel_insert_slice %%xr%d into %%xco%d[0, %%xn0_%d] [%s, %%xnw_%d] "
       "[1, 1] : %s into %s\n"
       "      }\n"
       "    }\n",
-      cur, cty, id, id, id, mv, id, cty, oty);
+      cur, cty, id, cty, id, id, id, msz, id, cty, oty);
 }
 
-// Up to how many rows (exclusive) emit_rowdot takes a matmul: f32 under
-// 96, where the microkernel's pack of W^T per call starts to pay off
-// (kiln-run, 64 x 4096 x 4096: 9.5-11.4 against 13.6 ms; 128 x 4096 x
-// 4096 and 128 x 768 x 768 even or behind); bf16 under 32, from where
-// AMX's 32-row tiles run (where the CPU has them) 2-3x faster.
-static int rowdot_rows(bool bf16) { return bf16 ? 32 : 96; }
+// Up to how many rows (exclusive) the row dot products take a matmul
+// against W: f32 under 96, where the microkernel's pack of W^T per call
+// starts to pay off (kiln-run, 64 x 4096 x 4096: 9.5-11.4 against 13.6
+// ms; 128 x 4096 x 4096 and 128 x 768 x 768 even or behind); bf16 on AMX
+// (amx_rowdot_weight) up to KILN_AMX_ROWDOT_MAX; other bf16 under 32, from
+// where AMX's 32-row tiles or the vector microkernel run.
+static int rowdot_rows(kiln_emitter_t *e, const kiln_tv_t *w) {
+  if (w->type.dtype != KILN_BF16) return 96;
+  return amx_rowdot_weight(e, w) ? KILN_AMX_ROWDOT_MAX + 1 : 32;
+}
 
 // The weight W when emit_rowdot takes a matmul A @ B: on the CPU, B = W^T
 // of a static [N, K] tensor of A's dtype (f32 on AVX-512 unless
@@ -1735,20 +1771,19 @@ static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int
     return *sym ? w : NULL;
   }
   int64_t m = a->type.dims[0];
-  // (bf16: the AMX kernel's 32-row tiles leave the rest of a row count
-  // that is no multiple of 32 to its vector tiles; an odd one has no bf16
-  // microkernel at all.)
-  bool few = m < rowdot_rows(bf16) || (bf16 && m < 64 && m % 32) ||
-             (bf16 && m == 32 && e->options.x86_amx && K % 32 == 0 && N % 32 == 0);
+  // (Off AMX, the bf16 microkernel's AMX tiles of 32 rows leave the rest of
+  // a row count that is no multiple of 32 to its vector tiles; an odd one
+  // has no bf16 microkernel at all.)
+  bool few = m < rowdot_rows(e, w) || (bf16 && m < 64 && m % 32);
   if (m < 1 || !few || m * K * N < (int64_t)1 << 16) return NULL;
   return w;
 }
 
-// `res` = scf.if (A's symbolic row count < rowdot_rows) -> (oty) { ...: the then
-// branch follows, emit_yield ends each branch.
-static void emit_few_rows_if(kiln_emitter_t *e, const kiln_tv_t *a, const char *oty,
-                             char res[24]) {
-  int rows = rowdot_rows(a->type.dtype == KILN_BF16);
+// `res` = scf.if (A's symbolic row count < rowdot_rows) -> (oty) { ...: the
+// then branch follows, emit_yield ends each branch.
+static void emit_few_rows_if(kiln_emitter_t *e, const kiln_tv_t *a, const kiln_tv_t *w,
+                             const char *oty, char res[24]) {
+  int rows = rowdot_rows(e, w);
   char msz[24], small[24];
   kiln_emit_size_operand(e, &a->type, 0, msz);
   kiln_emit_fresh(e, small);
@@ -1908,7 +1943,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     if (rd_w) {
       kiln_tv_t sums, r;
       kiln_emit_empty(e, &at, sums.ssa);
-      emit_few_rows_if(e, a, rty, out.ssa);
+      emit_few_rows_if(e, a, rd_w, rty, out.ssa);
       if (amx_rowdot_applies(e, a, rd_w))
         emit_amx_rowdot(e, n->operands[base].value, rd_w, sums.ssa, oty, r.ssa);
       else
@@ -1978,7 +2013,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     }
     if (rd_f32 && rd_sym) {
       char r1[24], r2[24];
-      emit_few_rows_if(e, a, oty, mm.ssa);
+      emit_few_rows_if(e, a, rd_w, oty, mm.ssa);
       emit_rowdot(e, n->operands[base].value, rd_w, f32_bias, ch.unary, init.ssa, oty, r1);
       emit_yield(e, r1, oty, false);
       emit_f32_dot(e, n->operands[base].value, NULL, b, w, f32_bias, ch.unary, init.ssa, oty,
@@ -2008,7 +2043,7 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
     // bias and the rounding follow.
     kiln_emit_empty(e, &at, init.ssa);
     char r1[24], r2[24];
-    emit_few_rows_if(e, a, oty, mm.ssa);
+    emit_few_rows_if(e, a, rd_w, oty, mm.ssa);
     if (amx_rowdot_applies(e, a, rd_w))
       emit_amx_rowdot(e, n->operands[base].value, rd_w, init.ssa, oty, r1);
     else

@@ -206,14 +206,17 @@ static const op_case_t kCases[] = {
     {"matmul", "bf16", "graph @t(%a: $T[33,64], %w: $T[48,64]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
                        " %c = aten.mm(%a, %t)\n return %c\n}"},
     // bf16 rows on AMX where the CPU has it (emit_amx_rowdot: W the tile
-    // unit's A operand, A^T packed in pairs): 6 rows (one A^T tile, rows
-    // past M zero), 20 (two tiles), 32; with a bias, rounded after.
+    // unit's A operand, A^T packed in pairs): 6 rows (one A^T tile), 20
+    // (two tiles), 32, 70 (three chunks of 32, the last partial), 128;
+    // with a bias, rounded after.
     {"matmul", "bf16", "graph @t(%a: $T[6,256], %w: $T[64,256], %c: $T[20,128], %v: $T[96,128], %b: $T[96]) {\n"
                        " %t = aten.permute(%w) {dims = [1, 0]}\n %x = aten.mm(%a, %t)\n"
                        " %u = aten.permute(%v) {dims = [1, 0]}\n %y = aten.addmm(%b, %c, %u)\n"
                        " return %x, %y\n}"},
-    {"matmul", "bf16", "graph @t(%a: $T[32,128], %w: $T[96,128]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
-                       " %c = aten.mm(%a, %t)\n return %c\n}"},
+    {"matmul", "bf16", "graph @t(%a: $T[32,128], %w: $T[96,128], %x: $T[70,64], %v: $T[64,64], %y: $T[128,64]) {\n"
+                       " %t = aten.permute(%w) {dims = [1, 0]}\n %c = aten.mm(%a, %t)\n"
+                       " %u = aten.permute(%v) {dims = [1, 0]}\n %d = aten.mm(%x, %u)\n %e = aten.mm(%y, %u)\n"
+                       " return %c, %d, %e\n}"},
     // K not a whole number of steps: the last partial step masked
     // (K = 1000 after full steps; K = 8, no full step).
     {"matmul", "f32 bf16", "graph @t(%a: $T[3,1000], %w: $T[64,1000], %b: $T[20,8], %v: $T[1024,8]) {\n"
