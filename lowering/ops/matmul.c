@@ -1623,15 +1623,15 @@ static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
   }
   kiln_sbuf_printf(o, "        scf.yield %s : %s\n      }\n      scf.yield %%xpg%d : %s\n    }\n",
                    prev, apt, id, apt);
-  // Chunks of blocks for the threads, each with its scratch (at most 32:
-  // 128 KB of stack, on the stack outside the parallel loop as the bf16
-  // microkernel's: an alloca inside it would be scoped).
-  long long NB = N / 32, NC = NB < 32 ? NB : 32, CB = (NB + NC - 1) / NC;
+  // Chunks of blocks for the threads (at most 16), each with its scratch,
+  // allocated outside the parallel loop (from kiln's buffer pool: on the
+  // stack, a graph of many such matmuls would hold them all in one frame).
+  long long NB = N / 32, NC = NB < 16 ? NB : 16, CB = (NB + NC - 1) / NC;
   NC = (NB + CB - 1) / CB;
   kiln_sbuf_printf(o,
       "    %%xapm%d = bufferization.to_buffer %%xap%d read_only : %s to %s\n"
       "    %%xwm%d = bufferization.to_buffer %s read_only : %s to %s\n"
-      "    %%xscr%d = memref.alloca() {alignment = 64 : i64} : memref<%lldx32x%dxf32>\n",
+      "    %%xscr%d = memref.alloc() {alignment = 64 : i64} : memref<%lldx32x%dxf32>\n",
       id, id, apt, apty, id, w->ssa, wty, wmty, id, NC, CH);
   kiln_emit_fresh(e, out);
   kiln_sbuf_printf(o,
@@ -1665,8 +1665,8 @@ static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
       "iter_args(%%xcq%d = %%xcc%d) -> (%s) {\n"
       "          %%xm0_%d = affine.apply affine_map<(d0) -> (d0 * %d)>(%%xch%d)\n"
       "          %%xm16_%d = arith.addi %%xm0_%d, %%xc16_%d : index\n"
-      "          %%xa0_%d = affine.apply affine_map<(d0) -> (d0 * %d)>(%%xch%d)\n"
-      "          %%xa32_%d = affine.apply affine_map<(d0) -> (d0 * %d + 32)>(%%xch%d)\n",
+      "          %%xcol0_%d = affine.apply affine_map<(d0) -> (d0 * %d)>(%%xch%d)\n"
+      "          %%xcol32_%d = affine.apply affine_map<(d0) -> (d0 * %d + 32)>(%%xch%d)\n",
       id, id, id, id, id, id, id, cty, id, id, id, id, id, id, id, id, id, id, id, id, tt, id,
       id, id, id, id, id, id, cty, id, CH, id, id, id, id, id, 2 * CH, id, id, 2 * CH, id);
   int nacc = 2 * MT;
@@ -1681,8 +1681,8 @@ static void emit_amx_rowdot(kiln_emitter_t *e, int a_value, const kiln_tv_t *w,
   char row[2][24], acol[2][24], c0[24], c16[24];
   snprintf(row[0], 24, "%%xn%d", id);
   snprintf(row[1], 24, "%%xn16_%d", id);
-  snprintf(acol[0], 24, "%%xa0_%d", id);
-  snprintf(acol[1], 24, "%%xa32_%d", id);
+  snprintf(acol[0], 24, "%%xcol0_%d", id);
+  snprintf(acol[1], 24, "%%xcol32_%d", id);
   snprintf(c0, 24, "%%xc0_%d", id);
   snprintf(c16, 24, "%%xc16_%d", id);
   for (int h = 0; h < 2; ++h)
@@ -1759,6 +1759,7 @@ static const kiln_tv_t *rowdot_weight(kiln_emitter_t *e, const kiln_tv_t *a, int
                                       bool *sym) {
   *sym = false;
   if (e->options.cuda || a->type.rank != 2 || KILN_IS_SYM(a->type.dims[1])) return NULL;
+  if (a->type.dtype != KILN_F32 && a->type.dtype != KILN_BF16) return NULL;
   const kiln_tv_t *w = transposed_source(e, b_value);
   if (!w || w->type.dtype != a->type.dtype || !kiln_type_is_static(&w->type)) return NULL;
   bool bf16 = a->type.dtype == KILN_BF16;

@@ -157,7 +157,11 @@ _FUNCTIONS_LOCK = threading.Lock()
 
 def _strided_layout(shape, stride) -> bool:
     """Whether a tensor of `shape` and `stride` reaches kiln with strides
-    (as lib/api's dl_is_contiguous decides: size-1 dims ignored)."""
+    (as lib/api's dl_is_contiguous decides: size-1 dims ignored). Empty
+    tensors pass as contiguous and negative strides as contiguous copies
+    (CompiledSubgraph.forward)."""
+    if any(s < 0 for s in stride) or any(d == 0 for d in shape):
+        return False
     expect = 1
     for d, s in zip(reversed(shape), reversed(stride)):
         if d != 1 and s != expect:

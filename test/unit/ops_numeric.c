@@ -217,6 +217,9 @@ static const op_case_t kCases[] = {
                        " %t = aten.permute(%w) {dims = [1, 0]}\n %c = aten.mm(%a, %t)\n"
                        " %u = aten.permute(%v) {dims = [1, 0]}\n %d = aten.mm(%x, %u)\n %e = aten.mm(%y, %u)\n"
                        " return %c, %d, %e\n}"},
+    // Few rows of other dtypes (f16, f64) keep the other forms.
+    {"matmul", FLOATS, "graph @t(%a: $T[5,640], %w: $T[100,640]) {\n %t = aten.permute(%w) {dims = [1, 0]}\n"
+                       " %c = aten.mm(%a, %t)\n return %c\n}"},
     // K not a whole number of steps: the last partial step masked
     // (K = 1000 after full steps; K = 8, no full step).
     {"matmul", "f32 bf16", "graph @t(%a: $T[3,1000], %w: $T[64,1000], %b: $T[20,8], %v: $T[1024,8]) {\n"
@@ -437,6 +440,11 @@ static const op_case_t kCases[] = {
                           " %c, %n, %s = aten.native_layer_norm(%y, %v, none) {normalized_shape = [48], eps = 1e-3}\n"
                           " %d, %o, %t = aten.native_layer_norm(%z, none, none) {normalized_shape = [32], eps = 1e-5}\n"
                           " return %a, %m, %r, %c, %n, %s, %d, %o, %t\n}"},
+    // eps of whole numbers (0 and 1: constants printed by their bits).
+    {"layer_norm", "f32", "graph @t(%x: $T[4,32]) {\n"
+                          " %a, %m, %r = aten.native_layer_norm(%x, none, none) {normalized_shape = [32], eps = 0.0}\n"
+                          " %b, %n, %s = aten.native_layer_norm(%x, none, none) {normalized_shape = [32], eps = 1.0}\n"
+                          " return %a, %m, %r, %b, %n, %s\n}"},
     {"layer_norm", "f32", "graph @t(%x: $T[3]) {\n"
                           " %c = kiln.constant() {value = [2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 1000.0, 1001.0, 1002.0, 1003.0, 1004.0, 1005.0, 1006.0, 1007.0, 1008.0, 1009.0, 1010.0, 1011.0, 1012.0, 1013.0, 1014.0, 1015.0]} : $T[2,16]\n"
                           " %a, %m, %r = aten.native_layer_norm(%c, none, none) {normalized_shape = [16], eps = 1e-5}\n"
