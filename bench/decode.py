@@ -11,22 +11,15 @@ backend per batch and kiln's max error against eager.
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 
+from models import median_time  # bench/models.py, beside this script
+
 
 def median_ms(fn, iters=50):
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_time(fn, iters) * 1e3
 
 
 def main():
