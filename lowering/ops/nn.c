@@ -502,15 +502,6 @@ static kiln_status_t layer_norm_core(kiln_emitter_t *e, const kiln_node_t *n,
 // three flat passes read x three times: [64,128,256] (8 MB) took 0.63 ms
 // against eager's 0.39; in row blocks (above 8 MB) the passes' per-block
 // work cost more at rows this short.
-// An f32 constant's bits, for `arith.constant 0x... : f32` (a decimal
-// print of a whole number, eps = 0, would read as an integer literal).
-static uint32_t f32_bits(double v) {
-  float f = (float)v;
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
-
 static bool short_ln_rows_apply(const kiln_emitter_t *e, const kiln_node_t *n,
                                 const kiln_tv_t *x, const kiln_type_t *const rt[3]) {
   const kiln_attr_t *ns = kiln_node_attr(n, "normalized_shape");
@@ -553,6 +544,11 @@ static kiln_status_t emit_layer_norm_rows(kiln_emitter_t *e, const kiln_node_t *
   const char *wb[2] = {NULL, NULL};
   for (int k = 1; k < 3 && k < n->operand_count; ++k)
     if (n->operands[k].kind == KILN_OPERAND_VALUE) wb[k - 1] = e->values[n->operands[k].value].ssa;
+  // 1/C and eps (printed by their bits: eps = 0 in decimal reads as an
+  // integer literal).
+  char inv[24], epsc[24];
+  kiln_emit_scalar_const(e, o, KILN_F32, 1.0 / (double)C, inv);
+  kiln_emit_scalar_const(e, o, KILN_F32, eps, epsc);
   int id = e->next_id++;
   char all[24];
   kiln_emit_fresh(e, all);
@@ -562,8 +558,7 @@ static kiln_status_t emit_layer_norm_rows(kiln_emitter_t *e, const kiln_node_t *
       "      %%lc0_%d = arith.constant 0 : index\n"
       "      %%lc1_%d = arith.constant 1 : index\n"
       "      %%lpad_%d = arith.constant 0.0 : f32\n"
-      "      %%linv_%d = arith.constant 0x%08X : f32\n"
-      "      %%leps_%d = arith.constant 0x%08X : f32\n"
+
       "      %%lr0_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%lb%d)\n"
       "      %%lrn_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%lb%d)\n"
       "      %%lyb_%d = tensor.extract_slice %%ly%d[%%lr0_%d, 0] [%%lrn_%d, %lld] [1, 1] : "
@@ -577,7 +572,7 @@ static kiln_status_t emit_layer_norm_rows(kiln_emitter_t *e, const kiln_node_t *
       "(tensor<?x%dx16xf32>, tensor<?xf32>, tensor<?xf32>) {\n"
       "        %%lrow%d = arith.addi %%lr0_%d, %%li%d : index\n",
       all, id, (long long)NB, id, init[0], id, init[1], id, init[2], ty, ty1, ty1, id, id, id,
-      id, f32_bits(1.0 / (double)C), id, f32_bits(eps), id, (long long)RB, id, id, (long long)RB, (long long)R,
+      id, (long long)RB, id, id, (long long)RB, (long long)R,
       (long long)RB, id, id, id, id, id, (long long)C, ty, (long long)C, id, id, id, nv,
       (long long)C, nv, id, id, id, id, ty1, id, id, id, id, ty1, id, id, id, id, id, id, id,
       id, id, id, id, nv, id, id, id);
@@ -599,9 +594,9 @@ static kiln_status_t emit_layer_norm_rows(kiln_emitter_t *e, const kiln_node_t *
   kiln_emit_fresh(e, mb);
   kiln_sbuf_printf(o,
       "        %s = vector.reduction <add>, %s : vector<16xf32> into f32\n"
-      "        %s = arith.mulf %s, %%linv_%d : f32\n"
+      "        %s = arith.mulf %s, %s : f32\n"
       "        %s = vector.broadcast %s : f32 to vector<16xf32>\n",
-      sum, sumv, mean, sum, id, mb, mean);
+      sum, sumv, mean, sum, inv, mb, mean);
   // The variance of the deviations (kept for the output); rstd.
   char d[64][24], sq[64][24], sqv[24], ss[24], var[24], ve[24], rstd[24], rb[24];
   for (int j = 0; j < nv; ++j) {
@@ -620,11 +615,11 @@ static kiln_status_t emit_layer_norm_rows(kiln_emitter_t *e, const kiln_node_t *
   kiln_emit_fresh(e, rb);
   kiln_sbuf_printf(o,
       "        %s = vector.reduction <add>, %s : vector<16xf32> into f32\n"
-      "        %s = arith.mulf %s, %%linv_%d : f32\n"
-      "        %s = arith.addf %s, %%leps_%d : f32\n"
+      "        %s = arith.mulf %s, %s : f32\n"
+      "        %s = arith.addf %s, %s : f32\n"
       "        %s = math.rsqrt %s : f32\n"
       "        %s = vector.broadcast %s : f32 to vector<16xf32>\n",
-      ss, sqv, var, ss, id, ve, var, id, rstd, ve, rb, rstd);
+      ss, sqv, var, ss, inv, ve, var, epsc, rstd, ve, rb, rstd);
   // y = d * rstd (* w + b), one vector<nv x 16> write.
   char at[24];
   kiln_emit_fresh(e, at);
