@@ -204,6 +204,13 @@ kiln_status_t kiln_cpu_fuse_loops(MlirContext ctx, MlirModule module, int thread
 // cache key: lib/api).
 kiln_status_t kiln_cpu_streaming_stores(MlirContext ctx, MlirModule module, int *count);
 bool kiln_streaming_stores_enabled(void);
+// CPU, in the LLVM stage before convert-vector-to-scf: 1-D vector reads
+// along a dim other than the innermost (a contraction tile's lhs column)
+// become scalar loads and a vector.from_elements, which LLVM turns into
+// broadcasts from memory (lowering/strided_reads.c); `*count` counts them.
+// KILN_STRIDED_READS=0 turns it off (part of the cache key).
+kiln_status_t kiln_cpu_unroll_strided_reads(MlirContext ctx, MlirModule module, int *count);
+bool kiln_unroll_strided_reads_enabled(void);
 // CPU, on the bufferized module: the compute pass of a row-block kernel
 // prefetches the next block into L2 (lowering/prefetch.c); `*count` counts
 // the prefetches. KILN_PREFETCH=0 turns it off (part of the cache key).

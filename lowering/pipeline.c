@@ -317,8 +317,16 @@ kiln_status_t kiln_pipeline_run(kiln_mlir_t *m, MlirModule module,
         }
       }
       if (stage == KILN_STAGE_LLVM) {
-        // n-D transfers to 1-D ones, then stores into outputs larger than
-        // the caches made non-temporal (KILN_STREAM_STORES=0: never).
+        // Strided 1-D reads (a contraction tile's lhs column) as scalar
+        // loads (lowering/strided_reads.c), n-D transfers to 1-D ones, then
+        // stores into outputs larger than the caches made non-temporal
+        // (KILN_STREAM_STORES=0: never).
+        if (opts && opts->vectorize && kiln_unroll_strided_reads_enabled()) {
+          int unrolled = 0;
+          kiln_sbuf_free(&m->diags);
+          kiln_status_t s = kiln_cpu_unroll_strided_reads(m->ctx, module, &unrolled);
+          if (s) return kiln_mlir_with_diagnostics(m, s);
+        }
         KILN_RETURN_IF_ERROR_PLAIN(run_pipeline(
             m, module, "builtin.module(convert-vector-to-scf{full-unroll=true})", what));
         if (kiln_streaming_stores_enabled()) {

@@ -653,13 +653,14 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
   kiln_hasher_update_str(&h, f->target);
   // KILN_HFUSE=0 (horizontal fusion off, lowering/hfuse.c),
   // KILN_STREAM_STORES=0 (lowering/streaming.c), KILN_PREFETCH=0
-  // (lowering/prefetch.c) and KILN_F32_DOT=0 change the code.
+  // (lowering/prefetch.c), KILN_STRIDED_READS=0 (lowering/strided_reads.c)
+  // and KILN_F32_DOT=0 change the code.
   const char *hfuse = getenv("KILN_HFUSE");
-  int32_t opts[8] = {f->options.opt_level, f->options.vectorize,
+  int32_t opts[9] = {f->options.opt_level, f->options.vectorize,
                      f->options.num_threads, (int32_t)f->options.autotune,
                      hfuse && strcmp(hfuse, "0") == 0,
                      !kiln_streaming_stores_enabled(), !kiln_prefetch_enabled(),
-                     f32_dot_enabled()};
+                     f32_dot_enabled(), !kiln_unroll_strided_reads_enabled()};
   kiln_hasher_update(&h, opts, sizeof(opts));
   kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
   // The graph's name is a label, not code: hash the text without it.
