@@ -615,6 +615,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
             node.op = "call_function"
             node.target = getattr(fused, node.target).forward
     fused.recompile()
+    # A lazy GraphModule (torch's default) installs its generated forward on
+    # the first call; until then `fused.forward` is a trampoline that calls
+    # the module (nn.Module.__call__, then forward) on every call, for as
+    # long as the caller holds that bound method: AOTAutograd holds it.
+    if hasattr(fused, "real_recompile"):
+        fused.real_recompile()
     _note("stats", f"{kind}: {compiled} kiln partition(s), "
                    f"{len(support.reasons)} node(s) in PyTorch, "
                    f"{(time.perf_counter() - t0) * 1e3:.1f} ms")
