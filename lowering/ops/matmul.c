@@ -2253,7 +2253,8 @@ static void flat_extra(int64_t OH, int64_t W, int64_t KW, int64_t *rows, int64_t
 // X[n, c, kh*dh*Wp + kw*dw + p], with X the padded input flattened to rows
 // of Wp and P = OH * Wp a multiple of 16.
 //
-// Threads take (image, chunk of PC pixels) tasks (scf.forall). In a task
+// Threads take (image, chunk of PC pixels, group of filters) tasks
+// (scf.forall; filter groups only where images x chunks are few). In a task
 // the channels run in blocks of CB (about 288 multiply-adds of taps per
 // block: a block's input rows and the filters' weights stay in L1 while
 // every register tile of the chunk goes by), and per block each register
@@ -2289,9 +2290,9 @@ static bool conv_dot_applies(const kiln_emitter_t *e, kiln_dtype_t xd, kiln_dtyp
          ad == KILN_F32 && G == 1 && F % kConvDotRows == 0;
 }
 
-// One register tile, `nv` vectors wide, of rows %f .. %f + 7 and columns
-// %pt .. of the chunk tensor `cur` (typed %CTY%: [F, PC/16, 16]); the
-// tensor it yields is named in `next`.
+// One register tile, `nv` vectors wide, of rows %f .. %f + 7 (filters
+// %f0 + %f ..) and columns %pt .. of the chunk tensor `cur` (typed %CTY%:
+// [filters per task, PC/16, 16]); the tensor it yields is named in `next`.
 static void emit_conv_dot_tile(kiln_sbuf_t *o, const conv_dot_t *d, const char *tag, int nv,
                                const char *cur, char next[24]) {
   const int R = kConvDotRows, K = R * nv;
@@ -2299,8 +2300,8 @@ static void emit_conv_dot_tile(kiln_sbuf_t *o, const conv_dot_t *d, const char *
   vt[0] = 0;
   for (int t = 0; t < K; ++t) strcat(vt, t ? ", vector<16xf32>" : "vector<16xf32>");
   for (int r = 0; r < R; ++r)
-    kiln_sbuf_printf(o, "            %%fi%s%d = affine.apply affine_map<(d0) -> (d0 + %d)>(%%f)\n",
-                     tag, r, r);
+    kiln_sbuf_printf(o, "            %%fi%s%d = affine.apply affine_map<(d0, d1) -> (d0 + d1 + %d)>"
+                        "(%%f0, %%f)\n", tag, r, r);
   // Partial sums: zeros in the first channel block, else the tile's, read
   // as one [8, nv, 16] transfer (one read and one write per tile keep the
   // schedule's subset hoisting, which compares every pair of a loop's
@@ -2399,13 +2400,25 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *d, char out[24]) 
   // a 3x3 kernel), equal but for the last.
   long long taps = d->KH * d->KW, nb = (d->C * taps + 287) / 288;
   long long CB = (d->C + nb - 1) / nb;
+  // Tasks: images x chunks, and groups of filters (whole register tiles)
+  // where that makes fewer than 8 (a batch of one through a 14 x 14 layer
+  // is one chunk: one task ran it on one thread, 2x slower than the
+  // schedule's contraction, which splits filters too).
+  long long FG = 1, tiles = d->F / kConvDotRows;
+  while (d->N * (d->P / PC) * FG < 8 && FG < tiles) {
+    long long g = FG + 1;
+    while (tiles % g) ++g;
+    FG = g;
+  }
+  long long FP = d->F / FG;  // filters per task
   kiln_emit_fresh(e, out);
   char cty[64];
-  snprintf(cty, sizeof(cty), "tensor<%lldx%lldx16xf32>", d->F, PC / 16);
+  snprintf(cty, sizeof(cty), "tensor<%lldx%lldx16xf32>", FP, PC / 16);
   kiln_sbuf_t body;
   kiln_sbuf_init(&body);
   kiln_sbuf_printf(&body,
-      "    %s = scf.forall (%%cn, %%cq) in (%lld, %lld) shared_outs(%%co = %s) -> (%s) {\n"
+      "    %s = scf.forall (%%cn, %%cq, %%cg) in (%lld, %lld, %lld) shared_outs(%%co = %s) -> "
+      "(%s) {\n"
       "      %%c0 = arith.constant 0 : index\n"
       "      %%c1 = arith.constant 1 : index\n"
       "      %%c8 = arith.constant 8 : index\n"
@@ -2421,7 +2434,8 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *d, char out[24]) 
       "      %%padf = arith.constant 0.0 : f32\n"
       "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n"
       "      %%p0 = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%cq)\n"
-      "      %%blk2 = tensor.extract_slice %%co[%%cn, 0, 0, %%p0] [1, 1, %lld, %lld] "
+      "      %%f0 = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%cg)\n"
+      "      %%blk2 = tensor.extract_slice %%co[%%cn, 0, %%f0, %%p0] [1, 1, %lld, %lld] "
       "[1, 1, 1, 1] : %s to tensor<%lldx%lldxf32>\n"
       "      %%blk = tensor.expand_shape %%blk2 [[0], [1, 2]] output_shape [%lld, %lld, 16] : "
       "tensor<%lldx%lldxf32> into %%CTY%%\n"
@@ -2429,8 +2443,8 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *d, char out[24]) 
       "        %%ce = affine.min affine_map<(d0) -> (d0 + %lld, %lld)>(%%cb)\n"
       "        %%first = arith.cmpi eq, %%cb, %%c0 : index\n"
       "        %%rf = scf.for %%f = %%c0 to %%cF step %%c8 iter_args(%%cdt1 = %%cdt0) -> (%%CTY%%) {\n",
-      out, d->N, d->P / PC, d->acc, d->aty, d->C, CB, d->F, full, PC, d->KH, d->KW, PC, d->F,
-      PC, d->aty, d->F, PC, d->F, PC / 16, d->F, PC, CB, d->C);
+      out, d->N, d->P / PC, FG, d->acc, d->aty, d->C, CB, FP, full, PC, d->KH, d->KW, PC, FP,
+      FP, PC, d->aty, FP, PC, FP, PC / 16, FP, PC, CB, d->C);
   char next[24] = "%cdt1";
   if (full) {
     kiln_sbuf_puts(&body, "          %rp = scf.for %pt = %c0 to %cfull step %c48 "
@@ -2453,11 +2467,11 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *d, char out[24]) 
       "      }\n"
       "      %%rb2 = tensor.collapse_shape %%rb [[0], [1, 2]] : %%CTY%% into tensor<%lldx%lldxf32>\n"
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %%rb2 into %%co[%%cn, 0, 0, %%p0] [1, 1, %lld, %lld] "
+      "        tensor.parallel_insert_slice %%rb2 into %%co[%%cn, 0, %%f0, %%p0] [1, 1, %lld, %lld] "
       "[1, 1, 1, 1] : tensor<%lldx%lldxf32> into %s\n"
       "      }\n"
       "    }\n",
-      next, d->F, PC, d->F, PC, d->F, PC, d->aty);
+      next, FP, PC, FP, PC, FP, PC, d->aty);
   // The chunk tensor's type, spelled once above as %CTY%.
   for (const char *s = body.data; *s;) {
     const char *m = strstr(s, "%CTY%");
