@@ -53,7 +53,9 @@ typedef struct kiln_lower_options {
   // on the tile unit (tdpbf16ps over packed B), lowering/ops/matmul.c.
   bool x86_amx;
   // AVX-512: large f32 matmuls use the packed-B FMA microkernel of
-  // lowering/ops/matmul.c instead of the tiled linalg.matmul.
+  // lowering/ops/matmul.c instead of the tiled linalg.matmul, and f32
+  // stride-1 convolutions its convolution microkernel (emit_conv_dot)
+  // instead of the schedule's contraction.
   bool x86_f32_dot;
 } kiln_lower_options_t;
 

@@ -1,24 +1,28 @@
 // Strided 1-D vector reads as scalar loads (CPU).
 //
-// A register-tiled contraction that is not a matmul microkernel (a direct
-// convolution, a batched matmul) reads its lhs column as one 1-D
-// vector.transfer_read along a dim that is not the memref's innermost: the
-// 8 filters of a register tile at one (c, kh, kw), 576 floats apart. The
-// vectorized multiply then broadcasts each lane of that vector across a row
-// of the accumulator tile.
+// The schedule's direct convolution (lowering/ops/matmul.c, emit_conv_taps:
+// the generic contraction, which takes it where the f32 microkernel does
+// not: without AVX-512, f64, grouped layers) reads its register tile's
+// filter column as one 1-D vector.transfer_read along a dim that is not
+// the memref's innermost: the 8 filters of a tile at one (c, kh, kw), 576
+// floats apart for 64 channels of a 3x3 kernel. The vectorized multiply
+// then broadcasts each lane of that vector across a row of the tile.
 //
-// convert-vector-to-scf lowers such a read (Strided1dTransferOpConversion,
-// whatever its full-unroll option) to an scf.for over the lanes, each
-// iteration a scalar load inserted at a dynamic position: on x86 a
-// compare, a masked broadcast and a branch per lane, and the lanes then
-// reach the FMAs through `vpermps`, which issues on port 5, one of the two
-// ports the 512-bit FMAs use. A 3x3 convolution's inner step was 16 FMAs,
-// 7 vpermps and some 40 instructions of gather loop.
+// convert-vector-to-scf lowers such a read (its 1-D transfer conversion,
+// TransferOp1dConversion, whatever the full-unroll option) to an scf.for
+// over the lanes, each iteration a scalar load inserted at a dynamic
+// position: on x86 a compare, a masked broadcast and a branch per lane,
+// and the lanes then reach the FMAs through `vpermps`, which issues on
+// port 5, one of the two ports the 512-bit FMAs use. A 3x3 convolution's
+// inner step was 16 FMAs, 7 vpermps and some 40 instructions of gather
+// loop.
 //
 // Here each such read becomes its lanes' scalar `memref.load`s and one
 // `vector.from_elements`. LLVM folds a splat of a build_vector of loads to
 // a broadcast from memory (`vbroadcastss zmm, m32`), which uses a load port
-// only, and the gather loop is gone.
+// only, and the gather loop is gone. (On the Xeon the convolution measured
+// no faster for it: the loop nest's memory traffic bounds it, which the
+// microkernel's channel blocks address.)
 //
 // Runs in the LLVM stage before convert-vector-to-scf, on the bufferized
 // module (reads from memrefs).
@@ -45,8 +49,8 @@ typedef struct {
 } reads_t;
 
 // The memref dim a 1-D transfer_read walks, when the read is a plain
-// strided one: unmasked, in bounds, along a dim other than the innermost;
-// -1 otherwise.
+// strided one: unmasked, in bounds, along a dim other than the innermost
+// whose stride is not 1; -1 otherwise.
 static int strided_dim(MlirOperation op) {
   if (mlirOperationGetNumResults(op) != 1) return -1;
   MlirValue src = mlirOperationGetOperand(op, 0);
@@ -72,7 +76,14 @@ static int strided_dim(MlirOperation op) {
   MlirAffineExpr e = mlirAffineMapGetResult(map, 0);
   if (!mlirAffineExprIsADim(e)) return -1;
   int64_t dim = mlirAffineDimExprGetPosition(e);
-  return dim < rank - 1 ? (int)dim : -1;
+  if (dim >= rank - 1) return -1;
+  // Along a dim of unit stride (a transposed view) the read is contiguous:
+  // left to the vector lowering.
+  int64_t strides[kMaxRank], offset;
+  if (mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(mt, strides, &offset)) ||
+      strides[dim] == 1)
+    return -1;
+  return (int)dim;
 }
 
 static MlirWalkResult collect(MlirOperation op, void *user) {

@@ -629,8 +629,9 @@ static void add_stats(kiln_context_t *c, const kiln_stats_t *d) {
   pthread_mutex_unlock(&c->stats_lock);
 }
 
-// The f32 matmul microkernel (lowering/ops/matmul.c) on hosts with
-// AVX-512F; KILN_F32_DOT=0 keeps the tiled linalg.matmul (comparisons).
+// The f32 matmul and convolution microkernels (lowering/ops/matmul.c) on
+// hosts with AVX-512F; KILN_F32_DOT=0 keeps the tiled linalg.matmul and
+// the schedule's convolution contraction (comparisons).
 static bool f32_dot_enabled(void) {
   const char *id = kiln_jit_host_id(), *f = strstr(id, "+avx512f");
   while (f && f[8] != ',' && f[8] != '/' && f[8] != '\0') f = strstr(f + 8, "+avx512f");

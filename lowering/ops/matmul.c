@@ -2254,10 +2254,13 @@ static void flat_extra(int64_t OH, int64_t W, int64_t KW, int64_t *rows, int64_t
 // of Wp and P = OH * Wp a multiple of 16.
 //
 // Threads take (image, chunk of PC pixels, group of filters) tasks
-// (scf.forall; filter groups only where images x chunks are few). In a task
-// the channels run in blocks of CB (about 288 multiply-adds of taps per
-// block: a block's input rows and the filters' weights stay in L1 while
-// every register tile of the chunk goes by), and per block each register
+// (scf.forall; filter groups only where images x chunks are few; PC is at
+// least one 48-pixel tile, else the schedule's contraction takes the
+// convolution). In a task the channels run in blocks of CB (about 288
+// multiply-adds of taps per block: a register tile's input rows, some 20
+// KB for 32 channels of a 3x3 kernel, and its filters' weights, 9 KB, stay
+// in L1 over the block's taps; the block's rows of the whole chunk stay in
+// L2 while the tiles go by), and per block each register
 // tile of 8 filters x 48 pixels (the chunk's last pixels in tiles of 16)
 // keeps its 24 accumulators in registers over the block's (c, kh, kw):
 // per step three vector loads of the input (unaligned, in place), eight
@@ -2278,6 +2281,7 @@ typedef struct {
   const char *aty;
   bool zero_start;
   long long N, C, F, KH, KW, P, dh, dw;  // dh = dilation_h * Wp
+  const char *cty;  // a task's chunk tensor type (emit_conv_dot sets it)
 } conv_dot_t;
 
 enum { kConvDotRows = 8, kConvDotVecs = 3 };
@@ -2291,7 +2295,7 @@ static bool conv_dot_applies(const kiln_emitter_t *e, kiln_dtype_t xd, kiln_dtyp
 }
 
 // One register tile, `nv` vectors wide, of rows %f .. %f + 7 (filters
-// %f0 + %f ..) and columns %pt .. of the chunk tensor `cur` (typed %CTY%:
+// %f0 + %f ..) and columns %pt .. of the chunk tensor `cur` (typed d->cty:
 // [filters per task, PC/16, 16]); the tensor it yields is named in `next`.
 static void emit_conv_dot_tile(kiln_sbuf_t *o, const conv_dot_t *d, const char *tag, int nv,
                                const char *cur, char next[24]) {
@@ -2316,8 +2320,8 @@ static void emit_conv_dot_tile(kiln_sbuf_t *o, const conv_dot_t *d, const char *
   for (int t = 0; d->zero_start && t < K; ++t) kiln_sbuf_printf(o, "%s%%zero", t ? ", " : "");
   if (d->zero_start) kiln_sbuf_printf(o, " : %s\n            } else {\n", vt);
   kiln_sbuf_printf(o, "              %%ldt%s = vector.transfer_read %s[%%f, %%pv%s, %%c0], %%padf "
-                      "{in_bounds = [true, true, true]} : %%CTY%%, vector<%dx%dx16xf32>\n",
-                   tag, cur, tag, R, nv);
+                      "{in_bounds = [true, true, true]} : %s, vector<%dx%dx16xf32>\n",
+                   tag, cur, tag, d->cty, R, nv);
   for (int t = 0; t < K; ++t)
     kiln_sbuf_printf(o, "              %%ld%s%d = vector.extract %%ldt%s[%d, %d] : "
                         "vector<16xf32> from vector<%dx%dx16xf32>\n",
@@ -2380,43 +2384,45 @@ static void emit_conv_dot_tile(kiln_sbuf_t *o, const conv_dot_t *d, const char *
                         "vector<16xf32> into vector<%dx%dx16xf32>\n",
                      tag, t + 1, tag, t, tag, t, t / nv, t % nv, R, nv);
   kiln_sbuf_printf(o, "            %%st%s = vector.transfer_write %%sv%s%d, %s[%%f, %%pv%s, %%c0] "
-                      "{in_bounds = [true, true, true]} : vector<%dx%dx16xf32>, %%CTY%%\n",
-                   tag, tag, K, cur, tag, R, nv);
+                      "{in_bounds = [true, true, true]} : vector<%dx%dx16xf32>, %s\n",
+                   tag, tag, K, cur, tag, R, nv, d->cty);
   snprintf(next, 24, "%%st%s", tag);
 }
 
-// The kernel; the result (typed d->aty) is named in `out`.
-static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *d, char out[24]) {
-  kiln_sbuf_t *o = &e->out;
-  // Chunks: the largest multiple of 16 up to 512 that divides P.
-  long long PC = 16;
+// Pixels per task: the largest multiple of 16 up to 512 that divides P.
+static long long conv_dot_chunk(long long P) {
   for (long long c = 512; c >= 16; c -= 16)
-    if (d->P % c == 0) {
-      PC = c;
-      break;
-    }
+    if (P % c == 0) return c;
+  return 0;
+}
+
+// The kernel; the result (typed d->aty) is named in `out`.
+static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *dd, char out[24]) {
+  kiln_sbuf_t *o = &e->out;
+  long long PC = conv_dot_chunk(dd->P);
   long long full = PC / (16 * kConvDotVecs) * (16 * kConvDotVecs);
   // Channel blocks of about 288 multiply-adds per output (32 channels of
   // a 3x3 kernel), equal but for the last.
-  long long taps = d->KH * d->KW, nb = (d->C * taps + 287) / 288;
-  long long CB = (d->C + nb - 1) / nb;
+  long long taps = dd->KH * dd->KW, nb = (dd->C * taps + 287) / 288;
+  long long CB = (dd->C + nb - 1) / nb;
   // Tasks: images x chunks, and groups of filters (whole register tiles)
   // where that makes fewer than 8 (a batch of one through a 14 x 14 layer
   // is one chunk: one task ran it on one thread, 2x slower than the
   // schedule's contraction, which splits filters too).
-  long long FG = 1, tiles = d->F / kConvDotRows;
-  while (d->N * (d->P / PC) * FG < 8 && FG < tiles) {
+  long long FG = 1, tiles = dd->F / kConvDotRows;
+  while (dd->N * (dd->P / PC) * FG < 8 && FG < tiles) {
     long long g = FG + 1;
     while (tiles % g) ++g;
     FG = g;
   }
-  long long FP = d->F / FG;  // filters per task
-  kiln_emit_fresh(e, out);
+  long long FP = dd->F / FG;  // filters per task
   char cty[64];
   snprintf(cty, sizeof(cty), "tensor<%lldx%lldx16xf32>", FP, PC / 16);
-  kiln_sbuf_t body;
-  kiln_sbuf_init(&body);
-  kiln_sbuf_printf(&body,
+  conv_dot_t dk = *dd;
+  dk.cty = cty;
+  const conv_dot_t *d = &dk;
+  kiln_emit_fresh(e, out);
+  kiln_sbuf_printf(o,
       "    %s = scf.forall (%%cn, %%cq, %%cg) in (%lld, %lld, %lld) shared_outs(%%co = %s) -> "
       "(%s) {\n"
       "      %%c0 = arith.constant 0 : index\n"
@@ -2432,57 +2438,50 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *d, char out[24]) 
       "      %%ckh = arith.constant %lld : index\n"
       "      %%ckw = arith.constant %lld : index\n"
       "      %%padf = arith.constant 0.0 : f32\n"
-      "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n"
+      "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n",
+      out, d->N, d->P / PC, FG, d->acc, d->aty, d->C, CB, FP, full, PC, d->KH, d->KW);
+  // The task's block of the accumulator, viewed as [FP, PC/16, 16].
+  kiln_sbuf_printf(o,
       "      %%p0 = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%cq)\n"
       "      %%f0 = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%cg)\n"
       "      %%blk2 = tensor.extract_slice %%co[%%cn, 0, %%f0, %%p0] [1, 1, %lld, %lld] "
       "[1, 1, 1, 1] : %s to tensor<%lldx%lldxf32>\n"
       "      %%blk = tensor.expand_shape %%blk2 [[0], [1, 2]] output_shape [%lld, %lld, 16] : "
-      "tensor<%lldx%lldxf32> into %%CTY%%\n"
-      "      %%rb = scf.for %%cb = %%c0 to %%cC step %%cCB iter_args(%%cdt0 = %%blk) -> (%%CTY%%) {\n"
+      "tensor<%lldx%lldxf32> into %s\n",
+      PC, FP, FP, PC, d->aty, FP, PC, FP, PC / 16, FP, PC, cty);
+  kiln_sbuf_printf(o,
+      "      %%rb = scf.for %%cb = %%c0 to %%cC step %%cCB iter_args(%%cdt0 = %%blk) -> (%s) {\n"
       "        %%ce = affine.min affine_map<(d0) -> (d0 + %lld, %lld)>(%%cb)\n"
       "        %%first = arith.cmpi eq, %%cb, %%c0 : index\n"
-      "        %%rf = scf.for %%f = %%c0 to %%cF step %%c8 iter_args(%%cdt1 = %%cdt0) -> (%%CTY%%) {\n",
-      out, d->N, d->P / PC, FG, d->acc, d->aty, d->C, CB, FP, full, PC, d->KH, d->KW, PC, FP,
-      FP, PC, d->aty, FP, PC, FP, PC / 16, FP, PC, CB, d->C);
+      "        %%rf = scf.for %%f = %%c0 to %%cF step %%c8 iter_args(%%cdt1 = %%cdt0) -> (%s) {\n",
+      cty, CB, d->C, cty);
   char next[24] = "%cdt1";
   if (full) {
-    kiln_sbuf_puts(&body, "          %rp = scf.for %pt = %c0 to %cfull step %c48 "
-                          "iter_args(%cdt2 = %cdt1) -> (%CTY%) {\n");
-    emit_conv_dot_tile(&body, d, "", kConvDotVecs, "%cdt2", next);
-    kiln_sbuf_printf(&body, "            scf.yield %s : %%CTY%%\n          }\n", next);
+    kiln_sbuf_printf(o, "          %%rp = scf.for %%pt = %%c0 to %%cfull step %%c48 "
+                        "iter_args(%%cdt2 = %%cdt1) -> (%s) {\n", cty);
+    emit_conv_dot_tile(o, d, "", kConvDotVecs, "%cdt2", next);
+    kiln_sbuf_printf(o, "            scf.yield %s : %s\n          }\n", next, cty);
     snprintf(next, sizeof(next), "%%rp");
   }
   if (full < PC) {
-    kiln_sbuf_printf(&body, "          %%rr = scf.for %%pt = %%cfull to %%cPC step %%c16 "
-                            "iter_args(%%cdt3 = %s) -> (%%CTY%%) {\n", next);
-    emit_conv_dot_tile(&body, d, "r", 1, "%cdt3", next);
-    kiln_sbuf_printf(&body, "            scf.yield %s : %%CTY%%\n          }\n", next);
+    kiln_sbuf_printf(o, "          %%rr = scf.for %%pt = %%cfull to %%cPC step %%c16 "
+                        "iter_args(%%cdt3 = %s) -> (%s) {\n", next, cty);
+    emit_conv_dot_tile(o, d, "r", 1, "%cdt3", next);
+    kiln_sbuf_printf(o, "            scf.yield %s : %s\n          }\n", next, cty);
     snprintf(next, sizeof(next), "%%rr");
   }
-  kiln_sbuf_printf(&body,
-      "          scf.yield %s : %%CTY%%\n"
+  kiln_sbuf_printf(o,
+      "          scf.yield %s : %s\n"
       "        }\n"
-      "        scf.yield %%rf : %%CTY%%\n"
+      "        scf.yield %%rf : %s\n"
       "      }\n"
-      "      %%rb2 = tensor.collapse_shape %%rb [[0], [1, 2]] : %%CTY%% into tensor<%lldx%lldxf32>\n"
+      "      %%rb2 = tensor.collapse_shape %%rb [[0], [1, 2]] : %s into tensor<%lldx%lldxf32>\n"
       "      scf.forall.in_parallel {\n"
       "        tensor.parallel_insert_slice %%rb2 into %%co[%%cn, 0, %%f0, %%p0] [1, 1, %lld, %lld] "
       "[1, 1, 1, 1] : tensor<%lldx%lldxf32> into %s\n"
       "      }\n"
       "    }\n",
-      next, FP, PC, FP, PC, FP, PC, d->aty);
-  // The chunk tensor's type, spelled once above as %CTY%.
-  for (const char *s = body.data; *s;) {
-    const char *m = strstr(s, "%CTY%");
-    if (!m) {
-      kiln_sbuf_puts(o, s);
-      break;
-    }
-    kiln_sbuf_printf(o, "%.*s%s", (int)(m - s), s, cty);
-    s = m + 5;
-  }
-  kiln_sbuf_free(&body);
+      next, cty, cty, cty, FP, PC, FP, PC, FP, PC, d->aty);
 }
 
 // A convolution as contractions the contraction schedule register-tiles
@@ -2543,7 +2542,7 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
   kiln_emit_view(e, &x, &xg, &xv);
   kiln_emit_view(e, w, &wg, &wv);
   bool dot = flat && conv_dot_applies(e, x.type.dtype, w->type.dtype, ot->dtype, G, F) &&
-             P % 16 == 0;
+             conv_dot_chunk(P) >= 16 * kConvDotVecs;
   if (init)
     acc = *init;
   else if (dot)
