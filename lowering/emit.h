@@ -208,6 +208,7 @@ kiln_status_t kiln_lower_layer_norm_backward(kiln_emitter_t *e, const kiln_node_
 kiln_status_t kiln_lower_embedding(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n);
 kiln_status_t kiln_lower_index(kiln_emitter_t *e, const kiln_node_t *n);
+kiln_status_t kiln_lower_max_pool2d(kiln_emitter_t *e, const kiln_node_t *n);
 
 // Sets result `i` of the node to `tv`.
 void kiln_emit_set_result(kiln_emitter_t *e, const kiln_node_t *n, int i,

@@ -22,6 +22,7 @@ static kiln_lower_fn lowering_for(const kiln_node_t *n) {
         case KILN_OP_EMBEDDING: return kiln_lower_embedding;
         case KILN_OP_INDEX_PUT: return kiln_lower_index_put;
         case KILN_OP_INDEX: return kiln_lower_index;
+        case KILN_OP_MAX_POOL2D: return kiln_lower_max_pool2d;
         default: return NULL;
       }
     default: return kiln_lower_elementwise;

@@ -842,6 +842,40 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
       res->dims[res->rank++] = w->dims[1];
       return NULL;
     }
+    case KILN_OP_MAX_POOL2D: {
+      // Max over kernel_size windows of an NCHW float input, at `stride`
+      // (default: the kernel), implicitly padded by `padding` (-inf) on
+      // each side, taps `dilation` apart; floor division (ceil_mode off).
+      KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 1, 1));
+      KILN_RETURN_IF_ERROR_PLAIN(need_tensor(c, 0, &x));
+      if (x->rank != 4 || !kiln_dtype_is_float(x->dtype))
+        return verr(c, "%s is %s; expected a float NCHW tensor (rank 4)",
+                    opnd_str(c, 0, o, sizeof(o)), kiln_type_str(c->g, x, t, sizeof(t)));
+      if (KILN_IS_SYM(x->dims[2]) || KILN_IS_SYM(x->dims[3]))
+        return verr(c, "symbolic spatial sizes are not supported; expected static H and W");
+      int64_t k[2], st[2], pd[2], dl[2];
+      kiln_node_attr_pair(n, "kernel_size", 0, k);
+      kiln_node_attr_pair(n, "stride", 0, st);
+      kiln_node_attr_pair(n, "padding", 0, pd);
+      kiln_node_attr_pair(n, "dilation", 1, dl);
+      if (st[0] == 0 && st[1] == 0) st[0] = k[0], st[1] = k[1];
+      *res = *x;
+      for (int i = 0; i < 2; ++i) {
+        if (k[i] < 1 || st[i] < 1 || dl[i] < 1 || pd[i] < 0 || 2 * pd[i] > k[i])
+          return verr(c, "kernel_size %lldx%lld, stride %lldx%lld, padding %lldx%lld, "
+                      "dilation %lldx%lld: expected positive kernel, stride and "
+                      "dilation, and padding at most half the kernel",
+                      (long long)k[0], (long long)k[1], (long long)st[0], (long long)st[1],
+                      (long long)pd[0], (long long)pd[1], (long long)dl[0], (long long)dl[1]);
+        int64_t span = x->dims[2 + i] + 2 * pd[i] - dl[i] * (k[i] - 1) - 1;
+        if (span < 0)
+          return verr(c, "a %lld-wide window (dilation %lld) does not fit %s padded by %lld",
+                      (long long)k[i], (long long)dl[i], kiln_type_str(c->g, x, t, sizeof(t)),
+                      (long long)pd[i]);
+        res->dims[2 + i] = span / st[i] + 1;
+      }
+      return NULL;
+    }
     case KILN_OP_INDEX: {
       // x[..., i0, i1, ..., ...]: index tensors for the consecutive dims
       // `dim` .. `dim` + k - 1 of x, broadcast together to B; the result is
@@ -929,6 +963,7 @@ static const char *known_attrs(kiln_op_id_t op) {
     case KILN_OP_LAYER_NORM_BACKWARD: return "normalized_shape";
     case KILN_OP_INDEX_PUT: return "accumulate";
     case KILN_OP_INDEX: return "dim";
+    case KILN_OP_MAX_POOL2D: return "kernel_size stride padding dilation";
     default: return "";
   }
 }

@@ -412,6 +412,33 @@ static void run_conv(ref_t *r, const kiln_node_t *n, rt_t *out) {
     }
 }
 
+static void run_max_pool2d(ref_t *r, const kiln_node_t *n, rt_t *out) {
+  const rt_t *x = &r->vals[n->operands[0].value];
+  int64_t k[2], st[2], pd[2], dl[2];
+  kiln_node_attr_pair(n, "kernel_size", 0, k);
+  kiln_node_attr_pair(n, "stride", 0, st);
+  kiln_node_attr_pair(n, "padding", 0, pd);
+  kiln_node_attr_pair(n, "dilation", 1, dl);
+  if (st[0] == 0 && st[1] == 0) st[0] = k[0], st[1] = k[1];
+  int64_t NC = x->type.dims[0] * x->type.dims[1], H = x->type.dims[2], W = x->type.dims[3];
+  int64_t OH = out->type.dims[2], OW = out->type.dims[3];
+  for (int64_t p = 0; p < NC; ++p)
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        double m = -INFINITY;
+        for (int64_t kh = 0; kh < k[0]; ++kh)
+          for (int64_t kw = 0; kw < k[1]; ++kw) {
+            int64_t ih = oh * st[0] - pd[0] + kh * dl[0];
+            int64_t iw = ow * st[1] - pd[1] + kw * dl[1];
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+            double v = x->data[(p * H + ih) * W + iw];
+            if (v > m || isnan(v)) m = v;  // NaN wins, as in PyTorch
+            if (isnan(m)) break;
+          }
+        out->data[(p * OH + oh) * OW + ow] = kiln_ref_round(out->type.dtype, m);
+      }
+}
+
 //===--- shapes -----------------------------------------------------------===//
 
 static void run_shape(ref_t *r, const kiln_node_t *n, rt_t *out) {
@@ -711,6 +738,7 @@ kiln_status_t kiln_ref_run(const kiln_graph_t *g, const DLTensor *inputs,
         else if (n->op == KILN_OP_EMBEDDING) run_embedding(&r, n, out);
         else if (n->op == KILN_OP_INDEX_PUT) run_index_put(&r, n, out);
         else if (n->op == KILN_OP_INDEX) run_index(&r, n, out);
+        else if (n->op == KILN_OP_MAX_POOL2D) run_max_pool2d(&r, n, out);
         else run_softmax(&r, n, out);
         break;
       default: run_elementwise(&r, n, out); break;

@@ -1,6 +1,7 @@
 // Composite ops built from the emitter's primitives: softmax, log_softmax and
 // layer norm as reductions plus elementwise maps (which the fusion passes
 // merge), embedding as a gather inside a linalg.generic.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -1269,5 +1270,69 @@ kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n) {
                    id, id, id,
                    id, oty);
   kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}
+
+// max_pool2d (values; PyTorch's indices are not computed): the input,
+// padded with -inf where `padding` asks for it (a fill and the input's
+// slabs inserted by threads), and for each of the KH x KW taps its
+// strided window [N, C, OH, OW] (tensor.extract_slice at (kh*dh, kw*dw),
+// strides (sh, sw)); the taps are combined by maximum (NaN propagates, as
+// in PyTorch), ops that elementwise fusion makes one loop reading the
+// taps in place. CPU only.
+kiln_status_t kiln_lower_max_pool2d(kiln_emitter_t *e, const kiln_node_t *n) {
+  if (e->options.cuda)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "aten.max_pool2d: no lowering for the CUDA target (CPU only)");
+  kiln_tv_t x = e->values[n->operands[0].value];
+  const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  int64_t k[2], st[2], pd[2], dl[2];
+  kiln_node_attr_pair(n, "kernel_size", 0, k);
+  kiln_node_attr_pair(n, "stride", 0, st);
+  kiln_node_attr_pair(n, "padding", 0, pd);
+  kiln_node_attr_pair(n, "dilation", 1, dl);
+  if (st[0] == 0 && st[1] == 0) st[0] = k[0], st[1] = k[1];
+  kiln_sbuf_t *b = &e->out;
+  if (pd[0] || pd[1]) {
+    // Windows reach at most (O - 1) * s + (k - 1) * d of the padded input;
+    // floor division may leave its last rows and columns unread.
+    kiln_type_t pt = x.type;
+    pt.dims[2] += 2 * pd[0];
+    pt.dims[3] += 2 * pd[1];
+    kiln_tv_t z, p;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, -INFINITY, &z));
+    int64_t offsets[4] = {0, 0, pd[0], pd[1]};
+    kiln_emit_insert_slabs(e, &x, &z, offsets, true, &p);
+    x = p;
+  }
+  char xty[256], wty[256];
+  kiln_type_t wt = *rt;
+  wt.dtype = x.type.dtype;
+  kiln_mlir_tensor_type(&x.type, xty, sizeof(xty));
+  kiln_mlir_tensor_type(&wt, wty, sizeof(wty));
+  kiln_tv_t acc = {.ssa = ""};
+  for (int64_t kh = 0; kh < k[0]; ++kh)
+    for (int64_t kw = 0; kw < k[1]; ++kw) {
+      kiln_tv_t tap = {.type = wt};
+      kiln_emit_fresh(e, tap.ssa);
+      kiln_sbuf_printf(b, "    %s = tensor.extract_slice %s[0, 0, %lld, %lld] [%lld, %lld, "
+                          "%lld, %lld] [1, 1, %lld, %lld] : %s to %s\n",
+                       tap.ssa, x.ssa, (long long)(kh * dl[0]), (long long)(kw * dl[1]),
+                       (long long)wt.dims[0], (long long)wt.dims[1], (long long)wt.dims[2],
+                       (long long)wt.dims[3], (long long)st[0], (long long)st[1], xty, wty);
+      if (!acc.ssa[0]) {
+        acc = tap;
+        continue;
+      }
+      kiln_tv_t m;
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_binary(e, KILN_OP_MAXIMUM, kiln_arg_tensor(&acc),
+                                                  kiln_arg_tensor(&tap), x.type.dtype, &m));
+      acc = m;
+    }
+  if (k[0] * k[1] == 1) {
+    // One tap: the strided window itself, copied into a dense result.
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_unary(e, KILN_OP_CLONE, &acc, x.type.dtype, &acc));
+  }
+  kiln_emit_set_result(e, n, 0, &acc);
   return NULL;
 }

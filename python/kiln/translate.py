@@ -468,6 +468,39 @@ def _copy_(e, n):
     return _copy(e, n)
 
 
+def _max_pool2d(e, n):
+    """max_pool2d_with_indices (and max_pool2d) as kiln's aten.max_pool2d:
+    the values only, so the indices must be unused (training keeps them for
+    the backward: that node then runs in PyTorch). ceil_mode is taken where
+    it gives the floor-mode size. CPU only (not tried on the CUDA target:
+    the node stays in PyTorch there)."""
+    x = n.args[0]
+    pair = lambda v, d: [v, v] if isinstance(v, int) else list(v) if v else d  # noqa: E731
+    k = pair(_arg(n, 1, "kernel_size"), None)
+    stride = pair(_arg(n, 2, "stride", []), list(k))
+    padding = pair(_arg(n, 3, "padding", 0), [0, 0])
+    dilation = pair(_arg(n, 4, "dilation", 1), [1, 1])
+    if n.target is aten.max_pool2d_with_indices.default and any(
+            u.target is not operator.getitem or u.args[1] != 0 for u in n.users):
+        raise Unsupported("max_pool2d indices used (kiln computes the values only)")
+    xv = x.meta["val"]
+    if xv.device.type == "cuda":
+        raise Unsupported("max_pool2d on CUDA (kiln lowers it for the CPU only)")
+    if xv.dim() != 4:
+        raise Unsupported(f"max_pool2d of a rank-{xv.dim()} tensor (kiln takes NCHW)")
+    want = [(_static_int(xv.shape[2 + i], "spatial size") + 2 * padding[i]
+             - dilation[i] * (k[i] - 1) - 1) // stride[i] + 1 for i in range(2)]
+    val = n.meta["val"]
+    got = list((val[0] if isinstance(val, (tuple, list)) else val).shape[2:])
+    if got != want:
+        raise Unsupported(f"max_pool2d with ceil_mode: output {got}, floor mode gives {want}")
+    y = e.op("aten.max_pool2d", [e.operand(x)],
+             {"kernel_size": _int_list(k, "kernel_size"), "stride": _int_list(stride, "stride"),
+              "padding": _int_list(padding, "padding"),
+              "dilation": _int_list(dilation, "dilation")})
+    return [y, None] if n.target is aten.max_pool2d_with_indices.default else y
+
+
 def _batch_norm_inference(e, n):
     """Inference batch norm: (x - mean) * rsqrt(var + eps) * weight + bias per
     channel (dim 1). Its two other results (saved statistics, empty in
@@ -824,6 +857,8 @@ TRANSLATORS = {
     aten.select.int: _select,
     aten.copy.default: _copy,
     aten._native_batch_norm_legit_no_training.default: _batch_norm_inference,
+    aten.max_pool2d_with_indices.default: _max_pool2d,
+    aten.max_pool2d.default: _max_pool2d,
     aten.copy_.default: _copy_,
     aten.reciprocal.default: lambda e, n: e.op("aten.div", ["1.0", e.operand(n.args[0])]),
     prims.fma.default: lambda e, n: e.op("aten.add", [
@@ -952,7 +987,7 @@ def _one_element(v) -> bool:
 # Ops translated to several kiln values (a list), read through getitem.
 _MULTI_RESULT = (aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
                  aten._native_batch_norm_legit_no_training.default,
-                 aten.var_mean.correction)
+                 aten.var_mean.correction, aten.max_pool2d_with_indices.default)
 
 
 def support_reason(node) -> str | None:

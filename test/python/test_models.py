@@ -232,3 +232,50 @@ def test_softmax_special_values(fn, shape):
     # Masked positions are exact zeros, as eager's.
     if fn is torch.softmax:
         assert torch.equal(got.view(-1, shape[-1])[3, ::2], torch.zeros(shape[-1] // 2 + shape[-1] % 2))
+
+
+class PoolNet(nn.Module):
+    """A ResNet stem: a 7x7 stride-2 convolution, batch norm, relu, a 3x3
+    stride-2 max pool, then a 3x3 convolution on the small grid."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3, bias=False), nn.BatchNorm2d(16),
+                                  nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        self.conv = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(self.stem(x))
+
+
+def test_max_pool_inference_runs_in_kiln():
+    """Inference: max_pool2d_with_indices, whose indices nothing reads, is
+    kiln's aten.max_pool2d (fallback="error" fails on any node in PyTorch);
+    values match eager's, whose NaN also propagates."""
+    torch.manual_seed(0)
+    model = PoolNet().eval()
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    x = torch.randn(2, 3, 40, 38)
+    x[0, 1, 10, 11] = float("nan")
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    torch.testing.assert_close(got, want, equal_nan=True, **TOL[want.dtype])
+    assert got.isnan().any()
+
+
+def test_max_pool_training_keeps_indices_in_pytorch(capfd, monkeypatch):
+    """Training saves the pool's indices for the backward: that node runs in
+    PyTorch (reported), the rest in kiln, and the gradients match eager."""
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+    torch.manual_seed(0)
+    model = PoolNet()
+    x = torch.randn(2, 3, 24, 24)
+    compiled = torch.compile(model, backend="kiln")
+    compiled(x).square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for g, p in zip(got, model.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-3, rtol=1e-3)
+    err = capfd.readouterr().err
+    assert "max_pool2d indices used" in err, err

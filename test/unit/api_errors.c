@@ -71,6 +71,14 @@ static void test_verifier_errors(void) {
                      KILN_STATUS_VERIFY_ERROR, "aten.index: 'dim' = 1 with 2 index tensors does not fit f32[4,3]");
   expect_parse_error("graph @g(%x: f32[4,3], %i: i64[2], %j: i64[5]) {\n  %z = aten.index(%x, %i, %j) {dim = 0}\n  return %z\n}",
                      KILN_STATUS_VERIFY_ERROR, "aten.index: operand 2 (%j: i64[5]) does not broadcast with i64[2]");
+  // aten.max_pool2d: a rank-3 input, padding over half the kernel, a
+  // window that does not fit.
+  expect_parse_error("graph @g(%x: f32[4,3,5]) {\n  %z = aten.max_pool2d(%x) {kernel_size = [2, 2]}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "aten.max_pool2d: operand 0 (%x: f32[4,3,5]) is f32[4,3,5]; expected a float NCHW tensor (rank 4)");
+  expect_parse_error("graph @g(%x: f32[1,2,8,8]) {\n  %z = aten.max_pool2d(%x) {kernel_size = [3, 3], padding = [2, 2]}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "kernel_size 3x3, stride 3x3, padding 2x2, dilation 1x1: expected positive kernel, stride and dilation, and padding at most half the kernel");
+  expect_parse_error("graph @g(%x: f32[1,2,3,8]) {\n  %z = aten.max_pool2d(%x) {kernel_size = [3, 3], dilation = [2, 1]}\n  return %z\n}",
+                     KILN_STATUS_VERIFY_ERROR, "a 3-wide window (dilation 2) does not fit f32[1,2,3,8] padded by 0");
   expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.where(%x, %x, %x)\n  return %z\n}",
                      KILN_STATUS_VERIFY_ERROR, "expected a bool condition");
   expect_parse_error("graph @g(%x: f32[4,3]) {\n  %z = aten.neg(%x, %x)\n  return %z\n}",

@@ -481,6 +481,14 @@ static const op_case_t kCases[] = {
                                   " %y = aten.index(%x, %ih, %iw) {dim = 2}\n return %y\n}"},
     {"index", "f32 i32", "graph @t(%x: $T[6], %i: i32[3,5]) {\n %y = aten.index(%x, %i) {dim = 0}\n return %y\n}"},
     {"index", "f32", "graph @t(%x: $T[4,5,3], %i: i64[2,1,3]) {\n %y = aten.index(%x, %i) {dim = 1}\n return %y\n}"},
+    // max_pool2d: padded (-inf) or not, strides, dilation, a kernel wider
+    // than high, the default stride (the kernel), a 1x1 window.
+    {"max_pool2d", FLOATS, "graph @t(%x: $T[2,3,13,11]) {\n"
+                           " %y = aten.max_pool2d(%x) {kernel_size = [3, 3], stride = [2, 2], padding = [1, 1]}\n return %y\n}"},
+    {"max_pool2d", "f32 f64", "graph @t(%x: $T[1,4,9,10]) {\n"
+                              " %y = aten.max_pool2d(%x) {kernel_size = [2, 3], stride = [1, 2], padding = [1, 0], dilation = [2, 1]}\n"
+                              " %z = aten.max_pool2d(%x) {kernel_size = [2, 2]}\n"
+                              " %w = aten.max_pool2d(%x) {kernel_size = [1, 1], stride = [2, 3]}\n return %y, %z, %w\n}"},
     {"index", "f32 bf16", "graph @t(%x0: $T[4,16,20,20], %ih: i64[40,1], %iw: i64[40]) {\n"
                           " %x = aten.mul(%x0, 2.0)\n %y = aten.index(%x, %ih, %iw) {dim = 2}\n"
                           " return %y\n}"},
