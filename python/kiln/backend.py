@@ -638,6 +638,13 @@ def _decompositions():
     # Group norm (core ATen keeps it whole) as a var_mean over its groups
     # and a scale and shift per channel; its backward follows by autograd.
     table.update(get_decompositions([torch.ops.aten.native_group_norm.default]))
+    # Batch norm in training (core ATen keeps it and its backward whole) as
+    # the batch statistics (var_mean over N, H, W), the running-statistics
+    # updates and per-channel elementwise ops; its backward as reductions
+    # over the same dims: a CNN's batch norms train in kiln.
+    table.update(get_decompositions([
+        torch.ops.aten._native_batch_norm_legit_functional.default,
+        torch.ops.aten.native_batch_norm_backward.default]))
     ln_bwd = torch.ops.aten.native_layer_norm_backward.default
     if ln_bwd in table:
         table[ln_bwd] = _layer_norm_backward_decomposition(table[ln_bwd])
