@@ -306,3 +306,35 @@ def test_batch_norm_training_in_kiln(capfd, monkeypatch):
     err = capfd.readouterr().err
     assert "batch_norm" not in err, err
     assert "convolution_backward runs in PyTorch" in err, err
+
+
+class ConvGrads(nn.Module):
+    """Stride-1 convolutions of several paddings and a dilation (their input
+    gradients become convolutions, backend._conv_backward_input), one of
+    stride 2 and a grouped one (convolution_backward kept whole)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 16, (3, 5), padding=(0, 2), dilation=(2, 1), bias=False)
+        self.c = nn.Conv2d(16, 8, 1)
+        self.d = nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.e = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+
+    def forward(self, x):
+        y = torch.relu(self.c(torch.relu(self.b(torch.relu(self.a(x))))))
+        return self.e(self.d(y))
+
+
+def test_conv_input_gradients_as_convolutions():
+    torch.manual_seed(0)
+    model = ConvGrads()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 3, 17, 15, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    compiled = torch.compile(model, backend="kiln")
+    compiled(x).square().mean().backward()
+    ref(xr).square().mean().backward()
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
