@@ -851,13 +851,16 @@ static kiln_status_t infer_nn(const vctx_t *c, kiln_type_t *res) {
       if (x->rank != 4 || !kiln_dtype_is_float(x->dtype))
         return verr(c, "%s is %s; expected a float NCHW tensor (rank 4)",
                     opnd_str(c, 0, o, sizeof(o)), kiln_type_str(c->g, x, t, sizeof(t)));
-      if (KILN_IS_SYM(x->dims[2]) || KILN_IS_SYM(x->dims[3]))
-        return verr(c, "symbolic spatial sizes are not supported; expected static H and W");
+      if (!kiln_type_is_static(x))
+        return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                                "%s:%d:%d: aten.max_pool2d: symbolic sizes are not "
+                                "supported; expected static shapes",
+                                c->filename, n->line, n->col);
       int64_t k[2], st[2], pd[2], dl[2];
-      kiln_node_attr_pair(n, "kernel_size", 0, k);
-      kiln_node_attr_pair(n, "stride", 0, st);
-      kiln_node_attr_pair(n, "padding", 0, pd);
-      kiln_node_attr_pair(n, "dilation", 1, dl);
+      KILN_RETURN_IF_ERROR_PLAIN(pair_attr(c, "kernel_size", 0, k));
+      KILN_RETURN_IF_ERROR_PLAIN(pair_attr(c, "stride", 0, st));
+      KILN_RETURN_IF_ERROR_PLAIN(pair_attr(c, "padding", 0, pd));
+      KILN_RETURN_IF_ERROR_PLAIN(pair_attr(c, "dilation", 1, dl));
       if (st[0] == 0 && st[1] == 0) st[0] = k[0], st[1] = k[1];
       *res = *x;
       for (int i = 0; i < 2; ++i) {

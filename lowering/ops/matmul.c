@@ -2251,7 +2251,8 @@ static void flat_extra(int64_t OH, int64_t W, int64_t KW, int64_t *rows, int64_t
 // The f32 convolution microkernel (AVX-512), for the stride-1 flat form
 // of emit_conv_taps: out[n, f, p] (+)= sum_{c, kh, kw} W[f, c, kh, kw] *
 // X[n, c, kh*dh*Wp + kw*dw + p], with X the padded input flattened to rows
-// of Wp and P = OH * Wp a multiple of 16.
+// of Wp, for p < P: OH * Wp, or that rounded up to 16 into a scratch for
+// small grids (emit_conv_taps).
 //
 // Threads take (image, chunk of PC pixels, group of filters) tasks
 // (scf.forall; filter groups only where images x chunks are few; PC is at
@@ -2400,12 +2401,17 @@ static long long conv_dot_chunk(long long P) {
 // (kiln_lower_conv, instead of flat_extra's) for small grids: no extra
 // columns, P = OH * Wp rounded up to 16 computed (emit_conv_taps), and the
 // rows the extra pixels' taps need. Taken where it computes at least an
-// eighth fewer pixels than flat_extra's grid: a 7 x 7 layer (Wp 9: 64
-// pixels a channel against 7 x 16 = 112). False where it does not apply.
+// eighth fewer pixels than flat_extra's grid (a 7 x 7 layer, Wp 9: 64
+// pixels a channel against 7 x 16 = 112), or where flat_extra's grid has
+// no chunk the microkernel takes. False where it does not apply (the
+// caller's rows and cols then stay flat_extra's).
 static bool conv_dot_grid(int64_t OH, int64_t Wpad, int64_t KW, int64_t dw, int64_t flat_cols,
                           int64_t *rows, int64_t *cols) {
-  int64_t pmin = OH * Wpad, up = (pmin + 15) / 16 * 16;
-  if (pmin > 512 || up < 16 * kConvDotVecs || up * 8 > OH * (Wpad + flat_cols) * 7)
+  int64_t pmin = OH * Wpad, up = (pmin + 15) / 16 * 16, pflat = OH * (Wpad + flat_cols);
+  // Also where flat_extra's grid has no 48-pixel chunk (the microkernel
+  // would not take it: 7 x 8 = 56 pixels).
+  if (pmin > 512 || up < 16 * kConvDotVecs ||
+      (up * 8 > pflat * 7 && conv_dot_chunk(pflat) >= 16 * kConvDotVecs))
     return false;
   // The last computed pixel's last tap: up - 1 + (KH-1)*dh*Wp + (KW-1)*dw
   // must stay below (OH + (KH-1)*dh + rows) * Wp.
@@ -2508,9 +2514,11 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *dd, char out[24])
 //   out[n, g, f, p] = sum_{c, kh, kw} W[g, f, c, kh, kw] * X[n, g, c, tap(p)]
 // With stride 1, over the padded input flattened to rows of Wp, the output
 // is computed on a grid OW -> Wp columns wide, so tap (kh, kw) of channel c
-// is the contiguous run of the input starting at kh*d*Wp + kw*d (one extra
-// zero row at the bottom keeps the last tap in bounds; extra zero columns
-// make OH * Wp split into register tiles wide enough to pay, flat_extra);
+// is the contiguous run of the input starting at kh*d*Wp + kw*d (extra
+// zero rows at the bottom keep the last tap in bounds; extra zero columns
+// make OH * Wp split into register tiles wide enough to pay, flat_extra,
+// or none where the microkernel computes a small grid rounded up to 16
+// pixels, conv_dot_grid);
 // the Wp - OW extra columns are dropped at the end. Other strides (where
 // emit_conv_phases does not take them): one contraction per tap over its
 // strided window.
@@ -2710,7 +2718,7 @@ static kiln_status_t emit_conv_taps(kiln_emitter_t *e, kiln_tv_t x,
 // place). The tap-by-tap form read each tap's window at the stride (4 x 4
 // register tiles of gathered loads): a 3x3 stride-2 layer of the bench's
 // resnet shapes ran at 20 GFLOP/s. Hs and Ws give every phase's taps room
-// (one extra row and columns for the flat form, as emit_pad's); false in
+// (the flat form's extra rows and columns, as kiln_lower_conv's); false in
 // *done where the padded input would need fewer rows or columns than x has.
 static kiln_status_t emit_conv_phases(kiln_emitter_t *e, kiln_tv_t x, const kiln_tv_t *w,
                                       const kiln_type_t *ot, const int64_t st[2],
@@ -2723,9 +2731,12 @@ static kiln_status_t emit_conv_phases(kiln_emitter_t *e, kiln_tv_t x, const kiln
   const int64_t KH1 = (KH + sh - 1) / sh, KW1 = (KW + sw - 1) / sw;
   int64_t xr = 0, xc = 0;
   flat_extra(OH, OW + KW1 - 1, KW1, &xr, &xc);
+  int64_t dr, dc;
   if (conv_dot_applies(e, x.type.dtype, w->type.dtype, kiln_math_dtype(ot->dtype), G,
-                       w->type.dims[0] / G))
-    conv_dot_grid(OH, OW + KW1 - 1, KW1, 1, xc, &xr, &xc);
+                       w->type.dims[0] / G) &&
+      conv_dot_grid(OH, OW + KW1 - 1, KW1, 1, xc, &dr, &dc) &&
+      sh * (OH + KH1 - 1 + dr) >= H + pd[0] && sw * (OW + KW1 - 1 + dc) >= W + pd[1])
+    xr = dr, xc = dc;  // (only where the phases still cover the input)
   const int64_t Ws = OW + KW1 - 1 + xc, Hs = OH + KH1 - 1 + xr;
   const int64_t hi_h = sh * Hs - H - pd[0], hi_w = sw * Ws - W - pd[1];
   if (hi_h < 0 || hi_w < 0) return NULL;

@@ -638,15 +638,13 @@ def _decompositions():
     # Group norm (core ATen keeps it whole) as a var_mean over its groups
     # and a scale and shift per channel; its backward follows by autograd.
     table.update(get_decompositions([torch.ops.aten.native_group_norm.default]))
-    # Batch norm in training (core ATen keeps it and its backward whole) as
-    # the batch statistics (var_mean over N, H, W), the running-statistics
-    # updates and per-channel elementwise ops; its backward as reductions
-    # over the same dims: a CNN's batch norms train in kiln. CPU tensors
-    # only (not measured against cuDNN's kernels on the CUDA target).
-    for op, fn in get_decompositions([
-            torch.ops.aten._native_batch_norm_legit_functional.default,
-            torch.ops.aten.native_batch_norm_backward.default]).items():
-        table[op] = _on_cpu(fn)
+    # Batch norm's training forward (core ATen keeps it whole; its backward
+    # is already in the core table) as the batch statistics (var_mean over
+    # N, H, W), the running-statistics updates and per-channel elementwise
+    # ops: a CNN's batch norms train in kiln. CPU tensors only (not measured
+    # against cuDNN's kernel on the CUDA target).
+    bn = torch.ops.aten._native_batch_norm_legit_functional.default
+    table[bn] = _on_cpu(get_decompositions([bn])[bn])
     table[torch.ops.aten.convolution_backward.default] = _conv_backward_input
     ln_bwd = torch.ops.aten.native_layer_norm_backward.default
     if ln_bwd in table:

@@ -475,7 +475,13 @@ def _max_pool2d(e, n):
     it gives the floor-mode size. CPU only (not tried on the CUDA target:
     the node stays in PyTorch there)."""
     x = n.args[0]
-    pair = lambda v, d: [v, v] if isinstance(v, int) else list(v) if v else d  # noqa: E731
+    def pair(v, default):
+        if isinstance(v, int):
+            return [v, v]
+        if not v:
+            return default
+        return [v[0], v[0]] if len(v) == 1 else list(v)
+
     k = pair(_arg(n, 1, "kernel_size"), None)
     stride = pair(_arg(n, 2, "stride", []), list(k))
     padding = pair(_arg(n, 3, "padding", 0), [0, 0])

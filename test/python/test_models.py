@@ -326,7 +326,20 @@ class ConvGrads(nn.Module):
         return self.e(self.d(y))
 
 
-def test_conv_input_gradients_as_convolutions():
+def test_conv_input_gradients_as_convolutions(monkeypatch):
+    """The backward graph kiln is given holds the three stride-1 input
+    gradients as convolutions (the strided and grouped ones stay PyTorch's
+    convolution_backward), and the gradients match eager's."""
+    from kiln import backend
+    seen = []
+    compile_graph = backend.compile_graph
+
+    def record(gm, example_inputs, opts, kind="graph"):
+        # (Before compile_graph, which fuses the partitions it compiles.)
+        seen.append((kind, [n.target for n in gm.graph.nodes]))
+        return compile_graph(gm, example_inputs, opts, kind)
+
+    monkeypatch.setattr(backend, "compile_graph", record)
     torch.manual_seed(0)
     model = ConvGrads()
     ref = copy.deepcopy(model)
@@ -338,3 +351,6 @@ def test_conv_input_gradients_as_convolutions():
     torch.testing.assert_close(x.grad, xr.grad, atol=1e-5, rtol=1e-4)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+    convs = [t for kind, targets in seen if kind == "backward" for t in targets
+             if t is torch.ops.aten.convolution.default]
+    assert len(convs) == 3, seen
