@@ -1,6 +1,7 @@
 // Composite ops built from the emitter's primitives: softmax, log_softmax and
 // layer norm as reductions plus elementwise maps (which the fusion passes
-// merge), embedding as a gather inside a linalg.generic.
+// merge), embedding as a gather inside a linalg.generic, max pooling as the
+// maximum of strided window slices.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
