@@ -10,14 +10,13 @@ random statistics) and the median time of each backend. The twentieth
 session's numbers are in docs/cpu-codegen.md.
 """
 
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
 
 import kiln  # noqa: F401  (registers the backend)
+from models import median_time  # bench/models.py, beside this script
 
 
 class Basic(nn.Module):
@@ -69,14 +68,8 @@ class InvertedResidual(nn.Module):
 
 
 def median_ms(fn, iters=10):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    fn()
+    return median_time(fn, iters) * 1e3
 
 
 def main():

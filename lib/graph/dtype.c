@@ -229,6 +229,15 @@ void kiln_node_attr_pair(const kiln_node_t *n, const char *name, int64_t dflt,
   }
 }
 
+void kiln_node_pool_window(const kiln_node_t *n, int64_t k[2], int64_t st[2], int64_t pd[2],
+                           int64_t dl[2]) {
+  kiln_node_attr_pair(n, "kernel_size", 0, k);
+  kiln_node_attr_pair(n, "stride", 0, st);
+  kiln_node_attr_pair(n, "padding", 0, pd);
+  kiln_node_attr_pair(n, "dilation", 1, dl);
+  if (st[0] == 0 && st[1] == 0) st[0] = k[0], st[1] = k[1];
+}
+
 void kiln_node_permutation(const kiln_node_t *n, int32_t rank,
                            int32_t perm[KILN_MAX_RANK]) {
   for (int i = 0; i < rank; ++i) perm[i] = i;

@@ -232,6 +232,10 @@ void kiln_node_reduced_dims(const kiln_node_t *n, const kiln_type_t *x,
 // A verified 1-or-2-integer attribute (stride, padding, dilation) as a pair.
 void kiln_node_attr_pair(const kiln_node_t *n, const char *name, int64_t dflt,
                          int64_t out[2]);
+// A verified aten.max_pool2d's window: kernel, stride (the kernel where
+// absent), padding and dilation, each as (h, w).
+void kiln_node_pool_window(const kiln_node_t *n, int64_t k[2], int64_t st[2], int64_t pd[2],
+                           int64_t dl[2]);
 
 // The permutation of a verified permute/transpose node: result dim i is input
 // dim perm[i].

@@ -415,11 +415,7 @@ static void run_conv(ref_t *r, const kiln_node_t *n, rt_t *out) {
 static void run_max_pool2d(ref_t *r, const kiln_node_t *n, rt_t *out) {
   const rt_t *x = &r->vals[n->operands[0].value];
   int64_t k[2], st[2], pd[2], dl[2];
-  kiln_node_attr_pair(n, "kernel_size", 0, k);
-  kiln_node_attr_pair(n, "stride", 0, st);
-  kiln_node_attr_pair(n, "padding", 0, pd);
-  kiln_node_attr_pair(n, "dilation", 1, dl);
-  if (st[0] == 0 && st[1] == 0) st[0] = k[0], st[1] = k[1];
+  kiln_node_pool_window(n, k, st, pd, dl);
   int64_t NC = x->type.dims[0] * x->type.dims[1], H = x->type.dims[2], W = x->type.dims[3];
   int64_t OH = out->type.dims[2], OW = out->type.dims[3];
   for (int64_t p = 0; p < NC; ++p)

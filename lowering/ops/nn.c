@@ -1288,11 +1288,7 @@ kiln_status_t kiln_lower_max_pool2d(kiln_emitter_t *e, const kiln_node_t *n) {
   kiln_tv_t x = e->values[n->operands[0].value];
   const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
   int64_t k[2], st[2], pd[2], dl[2];
-  kiln_node_attr_pair(n, "kernel_size", 0, k);
-  kiln_node_attr_pair(n, "stride", 0, st);
-  kiln_node_attr_pair(n, "padding", 0, pd);
-  kiln_node_attr_pair(n, "dilation", 1, dl);
-  if (st[0] == 0 && st[1] == 0) st[0] = k[0], st[1] = k[1];
+  kiln_node_pool_window(n, k, st, pd, dl);
   kiln_sbuf_t *b = &e->out;
   if (pd[0] || pd[1]) {
     // Windows reach at most (O - 1) * s + (k - 1) * d of the padded input;
