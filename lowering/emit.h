@@ -187,6 +187,20 @@ kiln_status_t kiln_emit_error(kiln_emitter_t *e, kiln_status_code_t code,
 void kiln_emit_math(kiln_emitter_t *e, kiln_sbuf_t *b, const char *fn,
                     const char *x, kiln_dtype_t mt, char out[24]);
 
+// max(a, b) of two vector<16xf32> values (one vmaxps; a NaN may be dropped,
+// as softmax's rows allow) and the max of a vector<16xf32>'s lanes as an
+// f32 scalar (shuffles folding halves), written into e->out
+// (lowering/ops/nn.c).
+void kiln_emit_vec_max(kiln_emitter_t *e, const char *a, const char *b, char out[24]);
+void kiln_emit_vec_hmax(kiln_emitter_t *e, const char *v, char out[24]);
+
+// The fused attention kernel (lowering/ops/attention.c). For a bmm node:
+// 1 where it starts a q @ k^T (* scale) -> softmax -> @ v chain that the
+// kernel computes whole (the chain's nodes up to the second bmm are then
+// marked done and emitted with it), 2 where it is such a chain's second
+// bmm and the kernel was emitted as its result, 0 for neither.
+int kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n);
+
 // Lowering functions, one per family, in lowering/ops/*.c. Each reads the
 // node's operands from e->values and writes its results there.
 // What a permute/transpose node `n` does to the tensor it reads, composed

@@ -57,6 +57,10 @@ typedef struct kiln_lower_options {
   // stride-1 convolutions its convolution microkernel (emit_conv_dot)
   // instead of the schedule's contraction.
   bool x86_f32_dot;
+  // With x86_f32_dot: q @ k^T (* scale) -> softmax -> @ v chains run as one
+  // kernel whose scores stay in cache (lowering/ops/attention.c);
+  // KILN_ATTENTION=0 lowers them op by op (comparisons).
+  bool fused_attention;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

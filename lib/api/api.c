@@ -639,6 +639,13 @@ static bool f32_dot_enabled(void) {
   return f && !(env && strcmp(env, "0") == 0);
 }
 
+// The fused attention kernel (lowering/ops/attention.c) with the f32
+// microkernels; KILN_ATTENTION=0 lowers its chains op by op (comparisons).
+static bool fused_attention_enabled(void) {
+  const char *env = getenv("KILN_ATTENTION");
+  return f32_dot_enabled() && !(env && strcmp(env, "0") == 0);
+}
+
 // The cache key of a variant: everything that decides its code. The graph
 // text is the specialized graph (symbolic sizes kept as symbols), so equal
 // subgraphs (N identical blocks) share one entry.
@@ -654,14 +661,15 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
   kiln_hasher_update_str(&h, f->target);
   // KILN_HFUSE=0 (horizontal fusion off, lowering/hfuse.c),
   // KILN_STREAM_STORES=0 (lowering/streaming.c), KILN_PREFETCH=0
-  // (lowering/prefetch.c), KILN_STRIDED_READS=0 (lowering/strided_reads.c)
-  // and KILN_F32_DOT=0 change the code.
+  // (lowering/prefetch.c), KILN_STRIDED_READS=0 (lowering/strided_reads.c),
+  // KILN_F32_DOT=0 and KILN_ATTENTION=0 change the code.
   const char *hfuse = getenv("KILN_HFUSE");
-  int32_t opts[9] = {f->options.opt_level, f->options.vectorize,
-                     f->options.num_threads, (int32_t)f->options.autotune,
-                     hfuse && strcmp(hfuse, "0") == 0,
-                     !kiln_streaming_stores_enabled(), !kiln_prefetch_enabled(),
-                     f32_dot_enabled(), !kiln_unroll_strided_reads_enabled()};
+  int32_t opts[10] = {f->options.opt_level, f->options.vectorize,
+                      f->options.num_threads, (int32_t)f->options.autotune,
+                      hfuse && strcmp(hfuse, "0") == 0,
+                      !kiln_streaming_stores_enabled(), !kiln_prefetch_enabled(),
+                      f32_dot_enabled(), !kiln_unroll_strided_reads_enabled(),
+                      fused_attention_enabled()};
   kiln_hasher_update(&h, opts, sizeof(opts));
   kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
   // The graph's name is a label, not code: hash the text without it.
@@ -689,6 +697,7 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   // The f32 microkernel's tiles are fixed: max-autotune measures the other
   // ops' tiles (KILN_F32_DOT=0 gives it the tiled linalg.matmul's space).
   lopts.x86_f32_dot = f32_dot_enabled();
+  lopts.fused_attention = fused_attention_enabled();
   kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
   free(strided);
   double t1 = now_seconds();
@@ -2210,6 +2219,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
                                 cuda, !cuda, !cuda, true, !cuda, !cuda, cuda};
   lopts.x86_amx = lopts.x86_bf16_dot && kiln_jit_amx_available();
   lopts.x86_f32_dot = !cuda && f32_dot_enabled();
+  lopts.fused_attention = !cuda && fused_attention_enabled();
   if (looks_like_graph(text, length)) {
     kiln_graph_t *g = NULL;
     KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_parse_text(text, length, name, &g));

@@ -152,7 +152,7 @@ static int scaled_source(const kiln_emitter_t *e, int32_t v, int consumer, doubl
 // its horizontal reduction a scalar chain of 15). A NaN may be dropped:
 // the row still turns NaN through exp(x - max) and the sum, as PyTorch's
 // softmax does.
-static void vec_max(kiln_emitter_t *e, const char *a, const char *b, char out[24]) {
+void kiln_emit_vec_max(kiln_emitter_t *e, const char *a, const char *b, char out[24]) {
   char k[24];
   kiln_emit_fresh(e, k);
   kiln_emit_fresh(e, out);
@@ -172,7 +172,7 @@ static void vec_tree(kiln_emitter_t *e, bool max, char (*v)[24], int n, char out
     for (int i = 0; i + 1 < n; i += 2, ++m) {
       char r[24];
       if (max) {
-        vec_max(e, cur[i], cur[i + 1], r);
+        kiln_emit_vec_max(e, cur[i], cur[i + 1], r);
       } else {
         kiln_emit_fresh(e, r);
         kiln_sbuf_printf(&e->out, "        %s = arith.addf %s, %s : vector<16xf32>\n", r,
@@ -188,7 +188,7 @@ static void vec_tree(kiln_emitter_t *e, bool max, char (*v)[24], int n, char out
 
 // The max of a vector<16xf32>'s lanes as a scalar: halves folded onto each
 // other by shuffles (16 -> 8 -> 4 -> 2 -> 1), vec_max at each step.
-static void vec_hmax(kiln_emitter_t *e, const char *v, char out[24]) {
+void kiln_emit_vec_hmax(kiln_emitter_t *e, const char *v, char out[24]) {
   char cur[24];
   memcpy(cur, v, 24);
   for (int w = 8; w >= 1; w /= 2) {
@@ -198,7 +198,7 @@ static void vec_hmax(kiln_emitter_t *e, const char *v, char out[24]) {
     for (int l = 0; l < 16; ++l)
       kiln_sbuf_printf(&e->out, "%s%d", l ? ", " : "", l < w ? l + w : l);
     kiln_sbuf_puts(&e->out, "] : vector<16xf32>, vector<16xf32>\n");
-    vec_max(e, cur, sh, r);
+    kiln_emit_vec_max(e, cur, sh, r);
     memcpy(cur, r, 24);
   }
   kiln_emit_fresh(e, out);
@@ -236,7 +236,7 @@ static void emit_softmax_row(kiln_emitter_t *e, const kiln_node_t *n, const char
   // The row max.
   char mv[24], m[24], mb[24];
   vec_tree(e, true, v, nv, mv);
-  vec_hmax(e, mv, m);
+  kiln_emit_vec_hmax(e, mv, m);
   kiln_emit_fresh(e, mb);
   kiln_sbuf_printf(o, "        %s = vector.broadcast %s : f32 to vector<16xf32>\n", mb, m);
   bool soft = n->op == KILN_OP_SOFTMAX;

@@ -329,6 +329,27 @@ def _slice(e, n):
     return e.op("aten.slice", [e.operand(n.args[0])], attrs)
 
 
+def _split(e, n):
+    """split / split_with_sizes as one slice per piece (a list of kiln
+    values, read through getitem): nn.MultiheadAttention splits its input
+    projection into the query's and the key/value's parts this way."""
+    x = n.args[0]
+    rank = x.meta["val"].dim()
+    dim = _static_int(_arg(n, 2, "dim", 0), "dim")
+    dim = dim + rank if dim < 0 else dim
+    names, start = [], 0
+    for v in n.meta["val"]:
+        size = _static_int(v.shape[dim], "a split size")
+        names.append(e.op("aten.slice", [e.operand(x)], {
+            "dim": str(dim), "start": str(start), "end": str(start + size), "step": "1"}))
+        e.lines[-1] += " : " + tensor_type(v)
+        start += size
+    return names
+
+
+_split.own_types = True
+
+
 def _cat(e, n):
     tensors = list(n.args[0])
     dim = _arg(n, 1, "dim", 0)
@@ -931,6 +952,8 @@ TRANSLATORS = {
     aten.squeeze.default: _squeeze,
     aten.unsqueeze.default: _unsqueeze,
     aten.slice.Tensor: _slice,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split,
     aten.cat.default: _cat,
     aten.full.default: _full,
     aten.scalar_tensor.default: _scalar_tensor,

@@ -133,6 +133,21 @@ def test_translated_composites_match_eager():
         torch.testing.assert_close(g, w)
 
 
+def test_splits_match_eager():
+    """split by size (a shorter last piece, a negative dim) and by sizes,
+    as slices in kiln with no fallback."""
+
+    def f(x):
+        a, b, c = torch.split(x, 3, dim=-1)
+        p, q = torch.split(x, [2, 3], dim=0)
+        return a * 2, b + 1, c, p.sum(0), q - 1
+
+    x = torch.randn(5, 8)
+    got = torch.compile(f, backend="kiln", options={"fallback": "error"})(x)
+    for g, w in zip(got, f(x)):
+        torch.testing.assert_close(g, w)
+
+
 def test_clamp_forms_match_eager():
     """hardtanh (relu6), clamp with tensor bounds (broadcast), clamp_min and
     clamp_max: maximum/minimum chains in one kiln partition."""

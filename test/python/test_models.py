@@ -209,6 +209,61 @@ def test_attention_training_compiles_math_form(capfd, monkeypatch):
     assert "runs in PyTorch" not in err, err
 
 
+class HeadsAttention(nn.Module):
+    """Attention written out (the bench's block): q @ k^T * c, a softmax,
+    @ v, with the head split and merge as views and permutes."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-1, -2)) * (1.0 / (d // self.heads) ** 0.5)
+        y = torch.softmax(att, dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x, mem):
+        return self.mha(x, mem, mem, need_weights=False)[0]
+
+
+ATTENTION_BLOCKS = [
+    # 128 tokens, heads of 32: whole tiles, two blocks of 64 rows a head.
+    ("heads", lambda: HeadsAttention(64, 2), [(2, 128, 64)]),
+    # heads of 48 (keys and columns 32 + 16), 48 tokens.
+    ("heads48", lambda: HeadsAttention(96, 2), [(2, 48, 96)]),
+    # 37 queries against 48 keys: a last tile of 5 rows.
+    ("cross", lambda: CrossAttention(64, 2), [(2, 37, 64), (2, 48, 64)]),
+    ("encoder", lambda: nn.TransformerEncoderLayer(64, 2, 128, dropout=0.0,
+                                                   batch_first=True), [(2, 64, 64)]),
+]
+
+
+@pytest.mark.parametrize("name,make,shapes", ATTENTION_BLOCKS, ids=[a[0] for a in ATTENTION_BLOCKS])
+def test_attention_blocks_against_eager(name, make, shapes):
+    """Inference attention blocks (on AVX-512 hosts through the fused
+    attention kernel, lowering/ops/attention.c; lit's cpu-attention checks
+    that it is emitted) against eager on fresh random inputs, all in kiln.
+    In training mode (no dropout) under no_grad, as the bench runs them: in
+    eval mode PyTorch's fused encoder and attention ops take over."""
+    torch.manual_seed(0)
+    model = make()
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for _ in range(2):
+            xs = [torch.randn(s) for s in shapes]
+            check_close(compiled(*xs), model(*xs))
+
+
 @pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape", [(7, 33), (4, 8, 128, 128), (2048, 4096)],
                          ids=["flat", "cached", "row_blocks"])

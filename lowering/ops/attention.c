@@ -1,0 +1,558 @@
+// Attention as one CPU kernel: softmax(Q @ KT * scale) @ V over a batch of
+// heads, the scores never written to memory.
+//
+// The graph keeps attention as the ops it was traced to (two bmms, a scale
+// and a softmax, with views between them: an explicit q @ k.transpose(),
+// nn.MultiheadAttention's trace, kiln's form of PyTorch's CPU flash
+// attention op). Lowered op by op, the [BH, L, S] scores are written by the
+// first bmm, read and written by the softmax, and read by the second: on
+// the bench's attention block (4 x 8 heads of 128 x 32) those three passes
+// and the K^T copy took 0.40-0.50 ms of its 1.4-1.6.
+//
+// Here the first bmm's lowering recognizes the chain (attention_chain) and
+// defers it; the second bmm's emits the kernel. Threads take (head, block
+// of query rows). Per tile of 8 query rows:
+//   1. scores: a register tile of 8 rows x 32 keys (16 accumulators) over
+//      the head dim, KT's rows ([E, S], contiguous in S) loaded and Q's
+//      elements broadcast, scaled and written to a task-local [8, S] block;
+//   2. per row the max, exp(s - max) written back in place and its sum;
+//   3. output: a register tile of 8 rows x 32 columns of V over the keys,
+//      V's rows loaded and the probabilities broadcast, times 1 / sum, and
+//      stored. The probabilities stay unnormalized in between.
+// KT and V of a head (S x (E + Ev) floats: 32 KB for 128 keys and 32 + 32
+// dims) stay in L1/L2 while a task's tiles go by. Rows past a multiple of
+// 8 run as one shorter tile, a dim that is 16 past a multiple of 32 as one
+// 16-wide tile.
+//
+// CPU with the f32 microkernels (AVX-512), f32, static sizes, S and Ev
+// multiples of 16, S up to 8192 (the score block is 8 x S floats); other
+// chains lower op by op.
+#include <stdio.h>
+#include <string.h>
+
+#include "lowering/emit.h"
+
+typedef struct attn_chain {
+  int bmm1, bmm2;
+  int nodes[16], count;  // bmm1 and the nodes after it up to bmm2 (excluded)
+  int32_t q, kt, v;      // graph values: Q [BH, L, E], KT [BH, E, S], V [BH, S, Ev]
+  int64_t BH, L, E, S, Ev;
+  double scale;
+} attn_chain_t;
+
+static bool f32_static3(const kiln_type_t *t) {
+  return t->dtype == KILN_F32 && t->rank == 3 && kiln_type_is_static(t);
+}
+
+// A view of the scores that keeps their [BH, L, S] layout: rows of S last,
+// rows of L before them, the leading dims multiplying to BH.
+static bool score_view(const kiln_type_t *t, const attn_chain_t *ch) {
+  if (t->dtype != KILN_F32 || t->rank < 3 || !kiln_type_is_static(t)) return false;
+  if (t->dims[t->rank - 1] != ch->S || t->dims[t->rank - 2] != ch->L) return false;
+  int64_t lead = 1;
+  for (int d = 0; d + 2 < t->rank; ++d) lead *= t->dims[d];
+  return lead == ch->BH;
+}
+
+// Whether bmm node `first` starts a chain the kernel computes: its result
+// read only by views, at most one multiply or divide by a number, one
+// softmax over the last dim, more views, then as the lhs of a second bmm.
+static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch);
+
+static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch) {
+  const kiln_graph_t *g = e->g;
+  const kiln_node_t *n = &g->nodes[first];
+  if (!e->options.fused_attention || e->options.cuda || n->op != KILN_OP_BMM ||
+      n->operand_count != 2 || n->operands[0].kind != KILN_OPERAND_VALUE ||
+      n->operands[1].kind != KILN_OPERAND_VALUE)
+    return false;
+  memset(ch, 0, sizeof(*ch));
+  ch->bmm1 = first;
+  ch->q = n->operands[0].value;
+  ch->kt = n->operands[1].value;
+  const kiln_type_t *qt = &g->values[ch->q].type, *kt = &g->values[ch->kt].type;
+  if (!f32_static3(qt) || !f32_static3(kt)) return false;
+  ch->BH = qt->dims[0];
+  ch->L = qt->dims[1];
+  ch->E = qt->dims[2];
+  ch->S = kt->dims[2];
+  if (kt->dims[0] != ch->BH || kt->dims[1] != ch->E || ch->S % 16 || ch->S > 8192 ||
+      ch->L < 1 || ch->E < 1 || ch->E > 4096)
+    return false;
+  // A bmm that ends another chain is that kernel's result, not a chain of
+  // its own (its lhs, the other chain's probabilities, never exists).
+  attn_chain_t other;
+  if (chain_ending_at(e, first, &other)) return false;
+  memset(ch, 0, sizeof(*ch));
+  ch->bmm1 = first;
+  ch->q = n->operands[0].value;
+  ch->kt = n->operands[1].value;
+  ch->BH = qt->dims[0];
+  ch->L = qt->dims[1];
+  ch->E = qt->dims[2];
+  ch->S = kt->dims[2];
+  ch->scale = 1;
+  ch->nodes[ch->count++] = first;
+  bool scaled = false, soft = false;
+  int32_t v = n->results[0];
+  int at = first;
+  while (ch->count < 16) {
+    int u = kiln_emit_sole_reader(g, v, at);
+    if (u < 0) return false;
+    const kiln_node_t *c = &g->nodes[u];
+    if (c->result_count != 1) return false;
+    const kiln_type_t *ct = kiln_node_result_type(g, c, 0);
+    if (c->op == KILN_OP_BMM) {
+      if (!soft || c->operand_count != 2 || c->operands[0].kind != KILN_OPERAND_VALUE ||
+          c->operands[0].value != v || c->operands[1].kind != KILN_OPERAND_VALUE ||
+          g->values[v].type.rank != 3)
+        return false;
+      ch->v = c->operands[1].value;
+      const kiln_type_t *vt = &g->values[ch->v].type;
+      if (!f32_static3(vt) || vt->dims[0] != ch->BH || vt->dims[1] != ch->S ||
+          vt->dims[2] % 16 || vt->dims[2] > 4096 || !f32_static3(ct))
+        return false;
+      ch->Ev = vt->dims[2];
+      ch->bmm2 = u;
+      return true;
+    }
+    if (!score_view(ct, ch)) return false;
+    switch (c->op) {
+      case KILN_OP_VIEW:
+      case KILN_OP_RESHAPE:
+        break;
+      case KILN_OP_EXPAND:
+        if (!kiln_type_equal(ct, &g->values[v].type)) return false;
+        break;
+      case KILN_OP_MUL:
+      case KILN_OP_DIV: {
+        // x * s, s * x or x / s with s a number.
+        if (scaled || soft || c->operand_count != 2 ||
+            (c->op == KILN_OP_DIV && kiln_node_attr_str(c, "rounding_mode", NULL)))
+          return false;
+        int k = c->operands[0].kind == KILN_OPERAND_VALUE && c->operands[0].value == v ? 1 : 0;
+        if (c->op == KILN_OP_DIV && k != 1) return false;
+        const kiln_operand_t *s = &c->operands[k];
+        double f = s->kind == KILN_OPERAND_FLOAT ? s->f
+                   : s->kind == KILN_OPERAND_INT ? (double)s->i
+                                                 : 0;
+        if ((s->kind != KILN_OPERAND_FLOAT && s->kind != KILN_OPERAND_INT) || f == 0 ||
+            f != f || !kiln_type_equal(ct, &g->values[v].type))
+          return false;
+        ch->scale = c->op == KILN_OP_DIV ? 1 / f : f;
+        scaled = true;
+        break;
+      }
+      case KILN_OP_SOFTMAX: {
+        int32_t d;
+        const kiln_type_t *xt = &g->values[v].type;
+        if (soft || !kiln_normalize_dim(kiln_node_attr_int(c, "dim", -1), xt->rank, &d) ||
+            d != xt->rank - 1 || !kiln_type_equal(ct, xt))
+          return false;
+        soft = true;
+        break;
+      }
+      default:
+        return false;
+    }
+    ch->nodes[ch->count++] = u;
+    v = c->results[0];
+    at = u;
+  }
+  return false;
+}
+
+// The chain whose second bmm is node `self`, found from its lhs back to the
+// first bmm through single-input nodes.
+static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch) {
+  const kiln_graph_t *g = e->g;
+  const kiln_node_t *n = &g->nodes[self];
+  if (n->operand_count != 2 || n->operands[0].kind != KILN_OPERAND_VALUE) return false;
+  int32_t v = n->operands[0].value;
+  for (int steps = 0; steps < 16; ++steps) {
+    int p = g->values[v].node;
+    if (p < 0) return false;
+    const kiln_node_t *c = &g->nodes[p];
+    if (c->op == KILN_OP_BMM) return attention_chain(e, p, ch) && ch->bmm2 == self;
+    if (c->operand_count < 1 || c->operands[0].kind != KILN_OPERAND_VALUE) return false;
+    int k = 0;
+    if ((c->op == KILN_OP_MUL) && c->operand_count == 2 &&
+        c->operands[0].kind != KILN_OPERAND_VALUE)
+      k = 1;
+    if (c->operands[k].kind != KILN_OPERAND_VALUE) return false;
+    v = c->operands[k].value;
+  }
+  return false;
+}
+
+// An SSA name unique to this kernel: "%<stem>_<id>".
+#define NM(buf, stem) snprintf(buf, sizeof(buf), "%%%s_%d", stem, id)
+
+// One tile of `rm` query rows: its first row %<lr> in the task's block
+// (%lr_<id> an index value), the block's output tensor `ob`
+// ([rows, Ev/16, 16]) and score block `sb` ([8, S/16, 16]) carried in;
+// `nob` / `nsb` get them out.
+static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, int id, int rm,
+                      const char *lr, const char *ob, const char *sb, char nob[24],
+                      char nsb[24]) {
+  kiln_sbuf_t *o = &e->out;
+  const char *q = e->values[ch->q].ssa, *kt = e->values[ch->kt].ssa,
+             *v = e->values[ch->v].ssa;
+  long long BH = ch->BH, L = ch->L, E = ch->E, S = ch->S, Ev = ch->Ev;
+  long long NVS = S / 16, NVE = Ev / 16;
+  int t = e->next_id++;  // this tile's names: %..._<id>_<t>
+  char qty[96], ktty[96], vty[96], sty[64], oty[64];
+  snprintf(qty, sizeof(qty), "tensor<%lldx%lldx%lldxf32>", BH, L, E);
+  snprintf(ktty, sizeof(ktty), "tensor<%lldx%lldx%lldxf32>", BH, E, S);
+  snprintf(vty, sizeof(vty), "tensor<%lldx%lldx%lldxf32>", BH, S, Ev);
+  snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
+  snprintf(oty, sizeof(oty), "tensor<?x%lldx16xf32>", NVE);
+  // The tile's rows in Q: %gr<r>.
+  for (int r = 0; r < rm; ++r)
+    kiln_sbuf_printf(o,
+        "        %%gr%d_%d_%d = affine.apply affine_map<(d0, d1) -> (d0 + d1 + %d)>"
+        "(%%r0_%d, %s)\n",
+        r, id, t, r, id, lr);
+  // 1. Scores, 32 (or a last 16) keys at a time.
+  char cur[24];
+  snprintf(cur, sizeof(cur), "%s", sb);
+  long long S32 = S / 32 * 32;
+  for (int part = 0; part < 2; ++part) {
+    int nv = part ? 1 : 2;
+    long long lo = part ? S32 : 0, hi = part ? S : S32;
+    if (lo == hi) continue;
+    kiln_sbuf_printf(o,
+        "        %%sj_%d_%d_%d = scf.for %%j_%d_%d_%d = %%c%lld_%d to %%c%lld_%d step %%c%d_%d "
+        "iter_args(%%sc_%d_%d_%d = %s) -> (%s) {\n"
+        "          %%jh_%d_%d_%d = arith.addi %%j_%d_%d_%d, %%c16_%d : index\n",
+        id, t, part, id, t, part, lo, id, hi, id, nv * 16, id, id, t, part, cur, sty, id, t,
+        part, id, t, part, id);
+    kiln_sbuf_printf(o, "          %%sa_%d_%d_%d:%d = scf.for %%e_%d_%d_%d = %%c0_%d to %%c%lld_%d "
+                        "step %%c1_%d iter_args(",
+                     id, t, part, nv * rm, id, t, part, id, E, id, id);
+    for (int k = 0; k < nv * rm; ++k)
+      kiln_sbuf_printf(o, "%s%%sx%d_%d_%d_%d = %%zero_%d", k ? ", " : "", k, id, t, part, id);
+    kiln_sbuf_puts(o, ") -> (");
+    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
+    kiln_sbuf_puts(o, ") {\n");
+    for (int h = 0; h < nv; ++h)
+      kiln_sbuf_printf(o,
+          "            %%kb%d_%d_%d_%d = vector.transfer_read %s[%%bh_%d, %%e_%d_%d_%d, %s_%d_%d_%d], "
+          "%%padf_%d {in_bounds = [true]} : %s, vector<16xf32>\n",
+          h, id, t, part, kt, id, id, t, part, h ? "%jh" : "%j", id, t, part, id, ktty);
+    for (int r = 0; r < rm; ++r) {
+      kiln_sbuf_printf(o,
+          "            %%qs%d_%d_%d_%d = tensor.extract %s[%%bh_%d, %%gr%d_%d_%d, %%e_%d_%d_%d] : %s\n"
+          "            %%qb%d_%d_%d_%d = vector.broadcast %%qs%d_%d_%d_%d : f32 to vector<16xf32>\n",
+          r, id, t, part, q, id, r, id, t, id, t, part, qty, r, id, t, part, r, id, t, part);
+      for (int h = 0; h < nv; ++h)
+        kiln_sbuf_printf(o,
+            "            %%sy%d_%d_%d_%d = vector.fma %%qb%d_%d_%d_%d, %%kb%d_%d_%d_%d, "
+            "%%sx%d_%d_%d_%d : vector<16xf32>\n",
+            r * nv + h, id, t, part, r, id, t, part, h, id, t, part, r * nv + h, id, t, part);
+    }
+    kiln_sbuf_puts(o, "            scf.yield ");
+    for (int k = 0; k < nv * rm; ++k)
+      kiln_sbuf_printf(o, "%s%%sy%d_%d_%d_%d", k ? ", " : "", k, id, t, part);
+    kiln_sbuf_puts(o, " : ");
+    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
+    kiln_sbuf_puts(o, "\n          }\n");
+    // Scaled, into the score block as one [rm, nv, 16] write.
+    kiln_sbuf_printf(o, "          %%sw_%d_%d_%d = ub.poison : vector<%dx%dx16xf32>\n", id, t,
+                     part, rm, nv);
+    char w[24];
+    snprintf(w, sizeof(w), "%%sw_%d_%d_%d", id, t, part);
+    for (int k = 0; k < nv * rm; ++k) {
+      kiln_sbuf_printf(o,
+          "          %%ss%d_%d_%d_%d = arith.mulf %%sa_%d_%d_%d#%d, %%scale_%d : vector<16xf32>\n"
+          "          %%si%d_%d_%d_%d = vector.insert %%ss%d_%d_%d_%d, %s [%d, %d] : "
+          "vector<16xf32> into vector<%dx%dx16xf32>\n",
+          k, id, t, part, id, t, part, k, id, k, id, t, part, k, id, t, part, w, k / nv,
+          k % nv, rm, nv);
+      snprintf(w, sizeof(w), "%%si%d_%d_%d_%d", k, id, t, part);
+    }
+    kiln_sbuf_printf(o,
+        "          %%jv_%d_%d_%d = arith.divui %%j_%d_%d_%d, %%c16_%d : index\n"
+        "          %%sn_%d_%d_%d = vector.transfer_write %s, %%sc_%d_%d_%d[%%c0_%d, %%jv_%d_%d_%d, "
+        "%%c0_%d] {in_bounds = [true, true, true]} : vector<%dx%dx16xf32>, %s\n"
+        "          scf.yield %%sn_%d_%d_%d : %s\n"
+        "        }\n",
+        id, t, part, id, t, part, id, id, t, part, w, id, t, part, id, id, t, part, id, rm, nv,
+        sty, id, t, part, sty);
+    snprintf(cur, sizeof(cur), "%%sj_%d_%d_%d", id, t, part);
+  }
+  // 2. The rows' maxima, exp(s - max) in place and 1 / the sums, all rows
+  // in each loop: a row alone is a chain of dependent steps (its
+  // horizontal max and sum, the division) that left the core idle.
+  kiln_sbuf_printf(o,
+      "        %%mx_%d_%d:%d = scf.for %%mj_%d_%d = %%c0_%d to %%c%lld_%d step %%c1_%d "
+      "iter_args(",
+      id, t, rm, id, t, id, NVS, id, id);
+  for (int r = 0; r < rm; ++r)
+    kiln_sbuf_printf(o, "%s%%mc%d_%d_%d = %%ninf_%d", r ? ", " : "", r, id, t, id);
+  kiln_sbuf_puts(o, ") -> (");
+  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, "%svector<16xf32>", r ? ", " : "");
+  kiln_sbuf_puts(o, ") {\n");
+  char m[8][24];
+  for (int r = 0; r < rm; ++r) {
+    char a[24], b[24];
+    kiln_sbuf_printf(o,
+        "          %%mr%d_%d_%d = vector.transfer_read %s[%%c%d_%d, %%mj_%d_%d, %%c0_%d], "
+        "%%padf_%d {in_bounds = [true]} : %s, vector<16xf32>\n",
+        r, id, t, cur, r, id, id, t, id, id, sty);
+    snprintf(a, sizeof(a), "%%mc%d_%d_%d", r, id, t);
+    snprintf(b, sizeof(b), "%%mr%d_%d_%d", r, id, t);
+    kiln_emit_vec_max(e, a, b, m[r]);
+  }
+  kiln_sbuf_puts(o, "          scf.yield ");
+  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, "%s%s", r ? ", " : "", m[r]);
+  kiln_sbuf_puts(o, " : ");
+  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, "%svector<16xf32>", r ? ", " : "");
+  kiln_sbuf_puts(o, "\n        }\n");
+  for (int r = 0; r < rm; ++r) {
+    char a[24], mm[24];
+    snprintf(a, sizeof(a), "%%mx_%d_%d#%d", id, t, r);
+    kiln_emit_vec_hmax(e, a, mm);
+    kiln_sbuf_printf(o, "        %%mb%d_%d_%d = vector.broadcast %s : f32 to vector<16xf32>\n",
+                     r, id, t, mm);
+  }
+  kiln_sbuf_printf(o,
+      "        %%ex_%d_%d:%d = scf.for %%xj_%d_%d = %%c0_%d to %%c%lld_%d step %%c1_%d "
+      "iter_args(%%xt_%d_%d = %s",
+      id, t, rm + 1, id, t, id, NVS, id, id, id, t, cur);
+  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, ", %%xs%d_%d_%d = %%zero_%d", r, id, t, id);
+  kiln_sbuf_printf(o, ") -> (%s", sty);
+  for (int r = 0; r < rm; ++r) kiln_sbuf_puts(o, ", vector<16xf32>");
+  kiln_sbuf_puts(o, ") {\n");
+  char xt[24], sum[8][24];
+  snprintf(xt, sizeof(xt), "%%xt_%d_%d", id, t);
+  for (int r = 0; r < rm; ++r) {
+    char xd[24], ex[24], xw[24];
+    kiln_sbuf_printf(o,
+        "          %%xr%d_%d_%d = vector.transfer_read %s[%%c%d_%d, %%xj_%d_%d, %%c0_%d], "
+        "%%padf_%d {in_bounds = [true]} : %s, vector<16xf32>\n"
+        "          %%xd%d_%d_%d = arith.subf %%xr%d_%d_%d, %%mb%d_%d_%d : vector<16xf32>\n",
+        r, id, t, xt, r, id, id, t, id, id, sty, r, id, t, r, id, t, r, id, t);
+    snprintf(xd, sizeof(xd), "%%xd%d_%d_%d", r, id, t);
+    int saved = e->lanes;
+    e->lanes = 16;
+    kiln_emit_math(e, o, "exp_nonpositive", xd, KILN_F32, ex);
+    e->lanes = saved;
+    kiln_emit_fresh(e, xw);
+    kiln_emit_fresh(e, sum[r]);
+    kiln_sbuf_printf(o,
+        "          %s = vector.transfer_write %s, %s[%%c%d_%d, %%xj_%d_%d, %%c0_%d] "
+        "{in_bounds = [true]} : vector<16xf32>, %s\n"
+        "          %s = arith.addf %%xs%d_%d_%d, %s : vector<16xf32>\n",
+        xw, ex, xt, r, id, id, t, id, sty, sum[r], r, id, t, ex);
+    snprintf(xt, sizeof(xt), "%s", xw);
+  }
+  kiln_sbuf_printf(o, "          scf.yield %s", xt);
+  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, ", %s", sum[r]);
+  kiln_sbuf_printf(o, " : %s", sty);
+  for (int r = 0; r < rm; ++r) kiln_sbuf_puts(o, ", vector<16xf32>");
+  kiln_sbuf_puts(o, "\n        }\n");
+  char rcp[8][24];
+  for (int r = 0; r < rm; ++r) {
+    kiln_sbuf_printf(o,
+        "        %%su%d_%d_%d = vector.reduction <add>, %%ex_%d_%d#%d : vector<16xf32> "
+        "into f32\n"
+        "        %%rc%d_%d_%d = arith.divf %%one_%d, %%su%d_%d_%d : f32\n"
+        "        %%rb%d_%d_%d = vector.broadcast %%rc%d_%d_%d : f32 to vector<16xf32>\n",
+        r, id, t, id, t, r + 1, r, id, t, id, r, id, t, r, id, t, r, id, t);
+    snprintf(rcp[r], sizeof(rcp[r]), "%%rb%d_%d_%d", r, id, t);
+  }
+  snprintf(cur, sizeof(cur), "%%ex_%d_%d#0", id, t);
+  // 3. The output, 32 (or a last 16) columns of V at a time, over the keys
+  // 16 at a time (unrolled: the probabilities are read as scalars).
+  char ocur[24];
+  snprintf(ocur, sizeof(ocur), "%s", ob);
+  long long E32 = Ev / 32 * 32;
+  for (int part = 0; part < 2; ++part) {
+    int nv = part ? 1 : 2;
+    long long lo = part ? E32 : 0, hi = part ? Ev : E32;
+    if (lo == hi) continue;
+    kiln_sbuf_printf(o,
+        "        %%oc_%d_%d_%d = scf.for %%c_%d_%d_%d = %%c%lld_%d to %%c%lld_%d step %%c%d_%d "
+        "iter_args(%%ot_%d_%d_%d = %s) -> (%s) {\n"
+        "          %%ch_%d_%d_%d = arith.addi %%c_%d_%d_%d, %%c16_%d : index\n",
+        id, t, part, id, t, part, lo, id, hi, id, nv * 16, id, id, t, part, ocur, oty, id, t,
+        part, id, t, part, id);
+    kiln_sbuf_printf(o, "          %%oa_%d_%d_%d:%d = scf.for %%kv_%d_%d_%d = %%c0_%d to "
+                        "%%c%lld_%d step %%c1_%d iter_args(",
+                     id, t, part, nv * rm, id, t, part, id, NVS, id, id);
+    for (int k = 0; k < nv * rm; ++k)
+      kiln_sbuf_printf(o, "%s%%ox%d_%d_%d_%d = %%zero_%d", k ? ", " : "", k, id, t, part, id);
+    kiln_sbuf_puts(o, ") -> (");
+    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
+    kiln_sbuf_puts(o, ") {\n");
+    char acc[16][24];
+    for (int k = 0; k < nv * rm; ++k)
+      snprintf(acc[k], sizeof(acc[k]), "%%ox%d_%d_%d_%d", k, id, t, part);
+    for (int l = 0; l < 16; ++l) {
+      kiln_sbuf_printf(o,
+          "            %%kk%d_%d_%d_%d = affine.apply affine_map<(d0) -> (d0 * 16 + %d)>"
+          "(%%kv_%d_%d_%d)\n",
+          l, id, t, part, l, id, t, part);
+      for (int h = 0; h < nv; ++h)
+        kiln_sbuf_printf(o,
+            "            %%vb%d_%d_%d_%d_%d = vector.transfer_read %s[%%bh_%d, %%kk%d_%d_%d_%d, "
+            "%s_%d_%d_%d], %%padf_%d {in_bounds = [true]} : %s, vector<16xf32>\n",
+            h, l, id, t, part, v, id, l, id, t, part, h ? "%ch" : "%c", id, t, part, id, vty);
+      for (int r = 0; r < rm; ++r) {
+        kiln_sbuf_printf(o,
+            "            %%ps%d_%d_%d_%d_%d = tensor.extract %s[%%c%d_%d, %%kv_%d_%d_%d, "
+            "%%c%d_%d] : %s\n"
+            "            %%pb%d_%d_%d_%d_%d = vector.broadcast %%ps%d_%d_%d_%d_%d : f32 to "
+            "vector<16xf32>\n",
+            r, l, id, t, part, cur, r, id, id, t, part, l, id, sty, r, l, id, t, part, r, l,
+            id, t, part);
+        for (int h = 0; h < nv; ++h) {
+          char y[24];
+          snprintf(y, sizeof(y), "%%oy%d_%d_%d_%d_%d", r * nv + h, l, id, t, part);
+          kiln_sbuf_printf(o,
+              "            %s = vector.fma %%pb%d_%d_%d_%d_%d, %%vb%d_%d_%d_%d_%d, %s : "
+              "vector<16xf32>\n",
+              y, r, l, id, t, part, h, l, id, t, part, acc[r * nv + h]);
+          snprintf(acc[r * nv + h], sizeof(acc[r * nv + h]), "%s", y);
+        }
+      }
+    }
+    kiln_sbuf_puts(o, "            scf.yield ");
+    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%s%s", k ? ", " : "", acc[k]);
+    kiln_sbuf_puts(o, " : ");
+    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
+    kiln_sbuf_puts(o, "\n          }\n");
+    kiln_sbuf_printf(o, "          %%ow_%d_%d_%d = ub.poison : vector<%dx%dx16xf32>\n", id, t,
+                     part, rm, nv);
+    char w[24];
+    snprintf(w, sizeof(w), "%%ow_%d_%d_%d", id, t, part);
+    for (int k = 0; k < nv * rm; ++k) {
+      kiln_sbuf_printf(o,
+          "          %%on%d_%d_%d_%d = arith.mulf %%oa_%d_%d_%d#%d, %s : vector<16xf32>\n"
+          "          %%oi%d_%d_%d_%d = vector.insert %%on%d_%d_%d_%d, %s [%d, %d] : "
+          "vector<16xf32> into vector<%dx%dx16xf32>\n",
+          k, id, t, part, id, t, part, k, rcp[k / nv], k, id, t, part, k, id, t, part, w,
+          k / nv, k % nv, rm, nv);
+      snprintf(w, sizeof(w), "%%oi%d_%d_%d_%d", k, id, t, part);
+    }
+    kiln_sbuf_printf(o,
+        "          %%cv_%d_%d_%d = arith.divui %%c_%d_%d_%d, %%c16_%d : index\n"
+        "          %%onx_%d_%d_%d = vector.transfer_write %s, %%ot_%d_%d_%d[%s, %%cv_%d_%d_%d, "
+        "%%c0_%d] {in_bounds = [true, true, true]} : vector<%dx%dx16xf32>, %s\n"
+        "          scf.yield %%onx_%d_%d_%d : %s\n"
+        "        }\n",
+        id, t, part, id, t, part, id, id, t, part, w, id, t, part, lr, id, t, part, id, rm, nv,
+        oty, id, t, part, oty);
+    snprintf(ocur, sizeof(ocur), "%%oc_%d_%d_%d", id, t, part);
+  }
+  snprintf(nob, 24, "%s", ocur);
+  // The score block out, as its type had it (the last row loop's result).
+  snprintf(nsb, 24, "%s", cur);
+}
+
+static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t *out) {
+  kiln_sbuf_t *o = &e->out;
+  int id = e->next_id++;
+  long long BH = ch->BH, L = ch->L, S = ch->S, Ev = ch->Ev;
+  long long NVS = S / 16, NVE = Ev / 16;
+  // Blocks of up to 64 query rows (whole tiles) per task.
+  long long L8 = (L + 7) / 8 * 8, RB = L8 < 64 ? L8 : 64, NB = (L + RB - 1) / RB;
+  char rty[96], sty[64], oty[64];
+  snprintf(rty, sizeof(rty), "tensor<%lldx%lldx%lldxf32>", BH, L, Ev);
+  snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
+  snprintf(oty, sizeof(oty), "tensor<?x%lldx16xf32>", NVE);
+  float sc = (float)ch->scale;
+  uint32_t su;
+  memcpy(&su, &sc, 4);
+  kiln_sbuf_printf(o,
+      "    %%ai_%d = tensor.empty() : %s\n"
+      "    %%ar_%d = scf.forall (%%bh_%d, %%blk_%d) in (%lld, %lld) shared_outs(%%aout_%d = "
+      "%%ai_%d) -> (%s) {\n"
+      "      %%c0_%d = arith.constant 0 : index\n"
+      "      %%c1_%d = arith.constant 1 : index\n"
+      "      %%c8_%d = arith.constant 8 : index\n"
+      "      %%c16_%d = arith.constant 16 : index\n"
+      "      %%padf_%d = arith.constant 0.0 : f32\n"
+      "      %%one_%d = arith.constant 1.0 : f32\n"
+      "      %%zero_%d = arith.constant dense<0.0> : vector<16xf32>\n"
+      "      %%ninf_%d = arith.constant dense<0xFF800000> : vector<16xf32>\n"
+      "      %%scale_%d = arith.constant dense<0x%08X> : vector<16xf32>\n",
+      id, rty, id, id, id, BH, NB, id, id, rty, id, id, id, id, id, id, id, id, id, su);
+  // Index constants the tiles name: 2..7 (score block rows), 32, the
+  // bounds of the loops over S, E and Ev and their multiples of 32.
+  long long consts[] = {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 32,
+                        S, S / 32 * 32, ch->E, NVS, Ev, Ev / 32 * 32};
+  long long done[32] = {0, 1, 8, 16};
+  int nd = 4;
+  for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); ++i) {
+    bool dup = false;
+    for (int k = 0; k < nd && !dup; ++k) dup = done[k] == consts[i];
+    if (dup) continue;
+    done[nd++] = consts[i];
+    kiln_sbuf_printf(o, "      %%c%lld_%d = arith.constant %lld : index\n", consts[i], id,
+                     consts[i]);
+  }
+  kiln_sbuf_printf(o,
+      "      %%r0_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%blk_%d)\n"
+      "      %%rows_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%blk_%d)\n"
+      "      %%tailn_%d = arith.remui %%rows_%d, %%c8_%d : index\n"
+      "      %%full_%d = arith.subi %%rows_%d, %%tailn_%d : index\n"
+      "      %%ob_%d = tensor.extract_slice %%aout_%d[%%bh_%d, %%r0_%d, 0] [1, %%rows_%d, %lld] "
+      "[1, 1, 1] : %s to tensor<?x%lldxf32>\n"
+      "      %%ob3_%d = tensor.expand_shape %%ob_%d [[0], [1, 2]] output_shape [%%rows_%d, "
+      "%lld, 16] : tensor<?x%lldxf32> into %s\n"
+      "      %%sb0_%d = tensor.empty() : %s\n"
+      "      %%tl_%d:2 = scf.for %%lr_%d = %%c0_%d to %%full_%d step %%c8_%d "
+      "iter_args(%%tob_%d = %%ob3_%d, %%tsb_%d = %%sb0_%d) -> (%s, %s) {\n",
+      id, RB, id, id, RB, L, RB, id, id, id, id, id, id, id, id, id, id, id, id, Ev, rty, Ev,
+      id, id, id, NVE, Ev, oty, id, sty, id, id, id, id, id, id, id, id, id, oty, sty);
+  char lr[24], ob[24], sb[24], nob[24], nsb[24];
+  snprintf(lr, sizeof(lr), "%%lr_%d", id);
+  snprintf(ob, sizeof(ob), "%%tob_%d", id);
+  snprintf(sb, sizeof(sb), "%%tsb_%d", id);
+  emit_tile(e, ch, id, 8, lr, ob, sb, nob, nsb);
+  kiln_sbuf_printf(o, "        scf.yield %s, %s : %s, %s\n      }\n", nob, nsb, oty, sty);
+  char fin[24];
+  snprintf(fin, sizeof(fin), "%%tl_%d#0", id);
+  if (L % 8) {
+    // The last block's last L % 8 rows.
+    kiln_sbuf_printf(o,
+        "      %%hast_%d = arith.cmpi ugt, %%tailn_%d, %%c0_%d : index\n"
+        "      %%tt_%d = scf.if %%hast_%d -> (%s) {\n",
+        id, id, id, id, id, oty);
+    snprintf(lr, sizeof(lr), "%%full_%d", id);
+    snprintf(ob, sizeof(ob), "%%tl_%d#0", id);
+    snprintf(sb, sizeof(sb), "%%tl_%d#1", id);
+    emit_tile(e, ch, id, (int)(L % 8), lr, ob, sb, nob, nsb);
+    kiln_sbuf_printf(o, "        scf.yield %s : %s\n      } else {\n"
+                        "        scf.yield %%tl_%d#0 : %s\n      }\n",
+                     nob, oty, id, oty);
+    snprintf(fin, sizeof(fin), "%%tt_%d", id);
+  }
+  kiln_sbuf_printf(o,
+      "      %%of_%d = tensor.collapse_shape %s [[0], [1, 2]] : %s into tensor<?x%lldxf32>\n"
+      "      scf.forall.in_parallel {\n"
+      "        tensor.parallel_insert_slice %%of_%d into %%aout_%d[%%bh_%d, %%r0_%d, 0] "
+      "[1, %%rows_%d, %lld] [1, 1, 1] : tensor<?x%lldxf32> into %s\n"
+      "      }\n"
+      "    }\n",
+      id, fin, oty, Ev, id, id, id, id, id, Ev, Ev, rty);
+  snprintf(out->ssa, sizeof(out->ssa), "%%ar_%d", id);
+  out->type = *kiln_node_result_type(e->g, &e->g->nodes[ch->bmm2], 0);
+}
+
+int kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n) {
+  if (n->op != KILN_OP_BMM || !e->options.fused_attention || e->options.cuda) return 0;
+  int self = (int)(n - e->g->nodes);
+  attn_chain_t ch;
+  if (!chain_ending_at(e, self, &ch)) {
+    if (!attention_chain(e, self, &ch)) return 0;
+    for (int i = 0; i < ch.count; ++i) e->node_done[ch.nodes[i]] = true;
+    return 1;
+  }
+  kiln_tv_t out;
+  emit_attention(e, &ch, &out);
+  kiln_emit_set_result(e, n, 0, &out);
+  return 2;
+}
