@@ -235,6 +235,18 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
   int f = forall_dim(d, c->reg);
   if (f < 0) return;
   c->forall[f] = c->reg[f];
+  // Few tiles that do not split evenly over the threads (an attention
+  // block's head split, [4, 128, 3, 8, 32] -> [3, 4, 8, 128, 32]: 3 tiles,
+  // two on one thread of two) are spread over the next parallel dim too.
+  int64_t trips = (d->range[f] + c->reg[f] - 1) / c->reg[f];
+  if (t->threads > 1 && trips % t->threads && trips < 4 * t->threads && f < r - 1 &&
+      !d->reduction_mask)
+    for (int g = f + 1; g < r - 1; ++g)
+      if (!is_reduction(d, g) && !is_dynamic(d, g) && c->reg[g] > 0 &&
+          d->range[g] > c->reg[g]) {
+        c->forall[g] = c->reg[g];
+        break;
+      }
   if (d->kind == KILN_KERNEL_ELEMENTWISE && d->reduction_mask && f == r - 1 &&
       !is_dynamic(d, f) && t->threads > 0) {
     // A column reduction (its reduction loops outside the innermost,

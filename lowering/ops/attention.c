@@ -57,6 +57,186 @@ static bool score_view(const kiln_type_t *t, const attn_chain_t *ch) {
 // Whether bmm node `first` starts a chain the kernel computes: its result
 // read only by views, at most one multiply or divide by a number, one
 // softmax over the last dim, more views, then as the lhs of a second bmm.
+//===--- Q, K^T and V read where they lie ----------------------------------===//
+//
+// The bmm operands are views of the qkv projection's output (a head split:
+// reshape, permute, slice, squeeze, clone, and for K a transpose), which
+// lowered op by op are copies (the bench's attention block: 0.05-0.09 ms
+// for the head split, 0.02 for K^T). The kernel reads them from the
+// projection's output instead, through a layout traced back over the
+// view ops: each dim a list of factors (size, stride) in row-major order,
+// so that a reshape merging dims that are not adjacent in memory (the
+// batch and the heads of a sequence-first projection) and the reshape
+// splitting them again compose (CuTe's layouts; a plain stride per dim,
+// as PyTorch's views have, cannot express the merged dim).
+
+enum { kMaxFactors = 8 };
+
+typedef struct factor {
+  int64_t size, stride;
+} factor_t;
+
+typedef struct layout {
+  int rank;
+  int nf[KILN_MAX_RANK];
+  factor_t f[KILN_MAX_RANK][kMaxFactors];
+  int64_t offset;
+} layout_t;
+
+static void layout_dense(const kiln_type_t *t, layout_t *l) {
+  memset(l, 0, sizeof(*l));
+  l->rank = t->rank;
+  int64_t st = 1;
+  for (int d = t->rank - 1; d >= 0; --d) {
+    if (t->dims[d] != 1) l->f[d][l->nf[d]++] = (factor_t){t->dims[d], st};
+    st *= t->dims[d];
+  }
+}
+
+// Reshape to `t` (view, reshape, squeeze, unsqueeze): the factors in order,
+// regrouped by the new sizes, a factor split where a new dim ends inside it.
+static bool layout_reshape(const layout_t *in, const kiln_type_t *t, layout_t *out) {
+  factor_t all[KILN_MAX_RANK * kMaxFactors];
+  int n = 0;
+  for (int d = 0; d < in->rank; ++d)
+    for (int k = 0; k < in->nf[d]; ++k) all[n++] = in->f[d][k];
+  layout_t r;
+  memset(&r, 0, sizeof(r));
+  r.rank = t->rank;
+  r.offset = in->offset;
+  int at = 0;
+  for (int d = 0; d < t->rank; ++d) {
+    int64_t need = t->dims[d];
+    while (need > 1) {
+      if (at >= n || r.nf[d] >= kMaxFactors) return false;
+      factor_t *f = &all[at];
+      if (need % f->size == 0) {
+        r.f[d][r.nf[d]++] = *f;
+        need /= f->size;
+        ++at;
+      } else if (f->size % need == 0) {
+        // The factor's outer part: `need` steps of stride * (size / need).
+        r.f[d][r.nf[d]++] = (factor_t){need, f->stride * (f->size / need)};
+        f->size /= need;
+        need = 1;
+      } else {
+        return false;
+      }
+    }
+  }
+  if (at != n) return false;
+  *out = r;
+  return true;
+}
+
+// The layout of graph value `v` over the base it is a view of (the first
+// producer that is no view op, or a graph input). Fails where a view op is
+// one the walk does not take, or a slice cuts a merged dim.
+static bool trace_layout(const kiln_emitter_t *e, int32_t v, int32_t *base, layout_t *l) {
+  const kiln_graph_t *g = e->g;
+  int chain[32], n = 0;
+  int32_t cur = v;
+  for (;;) {
+    int p = g->values[cur].node;
+    if (p < 0) break;
+    const kiln_node_t *c = &g->nodes[p];
+    kiln_op_id_t op = c->op;
+    bool view = op == KILN_OP_VIEW || op == KILN_OP_RESHAPE || op == KILN_OP_SQUEEZE ||
+                op == KILN_OP_UNSQUEEZE || op == KILN_OP_PERMUTE || op == KILN_OP_TRANSPOSE ||
+                op == KILN_OP_SLICE || op == KILN_OP_CLONE || op == KILN_OP_EXPAND;
+    if (!view || c->operand_count < 1 || c->operands[0].kind != KILN_OPERAND_VALUE) break;
+    if (n == 32) return false;
+    chain[n++] = p;
+    cur = c->operands[0].value;
+  }
+  const kiln_value_t *bv = &g->values[cur];
+  if (bv->type.dtype != KILN_F32 || !kiln_type_is_static(&bv->type) || bv->type.rank < 1 ||
+      !e->values[cur].ssa[0])
+    return false;
+  // A strided graph input would be copied to be read flat.
+  if (bv->node < 0 && e->input_strided && e->input_strided[bv->index]) return false;
+  *base = cur;
+  layout_dense(&bv->type, l);
+  for (int i = n - 1; i >= 0; --i) {
+    const kiln_node_t *c = &g->nodes[chain[i]];
+    const kiln_type_t *in = &g->values[c->operands[0].value].type;
+    const kiln_type_t *rt = kiln_node_result_type(g, c, 0);
+    switch (c->op) {
+      case KILN_OP_CLONE:
+        break;
+      case KILN_OP_EXPAND:
+        if (!kiln_type_equal(in, rt)) return false;
+        break;
+      case KILN_OP_PERMUTE:
+      case KILN_OP_TRANSPOSE: {
+        int32_t perm[KILN_MAX_RANK];
+        kiln_node_permutation(c, in->rank, perm);
+        layout_t r = *l;
+        for (int d = 0; d < in->rank; ++d) {
+          r.nf[d] = l->nf[perm[d]];
+          memcpy(r.f[d], l->f[perm[d]], sizeof(r.f[d]));
+        }
+        *l = r;
+        break;
+      }
+      case KILN_OP_SLICE: {
+        int32_t d;
+        if (!kiln_normalize_dim(kiln_node_attr_int(c, "dim", 0), in->rank, &d)) return false;
+        int64_t start = kiln_node_slice_start(c, in->dims[d]);
+        int64_t step = kiln_node_attr_int(c, "step", 1);
+        if (l->nf[d] > 1 || step < 1) return false;
+        if (l->nf[d] == 1) {
+          l->offset += start * l->f[d][0].stride;
+          l->f[d][0].stride *= step;
+          l->f[d][0].size = rt->dims[d];
+          if (rt->dims[d] == 1) l->nf[d] = 0;
+        }
+        break;
+      }
+      default:  // view, reshape, squeeze, unsqueeze
+        if (!layout_reshape(l, rt, l)) return false;
+        break;
+    }
+  }
+  return true;
+}
+
+// How the kernel reads one of Q, K^T, V ([BH, a, b]).
+typedef enum {
+  OPERAND_TENSOR,  // the materialized 3-D tensor (its SSA value)
+  OPERAND_FLAT,    // the base's elements, at offset(bh) + i * s1 + j * s2
+  OPERAND_LOCAL,   // K^T only: K's rows (s1 = 1) transposed per task into [E, S]
+} operand_mode_t;
+
+typedef struct operand {
+  operand_mode_t mode;
+  int32_t base;
+  layout_t lay;   // dim 0's factors: the heads, outer first
+  int64_t s1, s2;
+} operand_t;
+
+// The read of bmm operand `v` ([BH, a, b]): flat where its layout puts
+// dims 1 and 2 on one factor each (`contig`: dim `contig` with stride 1,
+// for vector reads; -1 for scalar reads).
+static void plan_operand(const kiln_emitter_t *e, int32_t v, int contig, operand_t *op) {
+  memset(op, 0, sizeof(*op));
+  op->mode = OPERAND_TENSOR;
+  const kiln_type_t *t = &e->g->values[v].type;
+  if (!trace_layout(e, v, &op->base, &op->lay) || op->lay.rank != 3) return;
+  int64_t s[3] = {0, 0, 0};
+  for (int d = 1; d < 3; ++d) {
+    if (op->lay.nf[d] > 1) return;
+    s[d] = op->lay.nf[d] ? op->lay.f[d][0].stride : 0;
+    if (t->dims[d] > 1 && op->lay.nf[d] == 0) return;
+  }
+  op->s1 = s[1];
+  op->s2 = s[2];
+  if (contig < 0 || s[contig] == 1)
+    op->mode = OPERAND_FLAT;
+  else if (contig == 2 && s[1] == 1 && t->dims[1] % 16 == 0)
+    op->mode = OPERAND_LOCAL;
+}
+
 static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch);
 
 static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch) {
@@ -185,14 +365,53 @@ static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch)
   return false;
 }
 
-// An SSA name unique to this kernel: "%<stem>_<id>".
-#define NM(buf, stem) snprintf(buf, sizeof(buf), "%%%s_%d", stem, id)
+// How the kernel reads Q, K^T and V, with the names emit_attention gave
+// their flat bases and per-head offsets.
+typedef struct reads {
+  operand_t op[3];      // Q, K^T, V
+  char flat[3][24];     // OPERAND_FLAT / LOCAL: the base as tensor<N x f32>
+  char fty[3][48];
+  char boff[3][24];     // ... and head %bh's offset in it
+  char ktl[24];         // OPERAND_LOCAL: the task's K^T, tensor<E x S x f32>
+  char ktlty[48];
+} reads_t;
+
+// A read of element (%bh, i, j) of operand `w` (0 Q, 1 K^T, 2 V) into
+// `res`: a vector<16xf32> from there along dim 2 (`vec`), else the scalar.
+// `mat` / `mty`: the materialized tensor and its type; `pad` the padding.
+static void emit_load(kiln_sbuf_t *o, const reads_t *rd, int w, const char *res, bool vec,
+                      const char *bh, const char *i, const char *j, const char *mat,
+                      const char *mty, const char *pad) {
+  const operand_t *op = &rd->op[w];
+  if (op->mode == OPERAND_TENSOR) {
+    if (vec)
+      kiln_sbuf_printf(o, "            %s = vector.transfer_read %s[%s, %s, %s], %s {in_bounds = [true]} : "
+                          "%s, vector<16xf32>\n", res, mat, bh, i, j, pad, mty);
+    else
+      kiln_sbuf_printf(o, "            %s = tensor.extract %s[%s, %s, %s] : %s\n", res, mat, bh, i, j, mty);
+    return;
+  }
+  if (op->mode == OPERAND_LOCAL) {
+    kiln_sbuf_printf(o, "            %s = vector.transfer_read %s[%s, %s], %s {in_bounds = [true]} : "
+                        "%s, vector<16xf32>\n", res, rd->ktl, i, j, pad, rd->ktlty);
+    return;
+  }
+  kiln_sbuf_printf(o, "            %s_i = affine.apply affine_map<(d0, d1)[s0] -> (s0 + d0 * %lld + d1 * "
+                      "%lld)>(%s, %s)[%s]\n", res, (long long)op->s1, (long long)op->s2, i, j,
+                   rd->boff[w]);
+  if (vec)
+    kiln_sbuf_printf(o, "            %s = vector.transfer_read %s[%s_i], %s {in_bounds = [true]} : %s, "
+                        "vector<16xf32>\n", res, rd->flat[w], res, pad, rd->fty[w]);
+  else
+    kiln_sbuf_printf(o, "            %s = tensor.extract %s[%s_i] : %s\n", res, rd->flat[w], res,
+                     rd->fty[w]);
+}
 
 // One tile of `rm` query rows: its first row %<lr> in the task's block
 // (%lr_<id> an index value), the block's output tensor `ob`
 // ([rows, Ev/16, 16]) and score block `sb` ([8, S/16, 16]) carried in;
 // `nob` / `nsb` get them out.
-static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, int id, int rm,
+static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *rd, int id, int rm,
                       const char *lr, const char *ob, const char *sb, char nob[24],
                       char nsb[24]) {
   kiln_sbuf_t *o = &e->out;
@@ -201,6 +420,9 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, int id, int rm,
   long long BH = ch->BH, L = ch->L, E = ch->E, S = ch->S, Ev = ch->Ev;
   long long NVS = S / 16, NVE = Ev / 16;
   int t = e->next_id++;  // this tile's names: %..._<id>_<t>
+  char bh[24], pad[24];
+  snprintf(bh, sizeof(bh), "%%bh_%d", id);
+  snprintf(pad, sizeof(pad), "%%padf_%d", id);
   char qty[96], ktty[96], vty[96], sty[64], oty[64];
   snprintf(qty, sizeof(qty), "tensor<%lldx%lldx%lldxf32>", BH, L, E);
   snprintf(ktty, sizeof(ktty), "tensor<%lldx%lldx%lldxf32>", BH, E, S);
@@ -235,16 +457,22 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, int id, int rm,
     kiln_sbuf_puts(o, ") -> (");
     for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
     kiln_sbuf_puts(o, ") {\n");
-    for (int h = 0; h < nv; ++h)
-      kiln_sbuf_printf(o,
-          "            %%kb%d_%d_%d_%d = vector.transfer_read %s[%%bh_%d, %%e_%d_%d_%d, %s_%d_%d_%d], "
-          "%%padf_%d {in_bounds = [true]} : %s, vector<16xf32>\n",
-          h, id, t, part, kt, id, id, t, part, h ? "%jh" : "%j", id, t, part, id, ktty);
+    for (int h = 0; h < nv; ++h) {
+      char res[32], ev[24], jv[24];
+      snprintf(res, sizeof(res), "%%kb%d_%d_%d_%d", h, id, t, part);
+      snprintf(ev, sizeof(ev), "%%e_%d_%d_%d", id, t, part);
+      snprintf(jv, sizeof(jv), "%s_%d_%d_%d", h ? "%jh" : "%j", id, t, part);
+      emit_load(o, rd, 1, res, true, bh, ev, jv, kt, ktty, pad);
+    }
     for (int r = 0; r < rm; ++r) {
+      char res[32], gv[24], ev[24];
+      snprintf(res, sizeof(res), "%%qs%d_%d_%d_%d", r, id, t, part);
+      snprintf(gv, sizeof(gv), "%%gr%d_%d_%d", r, id, t);
+      snprintf(ev, sizeof(ev), "%%e_%d_%d_%d", id, t, part);
+      emit_load(o, rd, 0, res, false, bh, gv, ev, q, qty, pad);
       kiln_sbuf_printf(o,
-          "            %%qs%d_%d_%d_%d = tensor.extract %s[%%bh_%d, %%gr%d_%d_%d, %%e_%d_%d_%d] : %s\n"
           "            %%qb%d_%d_%d_%d = vector.broadcast %%qs%d_%d_%d_%d : f32 to vector<16xf32>\n",
-          r, id, t, part, q, id, r, id, t, id, t, part, qty, r, id, t, part, r, id, t, part);
+          r, id, t, part, r, id, t, part);
       for (int h = 0; h < nv; ++h)
         kiln_sbuf_printf(o,
             "            %%sy%d_%d_%d_%d = vector.fma %%qb%d_%d_%d_%d, %%kb%d_%d_%d_%d, "
@@ -394,11 +622,13 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, int id, int rm,
           "            %%kk%d_%d_%d_%d = affine.apply affine_map<(d0) -> (d0 * 16 + %d)>"
           "(%%kv_%d_%d_%d)\n",
           l, id, t, part, l, id, t, part);
-      for (int h = 0; h < nv; ++h)
-        kiln_sbuf_printf(o,
-            "            %%vb%d_%d_%d_%d_%d = vector.transfer_read %s[%%bh_%d, %%kk%d_%d_%d_%d, "
-            "%s_%d_%d_%d], %%padf_%d {in_bounds = [true]} : %s, vector<16xf32>\n",
-            h, l, id, t, part, v, id, l, id, t, part, h ? "%ch" : "%c", id, t, part, id, vty);
+      for (int h = 0; h < nv; ++h) {
+        char res[40], kv[24], cv[24];
+        snprintf(res, sizeof(res), "%%vb%d_%d_%d_%d_%d", h, l, id, t, part);
+        snprintf(kv, sizeof(kv), "%%kk%d_%d_%d_%d", l, id, t, part);
+        snprintf(cv, sizeof(cv), "%s_%d_%d_%d", h ? "%ch" : "%c", id, t, part);
+        emit_load(o, rd, 2, res, true, bh, kv, cv, v, vty, pad);
+      }
       for (int r = 0; r < rm; ++r) {
         kiln_sbuf_printf(o,
             "            %%ps%d_%d_%d_%d_%d = tensor.extract %s[%%c%d_%d, %%kv_%d_%d_%d, "
@@ -456,8 +686,10 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
   int id = e->next_id++;
   long long BH = ch->BH, L = ch->L, S = ch->S, Ev = ch->Ev;
   long long NVS = S / 16, NVE = Ev / 16;
-  // Blocks of up to 64 query rows (whole tiles) per task.
-  long long L8 = (L + 7) / 8 * 8, RB = L8 < 64 ? L8 : 64, NB = (L + RB - 1) / RB;
+  // Tasks: a head's query rows whole where there are heads enough for the
+  // threads (K^T made once per head where it is made per task), else
+  // blocks of up to 64 rows (whole tiles).
+  long long L8 = (L + 7) / 8 * 8, RB = BH >= 16 || L8 <= 64 ? L8 : 64, NB = (L + RB - 1) / RB;
   char rty[96], sty[64], oty[64];
   snprintf(rty, sizeof(rty), "tensor<%lldx%lldx%lldxf32>", BH, L, Ev);
   snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
@@ -465,6 +697,27 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
   float sc = (float)ch->scale;
   uint32_t su;
   memcpy(&su, &sc, 4);
+  // Q read as scalars, K^T and V as vectors along their last dim.
+  reads_t rd;
+  memset(&rd, 0, sizeof(rd));
+  const int32_t vals[3] = {ch->q, ch->kt, ch->v};
+  for (int w = 0; w < 3; ++w) {
+    plan_operand(e, vals[w], w == 0 ? -1 : 2, &rd.op[w]);
+    if (rd.op[w].mode == OPERAND_TENSOR) continue;
+    const kiln_tv_t *b = &e->values[rd.op[w].base];
+    int64_t n = kiln_type_numel(&b->type);
+    snprintf(rd.fty[w], sizeof(rd.fty[w]), "tensor<%lldxf32>", (long long)n);
+    if (b->type.rank == 1) {
+      snprintf(rd.flat[w], sizeof(rd.flat[w]), "%s", b->ssa);
+      continue;
+    }
+    char bty[256];
+    kiln_mlir_tensor_type(&b->type, bty, sizeof(bty));
+    snprintf(rd.flat[w], sizeof(rd.flat[w]), "%%afl%d_%d", w, id);
+    kiln_sbuf_printf(o, "    %s = tensor.collapse_shape %s [[", rd.flat[w], b->ssa);
+    for (int d = 0; d < b->type.rank; ++d) kiln_sbuf_printf(o, "%s%d", d ? ", " : "", d);
+    kiln_sbuf_printf(o, "]] : %s into %s\n", bty, rd.fty[w]);
+  }
   kiln_sbuf_printf(o,
       "    %%ai_%d = tensor.empty() : %s\n"
       "    %%ar_%d = scf.forall (%%bh_%d, %%blk_%d) in (%lld, %lld) shared_outs(%%aout_%d = "
@@ -493,6 +746,63 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
     kiln_sbuf_printf(o, "      %%c%lld_%d = arith.constant %lld : index\n", consts[i], id,
                      consts[i]);
   }
+  // Per head: the offset of its elements in each flat base (the heads'
+  // factors, outer first: (bh floordiv inner) mod size, times stride).
+  for (int w = 0; w < 3; ++w) {
+    const operand_t *op = &rd.op[w];
+    if (op->mode == OPERAND_TENSOR) continue;
+    snprintf(rd.boff[w], sizeof(rd.boff[w]), "%%abo%d_%d", w, id);
+    kiln_sbuf_printf(o, "      %s = affine.apply affine_map<(d0) -> (%lld", rd.boff[w],
+                     (long long)op->lay.offset);
+    int64_t inner = 1;
+    for (int k = op->lay.nf[0] - 1; k >= 0; --k) {
+      const factor_t *f = &op->lay.f[0][k];
+      kiln_sbuf_printf(o, " + ((d0 floordiv %lld) mod %lld) * %lld", (long long)inner,
+                       (long long)f->size, (long long)f->stride);
+      inner *= f->size;
+    }
+    kiln_sbuf_printf(o, ")>(%%bh_%d)\n", id);
+  }
+  if (rd.op[1].mode == OPERAND_LOCAL) {
+    // The head's K^T, from K's rows: 16 x 16 blocks read as 16 key rows,
+    // transposed in registers.
+    long long E = ch->E, s2 = rd.op[1].s2;
+    snprintf(rd.ktl, sizeof(rd.ktl), "%%ktl_%d", id);
+    snprintf(rd.ktlty, sizeof(rd.ktlty), "tensor<%lldx%lldxf32>", E, S);
+    kiln_sbuf_printf(o,
+        "      %%ktl0_%d = tensor.empty() : %s\n"
+        "      %s = scf.for %%kj_%d = %%c0_%d to %%c%lld_%d step %%c16_%d iter_args(%%ka_%d = "
+        "%%ktl0_%d) -> (%s) {\n"
+        "        %%kl_%d = scf.for %%ke_%d = %%c0_%d to %%c%lld_%d step %%c16_%d "
+        "iter_args(%%kc_%d = %%ka_%d) -> (%s) {\n"
+        "          %%km_%d = ub.poison : vector<16x16xf32>\n",
+        id, rd.ktlty, rd.ktl, id, id, S, id, id, id, id, rd.ktlty, id, id, id, E, id, id, id,
+        id, rd.ktlty, id);
+    char m[24];
+    snprintf(m, sizeof(m), "%%km_%d", id);
+    for (int r = 0; r < 16; ++r) {
+      kiln_sbuf_printf(o,
+          "          %%kr%d_%d_i = affine.apply affine_map<(d0, d1)[s0] -> (s0 + d0 + (d1 + %d) "
+          "* %lld)>(%%ke_%d, %%kj_%d)[%s]\n"
+          "          %%kr%d_%d = vector.transfer_read %s[%%kr%d_%d_i], %%padf_%d "
+          "{in_bounds = [true]} : %s, vector<16xf32>\n"
+          "          %%ki%d_%d = vector.insert %%kr%d_%d, %s [%d] : vector<16xf32> into "
+          "vector<16x16xf32>\n",
+          r, id, r, s2, id, id, rd.boff[1], r, id, rd.flat[1], r, id, id, rd.fty[1], r, id, r,
+          id, m, r);
+      snprintf(m, sizeof(m), "%%ki%d_%d", r, id);
+    }
+    kiln_sbuf_printf(o,
+        "          %%kt_%d = vector.transpose %s, [1, 0] : vector<16x16xf32> to "
+        "vector<16x16xf32>\n"
+        "          %%kw_%d = vector.transfer_write %%kt_%d, %%kc_%d[%%ke_%d, %%kj_%d] "
+        "{in_bounds = [true, true]} : vector<16x16xf32>, %s\n"
+        "          scf.yield %%kw_%d : %s\n"
+        "        }\n"
+        "        scf.yield %%kl_%d : %s\n"
+        "      }\n",
+        id, m, id, id, id, id, id, rd.ktlty, id, rd.ktlty, id, rd.ktlty);
+  }
   kiln_sbuf_printf(o,
       "      %%r0_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%blk_%d)\n"
       "      %%rows_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%blk_%d)\n"
@@ -511,7 +821,7 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
   snprintf(lr, sizeof(lr), "%%lr_%d", id);
   snprintf(ob, sizeof(ob), "%%tob_%d", id);
   snprintf(sb, sizeof(sb), "%%tsb_%d", id);
-  emit_tile(e, ch, id, 8, lr, ob, sb, nob, nsb);
+  emit_tile(e, ch, &rd, id, 8, lr, ob, sb, nob, nsb);
   kiln_sbuf_printf(o, "        scf.yield %s, %s : %s, %s\n      }\n", nob, nsb, oty, sty);
   char fin[24];
   snprintf(fin, sizeof(fin), "%%tl_%d#0", id);
@@ -524,7 +834,7 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
     snprintf(lr, sizeof(lr), "%%full_%d", id);
     snprintf(ob, sizeof(ob), "%%tl_%d#0", id);
     snprintf(sb, sizeof(sb), "%%tl_%d#1", id);
-    emit_tile(e, ch, id, (int)(L % 8), lr, ob, sb, nob, nsb);
+    emit_tile(e, ch, &rd, id, (int)(L % 8), lr, ob, sb, nob, nsb);
     kiln_sbuf_printf(o, "        scf.yield %s : %s\n      } else {\n"
                         "        scf.yield %%tl_%d#0 : %s\n      }\n",
                      nob, oty, id, oty);
