@@ -38,6 +38,10 @@ typedef struct attn_chain {
   int32_t q, kt, v;      // graph values: Q [BH, L, E], KT [BH, E, S], V [BH, S, Ev]
   int64_t BH, L, E, S, Ev;
   double scale;
+  // An additive mask (after the scale, before the softmax), or -1: a value
+  // broadcast to `mview`, the scores' view it is added in.
+  int32_t mask;
+  kiln_type_t mview;
 } attn_chain_t;
 
 static bool f32_static3(const kiln_type_t *t) {
@@ -272,8 +276,9 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   ch->E = qt->dims[2];
   ch->S = kt->dims[2];
   ch->scale = 1;
+  ch->mask = -1;
   ch->nodes[ch->count++] = first;
-  bool scaled = false, soft = false;
+  bool scaled = false, soft = false, masked = false;
   int32_t v = n->results[0];
   int at = first;
   while (ch->count < 16) {
@@ -307,7 +312,7 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
       case KILN_OP_MUL:
       case KILN_OP_DIV: {
         // x * s, s * x or x / s with s a number.
-        if (scaled || soft || c->operand_count != 2 ||
+        if (scaled || soft || masked || c->operand_count != 2 ||
             (c->op == KILN_OP_DIV && kiln_node_attr_str(c, "rounding_mode", NULL)))
           return false;
         int k = c->operands[0].kind == KILN_OPERAND_VALUE && c->operands[0].value == v ? 1 : 0;
@@ -321,6 +326,29 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
           return false;
         ch->scale = c->op == KILN_OP_DIV ? 1 / f : f;
         scaled = true;
+        break;
+      }
+      case KILN_OP_ADD: {
+        // x + m, m an f32 tensor broadcast to the scores' view (an
+        // attention mask: padding, a float mask of SDPA), after the scale.
+        if (masked || soft || c->operand_count != 2 ||
+            kiln_node_attr_float(c, "alpha", 1) != 1 || !kiln_type_equal(ct, &g->values[v].type))
+          return false;
+        int k = c->operands[0].kind == KILN_OPERAND_VALUE && c->operands[0].value == v ? 1 : 0;
+        if (c->operands[k].kind != KILN_OPERAND_VALUE || c->operands[1 - k].kind != KILN_OPERAND_VALUE ||
+            c->operands[1 - k].value != v)
+          return false;
+        const kiln_type_t *mt = &g->values[c->operands[k].value].type;
+        if (mt->dtype != KILN_F32 || !kiln_type_is_static(mt) || mt->rank < 1 ||
+            mt->rank > ct->rank)
+          return false;
+        for (int d = 0; d < mt->rank; ++d) {
+          int64_t m = mt->dims[d], want = ct->dims[ct->rank - mt->rank + d];
+          if (m != 1 && m != want) return false;
+        }
+        ch->mask = c->operands[k].value;
+        ch->mview = *ct;
+        masked = true;
         break;
       }
       case KILN_OP_SOFTMAX: {
@@ -342,27 +370,28 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   return false;
 }
 
-// The chain whose second bmm is node `self`, found from its lhs back to the
-// first bmm through single-input nodes.
-static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch) {
+// The chain whose second bmm is node `self`: back from its lhs through
+// single-input nodes (an add's either operand) to a first bmm whose chain
+// ends at `self`.
+static bool chain_back(const kiln_emitter_t *e, int32_t v, int self, int depth,
+                       attn_chain_t *ch) {
   const kiln_graph_t *g = e->g;
-  const kiln_node_t *n = &g->nodes[self];
-  if (n->operand_count != 2 || n->operands[0].kind != KILN_OPERAND_VALUE) return false;
-  int32_t v = n->operands[0].value;
-  for (int steps = 0; steps < 16; ++steps) {
-    int p = g->values[v].node;
-    if (p < 0) return false;
-    const kiln_node_t *c = &g->nodes[p];
-    if (c->op == KILN_OP_BMM) return attention_chain(e, p, ch) && ch->bmm2 == self;
-    if (c->operand_count < 1 || c->operands[0].kind != KILN_OPERAND_VALUE) return false;
-    int k = 0;
-    if ((c->op == KILN_OP_MUL) && c->operand_count == 2 &&
-        c->operands[0].kind != KILN_OPERAND_VALUE)
-      k = 1;
-    if (c->operands[k].kind != KILN_OPERAND_VALUE) return false;
-    v = c->operands[k].value;
+  int p = g->values[v].node;
+  if (p < 0 || depth > 16) return false;
+  const kiln_node_t *c = &g->nodes[p];
+  if (c->op == KILN_OP_BMM) return attention_chain(e, p, ch) && ch->bmm2 == self;
+  for (int k = 0; k < c->operand_count && k < 2; ++k) {
+    if (c->operands[k].kind != KILN_OPERAND_VALUE) continue;
+    if (chain_back(e, c->operands[k].value, self, depth + 1, ch)) return true;
+    if (c->op != KILN_OP_ADD) break;  // others: the first value operand only
   }
   return false;
+}
+
+static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch) {
+  const kiln_node_t *n = &e->g->nodes[self];
+  if (n->operand_count != 2 || n->operands[0].kind != KILN_OPERAND_VALUE) return false;
+  return chain_back(e, n->operands[0].value, self, 0, ch);
 }
 
 // How the kernel reads Q, K^T and V, with the names emit_attention gave
@@ -374,6 +403,10 @@ typedef struct reads {
   char boff[3][24];     // ... and head %bh's offset in it
   char ktl[24];         // OPERAND_LOCAL: the task's K^T, tensor<E x S x f32>
   char ktlty[48];
+  // The additive mask read flat (mask[0] empty: none): head %bh's offset,
+  // the strides of a query row and of a key (0 where broadcast).
+  char mask[24], mty[48], moff[24];
+  int64_t m_row, m_key;
 } reads_t;
 
 // A read of element (%bh, i, j) of operand `w` (0 Q, 1 K^T, 2 V) into
@@ -491,12 +524,37 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     char w[24];
     snprintf(w, sizeof(w), "%%sw_%d_%d_%d", id, t, part);
     for (int k = 0; k < nv * rm; ++k) {
+      char sv[32];
+      snprintf(sv, sizeof(sv), "%%ss%d_%d_%d_%d", k, id, t, part);
+      kiln_sbuf_printf(o, "          %s = arith.mulf %%sa_%d_%d_%d#%d, %%scale_%d : vector<16xf32>\n",
+                       sv, id, t, part, k, id);
+      if (rd->mask[0]) {
+        // + mask[head, row, keys]: a vector of keys, or the row's one
+        // value broadcast.
+        int r = k / nv, h = k % nv;
+        kiln_sbuf_printf(o,
+            "          %%mi%d_%d_%d_%d = affine.apply affine_map<(d0, d1)[s0] -> (s0 + d0 * %lld + "
+            "(d1 + %d) * %lld)>(%%gr%d_%d_%d, %%j_%d_%d_%d)[%s]\n",
+            k, id, t, part, (long long)rd->m_row, h * 16, (long long)rd->m_key, r, id, t, id, t,
+            part, rd->moff);
+        if (rd->m_key)
+          kiln_sbuf_printf(o,
+              "          %%mv%d_%d_%d_%d = vector.transfer_read %s[%%mi%d_%d_%d_%d], %%padf_%d "
+              "{in_bounds = [true]} : %s, vector<16xf32>\n",
+              k, id, t, part, rd->mask, k, id, t, part, id, rd->mty);
+        else
+          kiln_sbuf_printf(o,
+              "          %%ms%d_%d_%d_%d = tensor.extract %s[%%mi%d_%d_%d_%d] : %s\n"
+              "          %%mv%d_%d_%d_%d = vector.broadcast %%ms%d_%d_%d_%d : f32 to vector<16xf32>\n",
+              k, id, t, part, rd->mask, k, id, t, part, rd->mty, k, id, t, part, k, id, t, part);
+        kiln_sbuf_printf(o, "          %%sm%d_%d_%d_%d = arith.addf %s, %%mv%d_%d_%d_%d : vector<16xf32>\n",
+                         k, id, t, part, sv, k, id, t, part);
+        snprintf(sv, sizeof(sv), "%%sm%d_%d_%d_%d", k, id, t, part);
+      }
       kiln_sbuf_printf(o,
-          "          %%ss%d_%d_%d_%d = arith.mulf %%sa_%d_%d_%d#%d, %%scale_%d : vector<16xf32>\n"
-          "          %%si%d_%d_%d_%d = vector.insert %%ss%d_%d_%d_%d, %s [%d, %d] : "
+          "          %%si%d_%d_%d_%d = vector.insert %s, %s [%d, %d] : "
           "vector<16xf32> into vector<%dx%dx16xf32>\n",
-          k, id, t, part, id, t, part, k, id, k, id, t, part, k, id, t, part, w, k / nv,
-          k % nv, rm, nv);
+          k, id, t, part, sv, w, k / nv, k % nv, rm, nv);
       snprintf(w, sizeof(w), "%%si%d_%d_%d_%d", k, id, t, part);
     }
     kiln_sbuf_printf(o,
@@ -686,10 +744,11 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
   int id = e->next_id++;
   long long BH = ch->BH, L = ch->L, S = ch->S, Ev = ch->Ev;
   long long NVS = S / 16, NVE = Ev / 16;
-  // Tasks: a head's query rows whole where there are heads enough for the
-  // threads (K^T made once per head where it is made per task), else
-  // blocks of up to 64 rows (whole tiles).
-  long long L8 = (L + 7) / 8 * 8, RB = BH >= 16 || L8 <= 64 ? L8 : 64, NB = (L + RB - 1) / RB;
+  // Tasks: blocks of up to 128 query rows (whole tiles), so that a K^T
+  // made per task (OPERAND_LOCAL) serves 16 tiles (the bench's 128-row
+  // heads: 0.30 -> 0.27 ms against blocks of 64). (The lowering does not
+  // know the thread count: few heads of few rows are few tasks.)
+  long long L8 = (L + 7) / 8 * 8, RB = L8 < 128 ? L8 : 128, NB = (L + RB - 1) / RB;
   char rty[96], sty[64], oty[64];
   snprintf(rty, sizeof(rty), "tensor<%lldx%lldx%lldxf32>", BH, L, Ev);
   snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
@@ -717,6 +776,32 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
     kiln_sbuf_printf(o, "    %s = tensor.collapse_shape %s [[", rd.flat[w], b->ssa);
     for (int d = 0; d < b->type.rank; ++d) kiln_sbuf_printf(o, "%s%d", d ? ", " : "", d);
     kiln_sbuf_printf(o, "]] : %s into %s\n", bty, rd.fty[w]);
+  }
+  // The mask: its strides against the scores' view [.., L, S] (0 where
+  // broadcast), read flat.
+  int64_t mstride[KILN_MAX_RANK] = {0};
+  const kiln_type_t *mv = &ch->mview;
+  if (ch->mask >= 0) {
+    const kiln_tv_t *m = &e->values[ch->mask];
+    int R = mv->rank, off = R - m->type.rank;
+    int64_t st = 1;
+    for (int d = m->type.rank - 1; d >= 0; --d) {
+      mstride[off + d] = m->type.dims[d] == 1 ? 0 : st;
+      st *= m->type.dims[d];
+    }
+    rd.m_row = mstride[R - 2];
+    rd.m_key = mstride[R - 1];
+    snprintf(rd.mty, sizeof(rd.mty), "tensor<%lldxf32>", (long long)st);
+    if (m->type.rank == 1) {
+      snprintf(rd.mask, sizeof(rd.mask), "%s", m->ssa);
+    } else {
+      char mty[256];
+      kiln_mlir_tensor_type(&m->type, mty, sizeof(mty));
+      snprintf(rd.mask, sizeof(rd.mask), "%%amk_%d", id);
+      kiln_sbuf_printf(o, "    %s = tensor.collapse_shape %s [[", rd.mask, m->ssa);
+      for (int d = 0; d < m->type.rank; ++d) kiln_sbuf_printf(o, "%s%d", d ? ", " : "", d);
+      kiln_sbuf_printf(o, "]] : %s into %s\n", mty, rd.mty);
+    }
   }
   kiln_sbuf_printf(o,
       "    %%ai_%d = tensor.empty() : %s\n"
@@ -760,6 +845,19 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
       kiln_sbuf_printf(o, " + ((d0 floordiv %lld) mod %lld) * %lld", (long long)inner,
                        (long long)f->size, (long long)f->stride);
       inner *= f->size;
+    }
+    kiln_sbuf_printf(o, ")>(%%bh_%d)\n", id);
+  }
+  if (rd.mask[0]) {
+    // Head %bh's mask offset: %bh over the view's leading dims.
+    snprintf(rd.moff, sizeof(rd.moff), "%%amo_%d", id);
+    kiln_sbuf_printf(o, "      %s = affine.apply affine_map<(d0) -> (0", rd.moff);
+    int64_t inner = 1;
+    for (int d = mv->rank - 3; d >= 0; --d) {
+      if (mstride[d])
+        kiln_sbuf_printf(o, " + ((d0 floordiv %lld) mod %lld) * %lld", (long long)inner,
+                         (long long)mv->dims[d], (long long)mstride[d]);
+      inner *= mv->dims[d];
     }
     kiln_sbuf_printf(o, ")>(%%bh_%d)\n", id);
   }

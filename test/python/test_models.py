@@ -264,6 +264,22 @@ def test_attention_blocks_against_eager(name, make, shapes):
             check_close(compiled(*xs), model(*xs))
 
 
+def test_masked_sdpa_against_eager():
+    """SDPA with a float padding mask (-inf on the last keys of one batch
+    row; lit's cpu-attention checks the fused kernel takes such masks) and
+    with a 2-D float mask, against eager, all in kiln."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 37, 32)
+    k, v = torch.randn(2, 4, 48, 32), torch.randn(2, 4, 48, 32)
+    pad = torch.zeros(2, 1, 1, 48)
+    pad[1, ..., 40:] = float("-inf")
+    for mask in (pad, torch.randn(37, 48)):
+        model = Attention(mask=mask)
+        compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+        with torch.no_grad():
+            check_close(compiled(q, k, v), model(q, k, v))
+
+
 @pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape", [(7, 33), (4, 8, 128, 128), (2048, 4096)],
                          ids=["flat", "cached", "row_blocks"])
