@@ -27,6 +27,7 @@
 // CPU with the f32 microkernels (AVX-512), f32, static sizes, S and Ev
 // multiples of 16, S up to 8192 (the score block is 8 x S floats); other
 // chains lower op by op.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -42,6 +43,9 @@ typedef struct attn_chain {
   // broadcast to `mview`, the scores' view it is added in.
   int32_t mask;
   kiln_type_t mview;
+  // Query row i sees keys j <= i only (SDPA's is_causal as translate.py
+  // writes it: where(rows >= cols, s, -inf) over constant aranges).
+  bool causal;
 } attn_chain_t;
 
 static bool f32_static3(const kiln_type_t *t) {
@@ -241,6 +245,37 @@ static void plan_operand(const kiln_emitter_t *e, int32_t v, int contig, operand
     op->mode = OPERAND_LOCAL;
 }
 
+// Whether value `v` is 0, 1, .., n - 1 as an integer kiln.constant (seen
+// through views).
+static bool arange_const(const kiln_graph_t *g, int32_t v, int64_t n) {
+  int p = g->values[v].node;
+  while (p >= 0 && (g->nodes[p].op == KILN_OP_VIEW || g->nodes[p].op == KILN_OP_RESHAPE ||
+                    g->nodes[p].op == KILN_OP_UNSQUEEZE) &&
+         g->nodes[p].operands[0].kind == KILN_OPERAND_VALUE)
+    p = g->values[g->nodes[p].operands[0].value].node;
+  if (p < 0 || g->nodes[p].op != KILN_OP_CONSTANT) return false;
+  const kiln_attr_t *a = kiln_node_attr(&g->nodes[p], "value");
+  if (!a || a->kind != KILN_ATTR_LIST || !a->is_int || a->count != n) return false;
+  for (int64_t i = 0; i < n; ++i)
+    if (a->ints[i] != i) return false;
+  return true;
+}
+
+// The causal pattern's condition: rows [L, 1] >= cols [S], both aranges.
+static bool causal_cond(const kiln_graph_t *g, int32_t cond, int64_t L, int64_t S) {
+  int p = g->values[cond].node;
+  if (p < 0) return false;
+  const kiln_node_t *c = &g->nodes[p];
+  if (c->op != KILN_OP_GE || c->operand_count != 2 || c->operands[0].kind != KILN_OPERAND_VALUE ||
+      c->operands[1].kind != KILN_OPERAND_VALUE)
+    return false;
+  const kiln_type_t *rt = &g->values[c->operands[0].value].type;
+  const kiln_type_t *ct = &g->values[c->operands[1].value].type;
+  if (rt->rank != 2 || rt->dims[0] != L || rt->dims[1] != 1 || ct->rank != 1 || ct->dims[0] != S)
+    return false;
+  return arange_const(g, c->operands[0].value, L) && arange_const(g, c->operands[1].value, S);
+}
+
 static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch);
 
 static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch) {
@@ -279,6 +314,7 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   ch->mask = -1;
   ch->nodes[ch->count++] = first;
   bool scaled = false, soft = false, masked = false;
+  ch->causal = false;
   int32_t v = n->results[0];
   int at = first;
   while (ch->count < 16) {
@@ -312,7 +348,7 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
       case KILN_OP_MUL:
       case KILN_OP_DIV: {
         // x * s, s * x or x / s with s a number.
-        if (scaled || soft || masked || c->operand_count != 2 ||
+        if (scaled || soft || masked || ch->causal || c->operand_count != 2 ||
             (c->op == KILN_OP_DIV && kiln_node_attr_str(c, "rounding_mode", NULL)))
           return false;
         int k = c->operands[0].kind == KILN_OPERAND_VALUE && c->operands[0].value == v ? 1 : 0;
@@ -331,7 +367,7 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
       case KILN_OP_ADD: {
         // x + m, m an f32 tensor broadcast to the scores' view (an
         // attention mask: padding, a float mask of SDPA), after the scale.
-        if (masked || soft || c->operand_count != 2 ||
+        if (masked || soft || ch->causal || c->operand_count != 2 ||
             kiln_node_attr_float(c, "alpha", 1) != 1 || !kiln_type_equal(ct, &g->values[v].type))
           return false;
         int k = c->operands[0].kind == KILN_OPERAND_VALUE && c->operands[0].value == v ? 1 : 0;
@@ -349,6 +385,18 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
         ch->mask = c->operands[k].value;
         ch->mview = *ct;
         masked = true;
+        break;
+      }
+      case KILN_OP_WHERE: {
+        // where(rows >= cols, x, -inf), after the scale and a mask.
+        if (ch->causal || soft || c->operand_count != 3 ||
+            c->operands[0].kind != KILN_OPERAND_VALUE || c->operands[1].kind != KILN_OPERAND_VALUE ||
+            c->operands[1].value != v || c->operands[2].kind != KILN_OPERAND_FLOAT ||
+            !(c->operands[2].f < 0 && isinf(c->operands[2].f)) ||
+            !kiln_type_equal(ct, &g->values[v].type) ||
+            !causal_cond(g, c->operands[0].value, ch->L, ch->S))
+          return false;
+        ch->causal = true;
         break;
       }
       case KILN_OP_SOFTMAX: {
@@ -380,10 +428,16 @@ static bool chain_back(const kiln_emitter_t *e, int32_t v, int self, int depth,
   if (p < 0 || depth > 16) return false;
   const kiln_node_t *c = &g->nodes[p];
   if (c->op == KILN_OP_BMM) return attention_chain(e, p, ch) && ch->bmm2 == self;
+  // The scores' operand: a where's second, an add's either (both tried),
+  // a multiply's or divide's first value operand, a view's or softmax's
+  // first.
+  if (c->op == KILN_OP_WHERE)
+    return c->operand_count == 3 && c->operands[1].kind == KILN_OPERAND_VALUE &&
+           chain_back(e, c->operands[1].value, self, depth + 1, ch);
   for (int k = 0; k < c->operand_count && k < 2; ++k) {
     if (c->operands[k].kind != KILN_OPERAND_VALUE) continue;
     if (chain_back(e, c->operands[k].value, self, depth + 1, ch)) return true;
-    if (c->op != KILN_OP_ADD) break;  // others: the first value operand only
+    if (c->op != KILN_OP_ADD) break;
   }
   return false;
 }
@@ -468,19 +522,43 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         "        %%gr%d_%d_%d = affine.apply affine_map<(d0, d1) -> (d0 + d1 + %d)>"
         "(%%r0_%d, %s)\n",
         r, id, t, r, id, lr);
+  // The keys the tile reads: all S, or (causal) up to its last row,
+  // rounded up to whole vectors: %kend (a multiple of 16), %kmain (of 32)
+  // and %knv (vectors); the keys past it are never computed nor read.
+  char kend[32], kmain[32], knv[32];
+  long long S32 = S / 32 * 32;
+  if (ch->causal) {
+    snprintf(kend, sizeof(kend), "%%kend_%d_%d", id, t);
+    snprintf(kmain, sizeof(kmain), "%%kmain_%d_%d", id, t);
+    snprintf(knv, sizeof(knv), "%%knv_%d_%d", id, t);
+    kiln_sbuf_printf(o,
+        "        %s = affine.min affine_map<(d0, d1) -> ((d0 + d1 + %d) floordiv 16 * 16, %lld)>"
+        "(%%r0_%d, %s)\n"
+        "        %s = affine.apply affine_map<(d0) -> (d0 floordiv 32 * 32)>(%s)\n"
+        "        %s = affine.apply affine_map<(d0) -> (d0 floordiv 16)>(%s)\n",
+        kend, rm + 15, S, id, lr, kmain, kend, knv, kend);
+  } else {
+    snprintf(kend, sizeof(kend), "%%c%lld_%d", S, id);
+    snprintf(kmain, sizeof(kmain), "%%c%lld_%d", S32, id);
+    snprintf(knv, sizeof(knv), "%%c%lld_%d", NVS, id);
+  }
   // 1. Scores, 32 (or a last 16) keys at a time.
   char cur[24];
   snprintf(cur, sizeof(cur), "%s", sb);
-  long long S32 = S / 32 * 32;
   for (int part = 0; part < 2; ++part) {
     int nv = part ? 1 : 2;
-    long long lo = part ? S32 : 0, hi = part ? S : S32;
-    if (lo == hi) continue;
+    if (!ch->causal && (part ? S32 == S : S32 == 0)) continue;
+    char lo[32], hi[32];
+    if (part)
+      snprintf(lo, sizeof(lo), "%s", kmain);
+    else
+      snprintf(lo, sizeof(lo), "%%c0_%d", id);
+    snprintf(hi, sizeof(hi), "%s", part ? kend : kmain);
     kiln_sbuf_printf(o,
-        "        %%sj_%d_%d_%d = scf.for %%j_%d_%d_%d = %%c%lld_%d to %%c%lld_%d step %%c%d_%d "
+        "        %%sj_%d_%d_%d = scf.for %%j_%d_%d_%d = %s to %s step %%c%d_%d "
         "iter_args(%%sc_%d_%d_%d = %s) -> (%s) {\n"
         "          %%jh_%d_%d_%d = arith.addi %%j_%d_%d_%d, %%c16_%d : index\n",
-        id, t, part, id, t, part, lo, id, hi, id, nv * 16, id, id, t, part, cur, sty, id, t,
+        id, t, part, id, t, part, lo, hi, nv * 16, id, id, t, part, cur, sty, id, t,
         part, id, t, part, id);
     kiln_sbuf_printf(o, "          %%sa_%d_%d_%d:%d = scf.for %%e_%d_%d_%d = %%c0_%d to %%c%lld_%d "
                         "step %%c1_%d iter_args(",
@@ -524,7 +602,7 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     char w[24];
     snprintf(w, sizeof(w), "%%sw_%d_%d_%d", id, t, part);
     for (int k = 0; k < nv * rm; ++k) {
-      char sv[32];
+      char sv[64];
       snprintf(sv, sizeof(sv), "%%ss%d_%d_%d_%d", k, id, t, part);
       kiln_sbuf_printf(o, "          %s = arith.mulf %%sa_%d_%d_%d#%d, %%scale_%d : vector<16xf32>\n",
                        sv, id, t, part, k, id);
@@ -551,6 +629,26 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
                          k, id, t, part, sv, k, id, t, part);
         snprintf(sv, sizeof(sv), "%%sm%d_%d_%d_%d", k, id, t, part);
       }
+      if (ch->causal) {
+        // Keys past the row are -inf: lanes j + 16 h + (0 .. 15) > row.
+        int r = k / nv, h = k % nv;
+        char n[48];
+        snprintf(n, sizeof(n), "%d_%d_%d_%d", k, id, t, part);
+        kiln_sbuf_printf(o,
+            "          %%ck%s = affine.apply affine_map<(d0) -> (d0 + %d)>(%%j_%d_%d_%d)\n"
+            "          %%cki%s = arith.index_cast %%ck%s : index to i32\n"
+            "          %%ckv%s = vector.broadcast %%cki%s : i32 to vector<16xi32>\n"
+            "          %%ckl%s = arith.addi %%ckv%s, %%iota_%d : vector<16xi32>\n",
+            n, h * 16, id, t, part, n, n, n, n, n, n, id);
+        kiln_sbuf_printf(o,
+            "          %%cri%s = arith.index_cast %%gr%d_%d_%d : index to i32\n"
+            "          %%crv%s = vector.broadcast %%cri%s : i32 to vector<16xi32>\n"
+            "          %%cok%s = arith.cmpi sle, %%ckl%s, %%crv%s : vector<16xi32>\n"
+            "          %%cs%s = arith.select %%cok%s, %s, %%ninf_%d : vector<16xi1>, "
+            "vector<16xf32>\n",
+            n, r, id, t, n, n, n, n, n, n, n, sv, id);
+        snprintf(sv, sizeof(sv), "%%cs%s", n);
+      }
       kiln_sbuf_printf(o,
           "          %%si%d_%d_%d_%d = vector.insert %s, %s [%d, %d] : "
           "vector<16xf32> into vector<%dx%dx16xf32>\n",
@@ -571,9 +669,9 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
   // in each loop: a row alone is a chain of dependent steps (its
   // horizontal max and sum, the division) that left the core idle.
   kiln_sbuf_printf(o,
-      "        %%mx_%d_%d:%d = scf.for %%mj_%d_%d = %%c0_%d to %%c%lld_%d step %%c1_%d "
+      "        %%mx_%d_%d:%d = scf.for %%mj_%d_%d = %%c0_%d to %s step %%c1_%d "
       "iter_args(",
-      id, t, rm, id, t, id, NVS, id, id);
+      id, t, rm, id, t, id, knv, id);
   for (int r = 0; r < rm; ++r)
     kiln_sbuf_printf(o, "%s%%mc%d_%d_%d = %%ninf_%d", r ? ", " : "", r, id, t, id);
   kiln_sbuf_puts(o, ") -> (");
@@ -603,9 +701,9 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
                      r, id, t, mm);
   }
   kiln_sbuf_printf(o,
-      "        %%ex_%d_%d:%d = scf.for %%xj_%d_%d = %%c0_%d to %%c%lld_%d step %%c1_%d "
+      "        %%ex_%d_%d:%d = scf.for %%xj_%d_%d = %%c0_%d to %s step %%c1_%d "
       "iter_args(%%xt_%d_%d = %s",
-      id, t, rm + 1, id, t, id, NVS, id, id, id, t, cur);
+      id, t, rm + 1, id, t, id, knv, id, id, t, cur);
   for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, ", %%xs%d_%d_%d = %%zero_%d", r, id, t, id);
   kiln_sbuf_printf(o, ") -> (%s", sty);
   for (int r = 0; r < rm; ++r) kiln_sbuf_puts(o, ", vector<16xf32>");
@@ -665,8 +763,8 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         id, t, part, id, t, part, lo, id, hi, id, nv * 16, id, id, t, part, ocur, oty, id, t,
         part, id, t, part, id);
     kiln_sbuf_printf(o, "          %%oa_%d_%d_%d:%d = scf.for %%kv_%d_%d_%d = %%c0_%d to "
-                        "%%c%lld_%d step %%c1_%d iter_args(",
-                     id, t, part, nv * rm, id, t, part, id, NVS, id, id);
+                        "%s step %%c1_%d iter_args(",
+                     id, t, part, nv * rm, id, t, part, id, knv, id);
     for (int k = 0; k < nv * rm; ++k)
       kiln_sbuf_printf(o, "%s%%ox%d_%d_%d_%d = %%zero_%d", k ? ", " : "", k, id, t, part, id);
     kiln_sbuf_puts(o, ") -> (");
@@ -815,8 +913,10 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
       "      %%one_%d = arith.constant 1.0 : f32\n"
       "      %%zero_%d = arith.constant dense<0.0> : vector<16xf32>\n"
       "      %%ninf_%d = arith.constant dense<0xFF800000> : vector<16xf32>\n"
-      "      %%scale_%d = arith.constant dense<0x%08X> : vector<16xf32>\n",
-      id, rty, id, id, id, BH, NB, id, id, rty, id, id, id, id, id, id, id, id, id, su);
+      "      %%scale_%d = arith.constant dense<0x%08X> : vector<16xf32>\n"
+      "      %%iota_%d = arith.constant dense<[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, "
+      "15]> : vector<16xi32>\n",
+      id, rty, id, id, id, BH, NB, id, id, rty, id, id, id, id, id, id, id, id, id, su, id);
   // Index constants the tiles name: 2..7 (score block rows), 32, the
   // bounds of the loops over S, E and Ev and their multiples of 32.
   long long consts[] = {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 32,

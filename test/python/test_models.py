@@ -266,8 +266,9 @@ def test_attention_blocks_against_eager(name, make, shapes):
 
 def test_masked_sdpa_against_eager():
     """SDPA with a float padding mask (-inf on the last keys of one batch
-    row; lit's cpu-attention checks the fused kernel takes such masks) and
-    with a 2-D float mask, against eager, all in kiln."""
+    row), with a 2-D float mask and causal (query and key lengths equal),
+    against eager, all in kiln; shapes the fused attention kernel takes
+    (lit's cpu-attention checks it is emitted for each form)."""
     torch.manual_seed(0)
     q = torch.randn(2, 4, 37, 32)
     k, v = torch.randn(2, 4, 48, 32), torch.randn(2, 4, 48, 32)
@@ -275,9 +276,16 @@ def test_masked_sdpa_against_eager():
     pad[1, ..., 40:] = float("-inf")
     for mask in (pad, torch.randn(37, 48)):
         model = Attention(mask=mask)
-        compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+        compiled = torch.compile(model, backend="kiln", dynamic=False,
+                                 options={"fallback": "error"})
         with torch.no_grad():
             check_close(compiled(q, k, v), model(q, k, v))
+    q, k, v = (torch.randn(2, 3, 80, 32) for _ in range(3))
+    model = Attention(causal=True)
+    compiled = torch.compile(model, backend="kiln", dynamic=False,
+                             options={"fallback": "error"})
+    with torch.no_grad():
+        check_close(compiled(q, k, v), model(q, k, v))
 
 
 @pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax], ids=["softmax", "log_softmax"])
