@@ -837,7 +837,118 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
   snprintf(nsb, 24, "%s", cur);
 }
 
-static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t *out) {
+// Where the kernel writes its output. By default O [BH, L, Ev] as the
+// second bmm's result. Where O is only viewed as [heads.., L, Ev] and
+// permuted (the last dim staying last), and maybe cloned, which is how
+// the heads are merged back ([B, L, H, Ev] for a batch-first projection,
+// [L, B, H, Ev] for nn.MultiheadAttention's sequence-first one), the kernel
+// writes that permuted tensor T instead, and the merge's copy is gone.
+typedef struct out_plan {
+  int last;                      // the node whose result T is
+  int nodes[8], count;           // the nodes after the bmm it takes over
+  int rank;                      // T's rank
+  int64_t dims[KILN_MAX_RANK];   // T's dims
+  int nh;                        // head dims (their sizes multiply to BH)
+  int64_t hsize[KILN_MAX_RANK];  // ... outer first
+  int hpos[KILN_MAX_RANK];       // ... and their dims in T
+  int lpos;                      // the query rows' dim in T (Ev's is the last)
+} out_plan_t;
+
+static void plan_output(const kiln_emitter_t *e, const attn_chain_t *ch, out_plan_t *op) {
+  const kiln_graph_t *g = e->g;
+  memset(op, 0, sizeof(*op));
+  op->last = ch->bmm2;
+  op->rank = 3;
+  op->dims[0] = ch->BH;
+  op->dims[1] = ch->L;
+  op->dims[2] = ch->Ev;
+  op->nh = 1;
+  op->hsize[0] = ch->BH;
+  op->hpos[0] = 0;
+  op->lpos = 1;
+  out_plan_t p = *op;
+  const kiln_type_t *cur = kiln_node_result_type(g, &g->nodes[ch->bmm2], 0);
+  int32_t v = g->nodes[ch->bmm2].results[0];
+  int at = ch->bmm2;
+  bool permuted = false;
+  while (p.count < 8) {
+    int u = kiln_emit_sole_reader(g, v, at);
+    if (u < 0) break;
+    const kiln_node_t *c = &g->nodes[u];
+    if (c->result_count != 1) break;
+    const kiln_type_t *rt = kiln_node_result_type(g, c, 0);
+    if (!permuted && (c->op == KILN_OP_VIEW || c->op == KILN_OP_RESHAPE)) {
+      int r = rt->rank;
+      int64_t lead = 1;
+      for (int d = 0; d + 2 < r; ++d) lead *= rt->dims[d];
+      if (r < 3 || rt->dims[r - 1] != ch->Ev || rt->dims[r - 2] != ch->L || lead != ch->BH)
+        break;
+    } else if (!permuted && (c->op == KILN_OP_PERMUTE || c->op == KILN_OP_TRANSPOSE)) {
+      int r = cur->rank;
+      int32_t perm[KILN_MAX_RANK];
+      kiln_node_permutation(c, r, perm);
+      if (perm[r - 1] != r - 1) break;
+      p.rank = r;
+      p.nh = r - 2;
+      for (int k = 0; k < r; ++k) {
+        p.dims[k] = rt->dims[k];
+        if (perm[k] < r - 2) {
+          p.hsize[perm[k]] = cur->dims[perm[k]];
+          p.hpos[perm[k]] = k;
+        } else if (perm[k] == r - 2) {
+          p.lpos = k;
+        }
+      }
+      permuted = true;
+      p.last = u;
+    } else if (permuted && c->op == KILN_OP_CLONE) {
+      p.last = u;
+      p.nodes[p.count++] = u;
+      break;
+    } else {
+      break;
+    }
+    p.nodes[p.count++] = u;
+    v = c->results[0];
+    cur = rt;
+    at = u;
+  }
+  if (!permuted) return;
+  // Views after the permute (not a clone) stay nodes of their own.
+  while (p.count > 0 && p.nodes[p.count - 1] != p.last) --p.count;
+  *op = p;
+}
+
+// T's type, and the slice of head %bh's rows %r0 .. %r0 + %rows, all Ev
+// columns: "[offsets] [sizes] [strides] : T" (a [rows, Ev] slice, rank-
+// reduced), the head offsets named %aho<i>_<id>.
+static void print_type(kiln_sbuf_t *o, const out_plan_t *op) {
+  kiln_sbuf_puts(o, "tensor<");
+  for (int k = 0; k < op->rank; ++k) kiln_sbuf_printf(o, "%lldx", (long long)op->dims[k]);
+  kiln_sbuf_puts(o, "f32>");
+}
+
+static void print_block_slice(kiln_sbuf_t *o, const out_plan_t *op, int id) {
+  char off[KILN_MAX_RANK][24], size[KILN_MAX_RANK][24];
+  for (int k = 0; k < op->rank; ++k) {
+    snprintf(off[k], sizeof(off[k]), "0");
+    snprintf(size[k], sizeof(size[k]), "1");
+  }
+  for (int i = 0; i < op->nh; ++i) snprintf(off[op->hpos[i]], 24, "%%aho%d_%d", i, id);
+  snprintf(off[op->lpos], 24, "%%r0_%d", id);
+  snprintf(size[op->lpos], 24, "%%rows_%d", id);
+  snprintf(size[op->rank - 1], 24, "%lld", (long long)op->dims[op->rank - 1]);
+  kiln_sbuf_puts(o, "[");
+  for (int k = 0; k < op->rank; ++k) kiln_sbuf_printf(o, "%s%s", k ? ", " : "", off[k]);
+  kiln_sbuf_puts(o, "] [");
+  for (int k = 0; k < op->rank; ++k) kiln_sbuf_printf(o, "%s%s", k ? ", " : "", size[k]);
+  kiln_sbuf_puts(o, "] [");
+  for (int k = 0; k < op->rank; ++k) kiln_sbuf_printf(o, "%s1", k ? ", " : "");
+  kiln_sbuf_puts(o, "]");
+}
+
+static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_plan_t *op,
+                           kiln_tv_t *out) {
   kiln_sbuf_t *o = &e->out;
   int id = e->next_id++;
   long long BH = ch->BH, L = ch->L, S = ch->S, Ev = ch->Ev;
@@ -847,8 +958,21 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
   // heads: 0.30 -> 0.27 ms against blocks of 64). (The lowering does not
   // know the thread count: few heads of few rows are few tasks.)
   long long L8 = (L + 7) / 8 * 8, RB = L8 < 128 ? L8 : 128, NB = (L + RB - 1) / RB;
-  char rty[96], sty[64], oty[64];
-  snprintf(rty, sizeof(rty), "tensor<%lldx%lldx%lldxf32>", BH, L, Ev);
+  char rty[160], sty[64], oty[64], slice[512];
+  {
+    kiln_sbuf_t sbuf;
+    kiln_sbuf_init(&sbuf);
+    print_block_slice(&sbuf, op, id);
+    snprintf(slice, sizeof(slice), "%s", sbuf.data ? sbuf.data : "");
+    kiln_sbuf_free(&sbuf);
+  }
+  {
+    kiln_sbuf_t tb;
+    kiln_sbuf_init(&tb);
+    print_type(&tb, op);
+    snprintf(rty, sizeof(rty), "%s", tb.data ? tb.data : "");
+    kiln_sbuf_free(&tb);
+  }
   snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
   snprintf(oty, sizeof(oty), "tensor<?x%lldx16xf32>", NVE);
   float sc = (float)ch->scale;
@@ -1001,19 +1125,28 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
         "      }\n",
         id, m, id, id, id, id, id, rd.ktlty, id, rd.ktlty, id, rd.ktlty);
   }
+  // The output's head offsets: %bh over the head dims, outer first.
+  {
+    int64_t inner = 1;
+    for (int i = op->nh - 1; i >= 0; --i) {
+      kiln_sbuf_printf(o, "      %%aho%d_%d = affine.apply affine_map<(d0) -> ((d0 floordiv %lld) "
+                          "mod %lld)>(%%bh_%d)\n",
+                       i, id, (long long)inner, (long long)op->hsize[i], id);
+      inner *= op->hsize[i];
+    }
+  }
   kiln_sbuf_printf(o,
       "      %%r0_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%blk_%d)\n"
       "      %%rows_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%blk_%d)\n"
       "      %%tailn_%d = arith.remui %%rows_%d, %%c8_%d : index\n"
       "      %%full_%d = arith.subi %%rows_%d, %%tailn_%d : index\n"
-      "      %%ob_%d = tensor.extract_slice %%aout_%d[%%bh_%d, %%r0_%d, 0] [1, %%rows_%d, %lld] "
-      "[1, 1, 1] : %s to tensor<?x%lldxf32>\n"
+      "      %%ob_%d = tensor.extract_slice %%aout_%d%s : %s to tensor<?x%lldxf32>\n"
       "      %%ob3_%d = tensor.expand_shape %%ob_%d [[0], [1, 2]] output_shape [%%rows_%d, "
       "%lld, 16] : tensor<?x%lldxf32> into %s\n"
       "      %%sb0_%d = tensor.empty() : %s\n"
       "      %%tl_%d:2 = scf.for %%lr_%d = %%c0_%d to %%full_%d step %%c8_%d "
       "iter_args(%%tob_%d = %%ob3_%d, %%tsb_%d = %%sb0_%d) -> (%s, %s) {\n",
-      id, RB, id, id, RB, L, RB, id, id, id, id, id, id, id, id, id, id, id, id, Ev, rty, Ev,
+      id, RB, id, id, RB, L, RB, id, id, id, id, id, id, id, id, id, slice, rty, Ev,
       id, id, id, NVE, Ev, oty, id, sty, id, id, id, id, id, id, id, id, id, oty, sty);
   char lr[24], ob[24], sb[24], nob[24], nsb[24];
   snprintf(lr, sizeof(lr), "%%lr_%d", id);
@@ -1041,13 +1174,12 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, kiln_tv_t 
   kiln_sbuf_printf(o,
       "      %%of_%d = tensor.collapse_shape %s [[0], [1, 2]] : %s into tensor<?x%lldxf32>\n"
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %%of_%d into %%aout_%d[%%bh_%d, %%r0_%d, 0] "
-      "[1, %%rows_%d, %lld] [1, 1, 1] : tensor<?x%lldxf32> into %s\n"
+      "        tensor.parallel_insert_slice %%of_%d into %%aout_%d%s : tensor<?x%lldxf32> into %s\n"
       "      }\n"
       "    }\n",
-      id, fin, oty, Ev, id, id, id, id, id, Ev, Ev, rty);
+      id, fin, oty, Ev, id, id, slice, Ev, rty);
   snprintf(out->ssa, sizeof(out->ssa), "%%ar_%d", id);
-  out->type = *kiln_node_result_type(e->g, &e->g->nodes[ch->bmm2], 0);
+  out->type = *kiln_node_result_type(e->g, &e->g->nodes[op->last], 0);
 }
 
 int kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n) {
@@ -1059,8 +1191,11 @@ int kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n) {
     for (int i = 0; i < ch.count; ++i) e->node_done[ch.nodes[i]] = true;
     return 1;
   }
+  out_plan_t op;
+  plan_output(e, &ch, &op);
   kiln_tv_t out;
-  emit_attention(e, &ch, &out);
-  kiln_emit_set_result(e, n, 0, &out);
+  emit_attention(e, &ch, &op, &out);
+  kiln_emit_set_result(e, &e->g->nodes[op.last], 0, &out);
+  for (int i = 0; i < op.count; ++i) e->node_done[op.nodes[i]] = true;
   return 2;
 }
