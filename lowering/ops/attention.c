@@ -418,34 +418,48 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   return false;
 }
 
-// The chain whose second bmm is node `self`: back from its lhs through
-// single-input nodes (an add's either operand) to a first bmm whose chain
-// ends at `self`.
-static bool chain_back(const kiln_emitter_t *e, int32_t v, int self, int depth,
+// The chain whose second bmm is node `self`: back from its lhs, through
+// the ops a chain has, each value the only reader's (an add's either
+// operand), to a first bmm whose chain ends at `self`. (Walking back
+// through any op, both operands of every residual add of a deep
+// transformer were explored: exponential in its depth.)
+static bool chain_back(const kiln_emitter_t *e, int32_t v, int reader, int self, int depth,
                        attn_chain_t *ch) {
   const kiln_graph_t *g = e->g;
   int p = g->values[v].node;
-  if (p < 0 || depth > 16) return false;
+  if (p < 0 || depth > 16 || kiln_emit_sole_reader(g, v, p) != reader) return false;
   const kiln_node_t *c = &g->nodes[p];
-  if (c->op == KILN_OP_BMM) return attention_chain(e, p, ch) && ch->bmm2 == self;
-  // The scores' operand: a where's second, an add's either (both tried),
-  // a multiply's or divide's first value operand, a view's or softmax's
-  // first.
-  if (c->op == KILN_OP_WHERE)
-    return c->operand_count == 3 && c->operands[1].kind == KILN_OPERAND_VALUE &&
-           chain_back(e, c->operands[1].value, self, depth + 1, ch);
-  for (int k = 0; k < c->operand_count && k < 2; ++k) {
-    if (c->operands[k].kind != KILN_OPERAND_VALUE) continue;
-    if (chain_back(e, c->operands[k].value, self, depth + 1, ch)) return true;
-    if (c->op != KILN_OP_ADD) break;
+  switch (c->op) {
+    case KILN_OP_BMM:
+      return attention_chain(e, p, ch) && ch->bmm2 == self;
+    case KILN_OP_WHERE:  // the scores are its second operand
+      return c->operand_count == 3 && c->operands[1].kind == KILN_OPERAND_VALUE &&
+             chain_back(e, c->operands[1].value, p, self, depth + 1, ch);
+    case KILN_OP_ADD:  // either operand (the other is the mask)
+      for (int k = 0; k < c->operand_count && k < 2; ++k)
+        if (c->operands[k].kind == KILN_OPERAND_VALUE &&
+            chain_back(e, c->operands[k].value, p, self, depth + 1, ch))
+          return true;
+      return false;
+    case KILN_OP_MUL:
+    case KILN_OP_DIV:
+    case KILN_OP_VIEW:
+    case KILN_OP_RESHAPE:
+    case KILN_OP_EXPAND:
+    case KILN_OP_SOFTMAX:
+      for (int k = 0; k < c->operand_count && k < 2; ++k)
+        if (c->operands[k].kind == KILN_OPERAND_VALUE)
+          return chain_back(e, c->operands[k].value, p, self, depth + 1, ch);
+      return false;
+    default:
+      return false;
   }
-  return false;
 }
 
 static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch) {
   const kiln_node_t *n = &e->g->nodes[self];
   if (n->operand_count != 2 || n->operands[0].kind != KILN_OPERAND_VALUE) return false;
-  return chain_back(e, n->operands[0].value, self, 0, ch);
+  return chain_back(e, n->operands[0].value, self, self, 0, ch);
 }
 
 // How the kernel reads Q, K^T and V, with the names emit_attention gave
