@@ -194,12 +194,13 @@ void kiln_emit_math(kiln_emitter_t *e, kiln_sbuf_t *b, const char *fn,
 void kiln_emit_vec_max(kiln_emitter_t *e, const char *a, const char *b, char out[24]);
 void kiln_emit_vec_hmax(kiln_emitter_t *e, const char *v, char out[24]);
 
-// The fused attention kernel (lowering/ops/attention.c). For a bmm node:
-// 1 where it starts a q @ k^T (* scale) -> softmax -> @ v chain that the
-// kernel computes whole (the chain's nodes up to the second bmm are then
-// marked done and emitted with it), 2 where it is such a chain's second
-// bmm and the kernel was emitted as its result, 0 for neither.
-int kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n);
+// The fused attention kernel (lowering/ops/attention.c). For a bmm node,
+// `*done` is set where it starts a q @ k^T (* scale) -> softmax -> @ v
+// chain that the kernel computes whole (the chain's nodes up to the
+// second bmm are then marked done and emitted with it) or is such a
+// chain's second bmm (the kernel emitted as its result); else the bmm is
+// lowered as one.
+kiln_status_t kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n, bool *done);
 
 // Lowering functions, one per family, in lowering/ops/*.c. Each reads the
 // node's operands from e->values and writes its results there.

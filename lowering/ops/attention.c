@@ -115,6 +115,7 @@ static bool layout_reshape(const layout_t *in, const kiln_type_t *t, layout_t *o
   int at = 0;
   for (int d = 0; d < t->rank; ++d) {
     int64_t need = t->dims[d];
+    if (need < 1) return false;
     while (need > 1) {
       if (at >= n || r.nf[d] >= kMaxFactors) return false;
       factor_t *f = &all[at];
@@ -159,7 +160,7 @@ static bool trace_layout(const kiln_emitter_t *e, int32_t v, int32_t *base, layo
   }
   const kiln_value_t *bv = &g->values[cur];
   if (bv->type.dtype != KILN_F32 || !kiln_type_is_static(&bv->type) || bv->type.rank < 1 ||
-      !e->values[cur].ssa[0])
+      kiln_type_numel(&bv->type) < 1 || !e->values[cur].ssa[0])
     return false;
   // A strided graph input would be copied to be read flat.
   if (bv->node < 0 && e->input_strided && e->input_strided[bv->index]) return false;
@@ -225,8 +226,10 @@ typedef struct operand {
 
 // The read of bmm operand `v` ([BH, a, b]): flat where its layout puts
 // dims 1 and 2 on one factor each (`contig`: dim `contig` with stride 1,
-// for vector reads; -1 for scalar reads).
-static void plan_operand(const kiln_emitter_t *e, int32_t v, int contig, operand_t *op) {
+// for vector reads; -1 for scalar reads); `local_ok` (K^T): made per task
+// where dim 1 is the contiguous one instead.
+static void plan_operand(const kiln_emitter_t *e, int32_t v, int contig, bool local_ok,
+                         operand_t *op) {
   memset(op, 0, sizeof(*op));
   op->mode = OPERAND_TENSOR;
   const kiln_type_t *t = &e->g->values[v].type;
@@ -241,7 +244,7 @@ static void plan_operand(const kiln_emitter_t *e, int32_t v, int contig, operand
   op->s2 = s[2];
   if (contig < 0 || s[contig] == 1)
     op->mode = OPERAND_FLAT;
-  else if (contig == 2 && s[1] == 1 && t->dims[1] % 16 == 0)
+  else if (local_ok && contig == 2 && s[1] == 1 && t->dims[1] % 16 == 0)
     op->mode = OPERAND_LOCAL;
 }
 
@@ -295,8 +298,8 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   ch->L = qt->dims[1];
   ch->E = qt->dims[2];
   ch->S = kt->dims[2];
-  if (kt->dims[0] != ch->BH || kt->dims[1] != ch->E || ch->S % 16 || ch->S > 8192 ||
-      ch->L < 1 || ch->E < 1 || ch->E > 4096)
+  if (kt->dims[0] != ch->BH || kt->dims[1] != ch->E || ch->S % 16 || ch->S < 16 ||
+      ch->S > 8192 || ch->BH < 1 || ch->L < 1 || ch->E < 1 || ch->E > 4096)
     return false;
   // A bmm that ends another chain is that kernel's result, not a chain of
   // its own (its lhs, the other chain's probabilities, never exists).
@@ -331,7 +334,7 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
       ch->v = c->operands[1].value;
       const kiln_type_t *vt = &g->values[ch->v].type;
       if (!f32_static3(vt) || vt->dims[0] != ch->BH || vt->dims[1] != ch->S ||
-          vt->dims[2] % 16 || vt->dims[2] > 4096 || !f32_static3(ct))
+          vt->dims[2] % 16 || vt->dims[2] < 16 || vt->dims[2] > 4096 || !f32_static3(ct))
         return false;
       ch->Ev = vt->dims[2];
       ch->bmm2 = u;
@@ -374,9 +377,12 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
         if (c->operands[k].kind != KILN_OPERAND_VALUE || c->operands[1 - k].kind != KILN_OPERAND_VALUE ||
             c->operands[1 - k].value != v)
           return false;
+        // The mask must exist before the first bmm (a value computed after
+        // it may be another chain's, which two chains would then both
+        // claim: a relative-position bias made by a bmm).
         const kiln_type_t *mt = &g->values[c->operands[k].value].type;
-        if (mt->dtype != KILN_F32 || !kiln_type_is_static(mt) || mt->rank < 1 ||
-            mt->rank > ct->rank)
+        if (g->values[c->operands[k].value].node >= first || mt->dtype != KILN_F32 ||
+            !kiln_type_is_static(mt) || mt->rank < 1 || mt->rank > ct->rank)
           return false;
         for (int d = 0; d < mt->rank; ++d) {
           int64_t m = mt->dims[d], want = ct->dims[ct->rank - mt->rank + d];
@@ -784,7 +790,7 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     kiln_sbuf_puts(o, ") -> (");
     for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
     kiln_sbuf_puts(o, ") {\n");
-    char acc[16][24];
+    char acc[16][40];
     for (int k = 0; k < nv * rm; ++k)
       snprintf(acc[k], sizeof(acc[k]), "%%ox%d_%d_%d_%d", k, id, t, part);
     for (int l = 0; l < 16; ++l) {
@@ -808,7 +814,7 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
             r, l, id, t, part, cur, r, id, id, t, part, l, id, sty, r, l, id, t, part, r, l,
             id, t, part);
         for (int h = 0; h < nv; ++h) {
-          char y[24];
+          char y[40];
           snprintf(y, sizeof(y), "%%oy%d_%d_%d_%d_%d", r * nv + h, l, id, t, part);
           kiln_sbuf_printf(o,
               "            %s = vector.fma %%pb%d_%d_%d_%d_%d, %%vb%d_%d_%d_%d_%d, %s : "
@@ -997,7 +1003,7 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   memset(&rd, 0, sizeof(rd));
   const int32_t vals[3] = {ch->q, ch->kt, ch->v};
   for (int w = 0; w < 3; ++w) {
-    plan_operand(e, vals[w], w == 0 ? -1 : 2, &rd.op[w]);
+    plan_operand(e, vals[w], w == 0 ? -1 : 2, w == 1, &rd.op[w]);
     if (rd.op[w].mode == OPERAND_TENSOR) continue;
     const kiln_tv_t *b = &e->values[rd.op[w].base];
     int64_t n = kiln_type_numel(&b->type);
@@ -1196,20 +1202,68 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   out->type = *kiln_node_result_type(e->g, &e->g->nodes[op->last], 0);
 }
 
-int kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n) {
-  if (n->op != KILN_OP_BMM || !e->options.fused_attention || e->options.cuda) return 0;
+kiln_status_t kiln_lower_attention(kiln_emitter_t *e, const kiln_node_t *n, bool *done) {
+  *done = false;
+  if (n->op != KILN_OP_BMM || !e->options.fused_attention || e->options.cuda) return NULL;
   int self = (int)(n - e->g->nodes);
   attn_chain_t ch;
   if (!chain_ending_at(e, self, &ch)) {
-    if (!attention_chain(e, self, &ch)) return 0;
+    if (!attention_chain(e, self, &ch)) return NULL;
     for (int i = 0; i < ch.count; ++i) e->node_done[ch.nodes[i]] = true;
-    return 1;
+    *done = true;
+    return NULL;
   }
   out_plan_t op;
   plan_output(e, &ch, &op);
   kiln_tv_t out;
   emit_attention(e, &ch, &op, &out);
   kiln_emit_set_result(e, &e->g->nodes[op.last], 0, &out);
+  *done = true;
+  if (!op.count) return NULL;
+  // The values the plan took over (the second bmm's result, the views
+  // before the permute and the permute's, where a clone follows) get their
+  // SSA values from T too, as a transpose back and reshapes: a later
+  // lowering that looks through a permute or a transpose to its source
+  // (kiln_permute_source, a matmul's transposed operand) finds it; unread,
+  // they are dead code.
+  const kiln_graph_t *g = e->g;
   for (int i = 0; i < op.count; ++i) e->node_done[op.nodes[i]] = true;
-  return 2;
+  int pn = -1;
+  for (int i = 0; i < op.count; ++i)
+    if (g->nodes[op.nodes[i]].op == KILN_OP_PERMUTE || g->nodes[op.nodes[i]].op == KILN_OP_TRANSPOSE)
+      pn = op.nodes[i];
+  const kiln_node_t *pm = &g->nodes[pn];
+  if (pm->results[0] != g->nodes[op.last].results[0])
+    e->values[pm->results[0]] = out;  // a clone of T is T
+  int32_t src = pm->operands[0].value;
+  const kiln_type_t *st = &g->values[src].type;
+  int32_t perm[KILN_MAX_RANK], inv[KILN_MAX_RANK];
+  kiln_node_permutation(pm, st->rank, perm);
+  // T's dim k is the source's dim perm[k]: the source's dim d is T's
+  // dim inv[d].
+  for (int k = 0; k < st->rank; ++k) inv[perm[k]] = k;
+  kiln_tv_t back;
+  char empty[24], sty[256], tty[256];
+  kiln_emit_empty(e, st, empty);
+  kiln_emit_fresh(e, back.ssa);
+  back.type = *st;
+  kiln_mlir_tensor_type(st, sty, sizeof(sty));
+  kiln_mlir_tensor_type(&out.type, tty, sizeof(tty));
+  kiln_sbuf_printf(&e->out, "    %s = linalg.transpose ins(%s : %s) outs(%s : %s) permutation = [",
+                   back.ssa, out.ssa, tty, empty, sty);
+  for (int d = 0; d < st->rank; ++d) kiln_sbuf_printf(&e->out, "%s%d", d ? ", " : "", inv[d]);
+  kiln_sbuf_puts(&e->out, "]\n");
+  e->values[src] = back;
+  // The second bmm's result and the views between it and the permute.
+  int32_t vals[9];
+  int nv = 0;
+  vals[nv++] = n->results[0];
+  for (int i = 0; i < op.count && op.nodes[i] != pn; ++i)
+    if (g->nodes[op.nodes[i]].results[0] != src) vals[nv++] = g->nodes[op.nodes[i]].results[0];
+  for (int i = 0; i < nv; ++i) {
+    kiln_tv_t r;
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, &back, &g->values[vals[i]].type, &r));
+    e->values[vals[i]] = r;
+  }
+  return NULL;
 }

@@ -1918,7 +1918,9 @@ static void plan_mm_chain(const kiln_emitter_t *e, const kiln_node_t *n, bool ca
 kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   // q @ k^T -> softmax -> @ v: deferred at the first bmm, one kernel at
   // the second (lowering/ops/attention.c).
-  if (kiln_lower_attention(e, n)) return NULL;
+  bool attention = false;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_lower_attention(e, n, &attention));
+  if (attention) return NULL;
   int base = n->op == KILN_OP_ADDMM ? 1 : 0;
   const kiln_tv_t *a = &e->values[n->operands[base].value];
   const kiln_tv_t *b = &e->values[n->operands[base + 1].value];
