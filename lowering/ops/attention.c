@@ -27,6 +27,13 @@
 // CPU with the f32 microkernels (AVX-512), f32, static sizes, S and Ev
 // multiples of 16, S up to 8192 (the score block is 8 x S floats); other
 // chains lower op by op.
+//
+// Against PyTorch's softmax + bmm: a key masked with -inf (causal lanes, a
+// -inf mask entry) weighs exp's smallest result, about 1.2e-38, not 0 (the
+// exp polynomial clamps its argument at -87.3, as the op-by-op softmax
+// does), and the causal form never reads the keys past a tile's last row,
+// so an inf or NaN in V there does not turn the row NaN as 0 * inf does in
+// PyTorch. A row whose every key is masked is NaN, as in PyTorch.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
