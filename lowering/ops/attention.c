@@ -11,14 +11,19 @@
 //
 // Here the first bmm's lowering recognizes the chain (attention_chain) and
 // defers it; the second bmm's emits the kernel. Threads take (head, block
-// of query rows). Per tile of 8 query rows:
+// of up to 128 query rows). Per tile of 8 query rows:
 //   1. scores: a register tile of 8 rows x 32 keys (16 accumulators) over
 //      the head dim, KT's rows ([E, S], contiguous in S) loaded and Q's
-//      elements broadcast, scaled and written to a task-local [8, S] block;
-//   2. per row the max, exp(s - max) written back in place and its sum;
+//      elements broadcast, scaled (a mask added, causal lanes set to -inf)
+//      and written to a task-local [8, S] block;
+//   2. the rows' maxima, exp(s - max) written back in place, their sums;
 //   3. output: a register tile of 8 rows x 32 columns of V over the keys,
 //      V's rows loaded and the probabilities broadcast, times 1 / sum, and
 //      stored. The probabilities stay unnormalized in between.
+// Q, K^T and V are read from the tensor they are views of (the projection
+// the heads were split from; K^T made per task from K's rows where K^T's
+// keys are not contiguous), and the output is written in the layout the
+// heads are merged back into (plan_output).
 // KT and V of a head (S x (E + Ev) floats: 32 KB for 128 keys and 32 + 32
 // dims) stay in L1/L2 while a task's tiles go by. Rows past a multiple of
 // 8 run as one shorter tile, a dim that is 16 past a multiple of 32 as one
@@ -69,9 +74,6 @@ static bool score_view(const kiln_type_t *t, const attn_chain_t *ch) {
   return lead == ch->BH;
 }
 
-// Whether bmm node `first` starts a chain the kernel computes: its result
-// read only by views, at most one multiply or divide by a number, one
-// softmax over the last dim, more views, then as the lhs of a second bmm.
 //===--- Q, K^T and V read where they lie ----------------------------------===//
 //
 // The bmm operands are views of the qkv projection's output (a head split:
@@ -288,6 +290,11 @@ static bool causal_cond(const kiln_graph_t *g, int32_t cond, int64_t L, int64_t 
 
 static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch);
 
+// Whether bmm node `first` starts a chain the kernel computes: its result
+// read, each value by one node only, by views, at most one multiply or
+// divide by a number, then at most one additive mask and the causal
+// `where`, one softmax over the last dim, more views, and then as the lhs
+// of a second bmm.
 static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch) {
   const kiln_graph_t *g = e->g;
   const kiln_node_t *n = &g->nodes[first];
@@ -312,14 +319,6 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   // its own (its lhs, the other chain's probabilities, never exists).
   attn_chain_t other;
   if (chain_ending_at(e, first, &other)) return false;
-  memset(ch, 0, sizeof(*ch));
-  ch->bmm1 = first;
-  ch->q = n->operands[0].value;
-  ch->kt = n->operands[1].value;
-  ch->BH = qt->dims[0];
-  ch->L = qt->dims[1];
-  ch->E = qt->dims[2];
-  ch->S = kt->dims[2];
   ch->scale = 1;
   ch->mask = -1;
   ch->nodes[ch->count++] = first;
