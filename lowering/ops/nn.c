@@ -187,7 +187,8 @@ static void vec_tree(kiln_emitter_t *e, bool max, char (*v)[24], int n, char out
 }
 
 // The max of a vector<16xf32>'s lanes as a scalar: halves folded onto each
-// other by shuffles (16 -> 8 -> 4 -> 2 -> 1), vec_max at each step.
+// other by shuffles (16 -> 8 -> 4 -> 2 -> 1), kiln_emit_vec_max at each
+// step.
 void kiln_emit_vec_hmax(kiln_emitter_t *e, const char *v, char out[24]) {
   char cur[24];
   memcpy(cur, v, 24);
