@@ -237,7 +237,7 @@ class CrossAttention(nn.Module):
 
 
 ATTENTION_BLOCKS = [
-    # 128 tokens, heads of 32: whole tiles, two blocks of 64 rows a head.
+    # 128 tokens, heads of 32: whole 8-row tiles, a task per head.
     ("heads", lambda: HeadsAttention(64, 2), [(2, 128, 64)]),
     # heads of 48 (keys and columns 32 + 16), 48 tokens.
     ("heads48", lambda: HeadsAttention(96, 2), [(2, 48, 96)]),
