@@ -288,6 +288,31 @@ static bool causal_cond(const kiln_graph_t *g, int32_t cond, int64_t L, int64_t 
   return arange_const(g, c->operands[0].value, L) && arange_const(g, c->operands[1].value, S);
 }
 
+// Whether value `v` is computed from a bmm after node `first`. A mask may
+// be computed after the chain's first bmm (eager LLaMA code slices its
+// causal mask there), but not from such a bmm: it may start a chain of its
+// own, deferred and never materialized, whose add both chains would claim
+// (a relative-position bias made by a bmm). Searches up to 256 producers;
+// past that, answers yes.
+static bool bmm_after(const kiln_graph_t *g, int32_t v, int first) {
+  int32_t stack[64];
+  int n = 0, seen = 0;
+  stack[n++] = v;
+  while (n) {
+    int p = g->values[stack[--n]].node;
+    if (p <= first) continue;  // a graph input, or emitted before the chain
+    if (++seen > 256) return true;
+    const kiln_node_t *c = &g->nodes[p];
+    if (c->op == KILN_OP_BMM) return true;
+    for (int k = 0; k < c->operand_count; ++k) {
+      if (c->operands[k].kind != KILN_OPERAND_VALUE) continue;
+      if (n == 64) return true;
+      stack[n++] = c->operands[k].value;
+    }
+  }
+  return false;
+}
+
 static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch);
 
 // Whether bmm node `first` starts a chain the kernel computes: its result
@@ -383,11 +408,8 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
         if (c->operands[k].kind != KILN_OPERAND_VALUE || c->operands[1 - k].kind != KILN_OPERAND_VALUE ||
             c->operands[1 - k].value != v)
           return false;
-        // The mask must exist before the first bmm (a value computed after
-        // it may be another chain's, which two chains would then both
-        // claim: a relative-position bias made by a bmm).
         const kiln_type_t *mt = &g->values[c->operands[k].value].type;
-        if (g->values[c->operands[k].value].node >= first || mt->dtype != KILN_F32 ||
+        if (bmm_after(g, c->operands[k].value, first) || mt->dtype != KILN_F32 ||
             !kiln_type_is_static(mt) || mt->rank < 1 || mt->rank > ct->rank)
           return false;
         for (int d = 0; d < mt->rank; ++d) {
