@@ -2,6 +2,7 @@
 eager, forward and backward."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -262,6 +263,45 @@ def test_attention_blocks_against_eager(name, make, shapes):
         for _ in range(2):
             xs = [torch.randn(s) for s in shapes]
             check_close(compiled(*xs), model(*xs))
+
+
+def _avx512f() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _avx512f(), reason="the fused attention kernel needs AVX-512")
+def test_attention_block_compiles_to_the_fused_kernel(tmp_path):
+    """The bench's attention block, torch.compile'd, reaches the fused
+    kernel: its partition's linalg has no batch matmul left, and K^T is made
+    per task (the kernel's 16 x 16 transposes). In a fresh process, so that
+    KILN_DUMP_DIR (read when kiln's context is made) takes effect."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})
+        from test_models import HeadsAttention
+        torch.manual_seed(0)
+        m = HeadsAttention(64, 2)
+        x = torch.randn(2, 128, 64)
+        with torch.no_grad():
+            got = torch.compile(m, backend="kiln", options={{"fallback": "error"}})(x)
+            torch.testing.assert_close(got, m(x), atol=2e-4, rtol=2e-4)
+    """)
+    env = dict(os.environ, KILN_DUMP_DIR=str(tmp_path / "dump"),
+               KILN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("KILN_ATTENTION", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    linalg = [p.read_text() for p in (tmp_path / "dump").glob("*-1-linalg.mlir")]
+    assert linalg, "no linalg dumped"
+    assert not any("linalg.batch_matmul" in t for t in linalg)
+    assert any("vector.transpose" in t for t in linalg)
 
 
 def test_masked_sdpa_against_eager():
