@@ -542,6 +542,50 @@ static void emit_load(kiln_sbuf_t *o, const reads_t *rd, int w, const char *res,
                      rd->fty[w]);
 }
 
+// The loops of a tile carry vector<16xf32> values: `%<res>:n = scf.for
+// %<iv> = lo to hi step st iter_args(%<stem>0_<sfx> = init, ..)` opened,
+// and closed by yielding `vals`.
+static void open_vec_loop(kiln_sbuf_t *o, const char *res, int n, const char *iv,
+                          const char *lo, const char *hi, const char *st, const char *stem,
+                          const char *sfx, const char *init) {
+  kiln_sbuf_printf(o, "          %s:%d = scf.for %s = %s to %s step %s iter_args(", res, n, iv,
+                   lo, hi, st);
+  for (int k = 0; k < n; ++k) kiln_sbuf_printf(o, "%s%%%s%d_%s = %s", k ? ", " : "", stem, k, sfx, init);
+  kiln_sbuf_puts(o, ") -> (");
+  for (int k = 0; k < n; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
+  kiln_sbuf_puts(o, ") {\n");
+}
+
+static void close_vec_loop(kiln_sbuf_t *o, char (*vals)[64], int n) {
+  kiln_sbuf_puts(o, "            scf.yield ");
+  for (int k = 0; k < n; ++k) kiln_sbuf_printf(o, "%s%s", k ? ", " : "", vals[k]);
+  kiln_sbuf_puts(o, " : ");
+  for (int k = 0; k < n; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
+  kiln_sbuf_puts(o, "\n          }\n");
+}
+
+// A tile's rm x nv vectors `vals` (row-major) as one vector<rm x nv x 16>
+// `%<name>` for a single n-D write.
+static void emit_tile_vector(kiln_sbuf_t *o, const char *name, char (*vals)[64], int rm,
+                             int nv) {
+  kiln_sbuf_printf(o, "          %s_p = ub.poison : vector<%dx%dx16xf32>\n", name, rm, nv);
+  for (int k = 0; k < rm * nv; ++k) {
+    char prev[80];
+    if (k)
+      snprintf(prev, sizeof(prev), "%s_%d", name, k - 1);
+    else
+      snprintf(prev, sizeof(prev), "%s_p", name);
+    char res[80];
+    if (k + 1 == rm * nv)
+      snprintf(res, sizeof(res), "%s", name);
+    else
+      snprintf(res, sizeof(res), "%s_%d", name, k);
+    kiln_sbuf_printf(o, "          %s = vector.insert %s, %s [%d, %d] : vector<16xf32> into "
+                        "vector<%dx%dx16xf32>\n",
+                     res, vals[k], prev, k / nv, k % nv, rm, nv);
+  }
+}
+
 // One tile of `rm` query rows: its first row %<lr> in the task's block
 // (%lr_<id> an index value), the block's output tensor `ob`
 // ([rows, Ev/16, 16]) and score block `sb` ([8, S/16, 16]) carried in;
@@ -608,14 +652,15 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         "          %%jh_%d_%d_%d = arith.addi %%j_%d_%d_%d, %%c16_%d : index\n",
         id, t, part, id, t, part, lo, hi, nv * 16, id, id, t, part, cur, sty, id, t,
         part, id, t, part, id);
-    kiln_sbuf_printf(o, "          %%sa_%d_%d_%d:%d = scf.for %%e_%d_%d_%d = %%c0_%d to %%c%lld_%d "
-                        "step %%c1_%d iter_args(",
-                     id, t, part, nv * rm, id, t, part, id, E, id, id);
-    for (int k = 0; k < nv * rm; ++k)
-      kiln_sbuf_printf(o, "%s%%sx%d_%d_%d_%d = %%zero_%d", k ? ", " : "", k, id, t, part, id);
-    kiln_sbuf_puts(o, ") -> (");
-    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
-    kiln_sbuf_puts(o, ") {\n");
+    char sfx[36], res[48], iv[48], c0[24], cE[24], c1[24], zero[24];
+    snprintf(sfx, sizeof(sfx), "%d_%d_%d", id, t, part);
+    snprintf(res, sizeof(res), "%%sa_%s", sfx);
+    snprintf(iv, sizeof(iv), "%%e_%s", sfx);
+    snprintf(c0, sizeof(c0), "%%c0_%d", id);
+    snprintf(cE, sizeof(cE), "%%c%lld_%d", E, id);
+    snprintf(c1, sizeof(c1), "%%c1_%d", id);
+    snprintf(zero, sizeof(zero), "%%zero_%d", id);
+    open_vec_loop(o, res, nv * rm, iv, c0, cE, c1, "sx", sfx, zero);
     for (int h = 0; h < nv; ++h) {
       char res[32], ev[24], jv[24];
       snprintf(res, sizeof(res), "%%kb%d_%d_%d_%d", h, id, t, part);
@@ -638,20 +683,13 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
             "%%sx%d_%d_%d_%d : vector<16xf32>\n",
             r * nv + h, id, t, part, r, id, t, part, h, id, t, part, r * nv + h, id, t, part);
     }
-    kiln_sbuf_puts(o, "            scf.yield ");
-    for (int k = 0; k < nv * rm; ++k)
-      kiln_sbuf_printf(o, "%s%%sy%d_%d_%d_%d", k ? ", " : "", k, id, t, part);
-    kiln_sbuf_puts(o, " : ");
-    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
-    kiln_sbuf_puts(o, "\n          }\n");
-    // Scaled, into the score block as one [rm, nv, 16] write.
-    kiln_sbuf_printf(o, "          %%sw_%d_%d_%d = ub.poison : vector<%dx%dx16xf32>\n", id, t,
-                     part, rm, nv);
-    char w[24];
-    snprintf(w, sizeof(w), "%%sw_%d_%d_%d", id, t, part);
+    char vals[16][64];
+    for (int k = 0; k < nv * rm; ++k) snprintf(vals[k], sizeof(vals[k]), "%%sy%d_%s", k, sfx);
+    close_vec_loop(o, vals, nv * rm);
+    // Scaled (masked), into the score block as one [rm, nv, 16] write.
     for (int k = 0; k < nv * rm; ++k) {
       char sv[64];
-      snprintf(sv, sizeof(sv), "%%ss%d_%d_%d_%d", k, id, t, part);
+      snprintf(sv, sizeof(sv), "%%ss%d_%s", k, sfx);
       kiln_sbuf_printf(o, "          %s = arith.mulf %%sa_%d_%d_%d#%d, %%scale_%d : vector<16xf32>\n",
                        sv, id, t, part, k, id);
       if (rd->mask[0]) {
@@ -681,7 +719,7 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         // Keys past the row are -inf: lanes j + 16 h + (0 .. 15) > row.
         int r = k / nv, h = k % nv;
         char n[48];
-        snprintf(n, sizeof(n), "%d_%d_%d_%d", k, id, t, part);
+        snprintf(n, sizeof(n), "%d_%s", k, sfx);
         kiln_sbuf_printf(o,
             "          %%ck%s = affine.apply affine_map<(d0) -> (d0 + %d)>(%%j_%d_%d_%d)\n"
             "          %%cki%s = arith.index_cast %%ck%s : index to i32\n"
@@ -697,12 +735,11 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
             n, r, id, t, n, n, n, n, n, n, n, sv, id);
         snprintf(sv, sizeof(sv), "%%cs%s", n);
       }
-      kiln_sbuf_printf(o,
-          "          %%si%d_%d_%d_%d = vector.insert %s, %s [%d, %d] : "
-          "vector<16xf32> into vector<%dx%dx16xf32>\n",
-          k, id, t, part, sv, w, k / nv, k % nv, rm, nv);
-      snprintf(w, sizeof(w), "%%si%d_%d_%d_%d", k, id, t, part);
+      snprintf(vals[k], sizeof(vals[k]), "%s", sv);
     }
+    char w[64];
+    snprintf(w, sizeof(w), "%%sw_%s", sfx);
+    emit_tile_vector(o, w, vals, rm, nv);
     kiln_sbuf_printf(o,
         "          %%jv_%d_%d_%d = arith.divui %%j_%d_%d_%d, %%c16_%d : index\n"
         "          %%sn_%d_%d_%d = vector.transfer_write %s, %%sc_%d_%d_%d[%%c0_%d, %%jv_%d_%d_%d, "
@@ -716,16 +753,15 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
   // 2. The rows' maxima, exp(s - max) in place and 1 / the sums, all rows
   // in each loop: a row alone is a chain of dependent steps (its
   // horizontal max and sum, the division) that left the core idle.
-  kiln_sbuf_printf(o,
-      "        %%mx_%d_%d:%d = scf.for %%mj_%d_%d = %%c0_%d to %s step %%c1_%d "
-      "iter_args(",
-      id, t, rm, id, t, id, knv, id);
-  for (int r = 0; r < rm; ++r)
-    kiln_sbuf_printf(o, "%s%%mc%d_%d_%d = %%ninf_%d", r ? ", " : "", r, id, t, id);
-  kiln_sbuf_puts(o, ") -> (");
-  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, "%svector<16xf32>", r ? ", " : "");
-  kiln_sbuf_puts(o, ") {\n");
-  char m[8][24];
+  char tsfx[24], mres[32], miv[32], c0[24], c1[24], ninf[24];
+  snprintf(tsfx, sizeof(tsfx), "%d_%d", id, t);
+  snprintf(mres, sizeof(mres), "%%mx_%s", tsfx);
+  snprintf(miv, sizeof(miv), "%%mj_%s", tsfx);
+  snprintf(c0, sizeof(c0), "%%c0_%d", id);
+  snprintf(c1, sizeof(c1), "%%c1_%d", id);
+  snprintf(ninf, sizeof(ninf), "%%ninf_%d", id);
+  open_vec_loop(o, mres, rm, miv, c0, knv, c1, "mc", tsfx, ninf);
+  char m[8][64];
   for (int r = 0; r < rm; ++r) {
     char a[24], b[24];
     kiln_sbuf_printf(o,
@@ -736,11 +772,7 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     snprintf(b, sizeof(b), "%%mr%d_%d_%d", r, id, t);
     kiln_emit_vec_max(e, a, b, m[r]);
   }
-  kiln_sbuf_puts(o, "          scf.yield ");
-  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, "%s%s", r ? ", " : "", m[r]);
-  kiln_sbuf_puts(o, " : ");
-  for (int r = 0; r < rm; ++r) kiln_sbuf_printf(o, "%svector<16xf32>", r ? ", " : "");
-  kiln_sbuf_puts(o, "\n        }\n");
+  close_vec_loop(o, m, rm);
   for (int r = 0; r < rm; ++r) {
     char a[24], mm[24];
     snprintf(a, sizeof(a), "%%mx_%d_%d#%d", id, t, r);
@@ -810,15 +842,13 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         "          %%ch_%d_%d_%d = arith.addi %%c_%d_%d_%d, %%c16_%d : index\n",
         id, t, part, id, t, part, lo, id, hi, id, nv * 16, id, id, t, part, ocur, oty, id, t,
         part, id, t, part, id);
-    kiln_sbuf_printf(o, "          %%oa_%d_%d_%d:%d = scf.for %%kv_%d_%d_%d = %%c0_%d to "
-                        "%s step %%c1_%d iter_args(",
-                     id, t, part, nv * rm, id, t, part, id, knv, id);
-    for (int k = 0; k < nv * rm; ++k)
-      kiln_sbuf_printf(o, "%s%%ox%d_%d_%d_%d = %%zero_%d", k ? ", " : "", k, id, t, part, id);
-    kiln_sbuf_puts(o, ") -> (");
-    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
-    kiln_sbuf_puts(o, ") {\n");
-    char acc[16][40];
+    char sfx[36], res[48], iv[48], zero[24];
+    snprintf(sfx, sizeof(sfx), "%d_%d_%d", id, t, part);
+    snprintf(res, sizeof(res), "%%oa_%s", sfx);
+    snprintf(iv, sizeof(iv), "%%kv_%s", sfx);
+    snprintf(zero, sizeof(zero), "%%zero_%d", id);
+    open_vec_loop(o, res, nv * rm, iv, c0, knv, c1, "ox", sfx, zero);
+    char acc[16][64];
     for (int k = 0; k < nv * rm; ++k)
       snprintf(acc[k], sizeof(acc[k]), "%%ox%d_%d_%d_%d", k, id, t, part);
     for (int l = 0; l < 16; ++l) {
@@ -852,24 +882,17 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         }
       }
     }
-    kiln_sbuf_puts(o, "            scf.yield ");
-    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%s%s", k ? ", " : "", acc[k]);
-    kiln_sbuf_puts(o, " : ");
-    for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
-    kiln_sbuf_puts(o, "\n          }\n");
-    kiln_sbuf_printf(o, "          %%ow_%d_%d_%d = ub.poison : vector<%dx%dx16xf32>\n", id, t,
-                     part, rm, nv);
-    char w[24];
-    snprintf(w, sizeof(w), "%%ow_%d_%d_%d", id, t, part);
+    close_vec_loop(o, acc, nv * rm);
+    // Times 1 / sum, into the output block as one [rm, nv, 16] write.
+    char vals[16][64];
     for (int k = 0; k < nv * rm; ++k) {
-      kiln_sbuf_printf(o,
-          "          %%on%d_%d_%d_%d = arith.mulf %%oa_%d_%d_%d#%d, %s : vector<16xf32>\n"
-          "          %%oi%d_%d_%d_%d = vector.insert %%on%d_%d_%d_%d, %s [%d, %d] : "
-          "vector<16xf32> into vector<%dx%dx16xf32>\n",
-          k, id, t, part, id, t, part, k, rcp[k / nv], k, id, t, part, k, id, t, part, w,
-          k / nv, k % nv, rm, nv);
-      snprintf(w, sizeof(w), "%%oi%d_%d_%d_%d", k, id, t, part);
+      snprintf(vals[k], sizeof(vals[k]), "%%on%d_%s", k, sfx);
+      kiln_sbuf_printf(o, "          %s = arith.mulf %s#%d, %s : vector<16xf32>\n", vals[k], res,
+                       k, rcp[k / nv]);
     }
+    char w[64];
+    snprintf(w, sizeof(w), "%%ow_%s", sfx);
+    emit_tile_vector(o, w, vals, rm, nv);
     kiln_sbuf_printf(o,
         "          %%cv_%d_%d_%d = arith.divui %%c_%d_%d_%d, %%c16_%d : index\n"
         "          %%onx_%d_%d_%d = vector.transfer_write %s, %%ot_%d_%d_%d[%s, %%cv_%d_%d_%d, "

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 import torch.nn as nn
+from kiln_bench.cases import Attention as BenchAttention  # q @ k^T, softmax, @ v written out
 
 from conftest import TOL
 
@@ -210,24 +211,6 @@ def test_attention_training_compiles_math_form(capfd, monkeypatch):
     assert "runs in PyTorch" not in err, err
 
 
-class HeadsAttention(nn.Module):
-    """Attention written out (the bench's block): q @ k^T * c, a softmax,
-    @ v, with the head split and merge as views and permutes."""
-
-    def __init__(self, dim, heads):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-1, -2)) * (1.0 / (d // self.heads) ** 0.5)
-        y = torch.softmax(att, dim=-1) @ v
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
-
-
 class CrossAttention(nn.Module):
     def __init__(self, dim, heads):
         super().__init__()
@@ -239,9 +222,9 @@ class CrossAttention(nn.Module):
 
 ATTENTION_BLOCKS = [
     # 128 tokens, heads of 32: whole 8-row tiles, a task per head.
-    ("heads", lambda: HeadsAttention(64, 2), [(2, 128, 64)]),
+    ("heads", lambda: BenchAttention(64, 2), [(2, 128, 64)]),
     # heads of 48 (keys and columns 32 + 16), 48 tokens.
-    ("heads48", lambda: HeadsAttention(96, 2), [(2, 48, 96)]),
+    ("heads48", lambda: BenchAttention(96, 2), [(2, 48, 96)]),
     # 37 queries against 48 keys: a last tile of 5 rows.
     ("cross", lambda: CrossAttention(64, 2), [(2, 37, 64), (2, 48, 64)]),
     ("encoder", lambda: nn.TransformerEncoderLayer(64, 2, 128, dropout=0.0,
@@ -284,10 +267,9 @@ def test_attention_block_compiles_to_the_fused_kernel(tmp_path):
     import textwrap
     script = textwrap.dedent(f"""
         import sys, torch
-        sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})
-        from test_models import HeadsAttention
+        from kiln_bench.cases import Attention
         torch.manual_seed(0)
-        m = HeadsAttention(64, 2)
+        m = Attention(64, 2)
         x = torch.randn(2, 128, 64)
         with torch.no_grad():
             got = torch.compile(m, backend="kiln", options={{"fallback": "error"}})(x)
