@@ -5,6 +5,7 @@
 
 #include <mlir-c/IR.h>
 
+#include "kernels/kernels.h"
 #include "lib/graph/graph.h"
 
 // The name of the entry point every lowered graph defines.
@@ -61,6 +62,11 @@ typedef struct kiln_lower_options {
   // kernel whose scores stay in cache (lowering/ops/attention.c);
   // KILN_ATTENTION=0 lowers them op by op (comparisons).
   bool fused_attention;
+  // Where microkernels emitted here (the f32 GEMM's, KILN_KERNEL_F32_DOT)
+  // get their tiles: lib/api's heuristic, tuning database or measured
+  // candidate, as kernels/ asks for the schedule's tiles. NULL: the
+  // heuristic.
+  const kiln_kernel_tiling_t *tiling;
 } kiln_lower_options_t;
 
 // Lowers a static-shaped graph to MLIR text: one func.func @kiln_main taking

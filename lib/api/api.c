@@ -694,10 +694,9 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   kiln_lower_options_t lopts = {strstr(kiln_jit_host_id(), "+avx512bf16") != NULL,
                                 false, true, true, true, true, true};
   lopts.x86_amx = lopts.x86_bf16_dot && kiln_jit_amx_available();
-  // The f32 microkernel's tiles are fixed: max-autotune measures the other
-  // ops' tiles (KILN_F32_DOT=0 gives it the tiled linalg.matmul's space).
   lopts.x86_f32_dot = f32_dot_enabled();
   lopts.fused_attention = fused_attention_enabled();
+  lopts.tiling = tiling;
   kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
   free(strided);
   double t1 = now_seconds();

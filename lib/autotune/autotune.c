@@ -188,6 +188,40 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
   if (kc >= 64 && kc < d->range[k]) c->cache[k] = kc;
 }
 
+// The f32 microkernel (KILN_KERNEL_F32_DOT): 8 x 32 register tiles (16
+// accumulators, two vectors of B and a broadcast of A: half the AVX-512
+// register file, which measured as fast as 12- and 14-row tiles in the
+// whole GEMM on the Xeon); K in equal blocks of at most 256 (a 32 KiB
+// panel of packed B stays in L1 while a block's rows go by); blocks of at
+// most 256 rows (their A block, 256 x kc floats, stays in L2), and where
+// there are fewer than four row blocks the panels split into groups for
+// about four blocks in all (a block streams all of its panels, so fewer,
+// taller blocks read B fewer times).
+static void heuristic_f32_dot(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
+                              kiln_tile_config_t *c) {
+  // (Fewer rows where the register file is smaller: the kernel is only
+  // emitted for AVX-512, but the answer stays valid for any target.)
+  const int64_t M = d->range[0], N = d->range[1], K = d->range[2],
+                rm = 2 * 8 + 3 <= t->vector_registers ? 8 : (t->vector_registers - 3) / 2;
+  c->reg[0] = rm;
+  c->reg[1] = 32;
+  c->reg[2] = 1;
+  int64_t nkb = (K + 255) / 256, kc = (K + nkb - 1) / nkb;
+  c->cache[2] = kc < K ? kc : 0;
+  int64_t nbm = 4, pf = N / 32;
+  if (!is_dynamic(d, 0)) {
+    nbm = (M + 255) / 256;
+    int64_t rows = ((M + nbm - 1) / nbm + rm - 1) / rm * rm;
+    if (rows < rm) rows = rm;
+    c->forall[0] = rows < M ? rows : 0;
+  }
+  if (nbm < 4 && pf > 1) {
+    int64_t ng = (4 + nbm - 1) / nbm < pf ? (4 + nbm - 1) / nbm : pf;
+    int64_t pg = (pf + ng - 1) / ng;
+    c->forall[1] = pg < pf ? pg * 32 : 0;
+  }
+}
+
 void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
                              const kiln_cpu_target_t *t,
                              kiln_tile_config_t *c) {
@@ -202,6 +236,9 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
   switch (d->kind) {
   case KILN_KERNEL_CONTRACTION:
     heuristic_contraction(d, t, c);
+    return;
+  case KILN_KERNEL_F32_DOT:
+    heuristic_f32_dot(d, t, c);
     return;
   case KILN_KERNEL_TRANSPOSE: {
     // Square register blocks: a block's vector transpose is a few shuffles.
@@ -261,6 +298,44 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
   }
 }
 
+// Validity of a KILN_KERNEL_F32_DOT config (see the kind's comment).
+static bool f32_dot_config_valid(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
+                                 const kiln_tile_config_t *c, char *why, size_t why_len) {
+  const int64_t M = d->range[0], NF = d->range[1] / 32 * 32, K = d->range[2];
+  int64_t rm = c->reg[0];
+  if (d->loop_count != 3 || c->reg[1] != 32 || c->reg[2] != 1 || rm < 1 || rm > 16) {
+    snprintf(why, why_len, "f32 microkernel: register tile %lldx%lldx%lld; expected "
+             "1..16 rows x 32 x 1", (long long)rm, (long long)c->reg[1], (long long)c->reg[2]);
+    return false;
+  }
+  if (2 * rm + 3 > t->vector_registers) {
+    snprintf(why, why_len, "register tile %lldx32 needs %lld vector registers, the "
+             "target has %d", (long long)rm, (long long)(2 * rm + 3), t->vector_registers);
+    return false;
+  }
+  if (c->cache[0] || c->cache[1] || c->cache[2] < 0 || c->cache[2] >= K) {
+    snprintf(why, why_len, "f32 microkernel: K block %lld of %lld", (long long)c->cache[2],
+             (long long)K);
+    return false;
+  }
+  if (c->forall[2] || c->forall[0] < 0 || (c->forall[0] && (is_dynamic(d, 0) ||
+      c->forall[0] % rm || c->forall[0] >= M))) {
+    snprintf(why, why_len, "f32 microkernel: row block %lld (rows %lld, register tile %lld)",
+             (long long)c->forall[0], (long long)M, (long long)rm);
+    return false;
+  }
+  if (c->forall[1] < 0 || (c->forall[1] && (c->forall[1] % 32 || c->forall[1] >= NF))) {
+    snprintf(why, why_len, "f32 microkernel: column group %lld of %lld whole-panel columns",
+             (long long)c->forall[1], (long long)NF);
+    return false;
+  }
+  if (c->reduction_dim != -1) {
+    snprintf(why, why_len, "f32 microkernel: no reduction split");
+    return false;
+  }
+  return true;
+}
+
 bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
                                 const kiln_cpu_target_t *t,
                                 const kiln_tile_config_t *c, char *why,
@@ -273,6 +348,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
              d->loop_count);
     return false;
   }
+  if (d->kind == KILN_KERNEL_F32_DOT) return f32_dot_config_valid(d, t, c, why, why_len);
   for (int i = 0; i < d->loop_count; ++i) {
     const int64_t *lv[3] = {c->forall, c->cache, c->reg};
     for (int level = 0; level < 3; ++level) {
@@ -331,7 +407,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
 }
 
 int kiln_autotune_stage_count(const kiln_kernel_desc_t *d) {
-  return d->kind == KILN_KERNEL_CONTRACTION ? 4 : 2;
+  return d->kind == KILN_KERNEL_CONTRACTION || d->kind == KILN_KERNEL_F32_DOT ? 4 : 2;
 }
 
 typedef struct {
@@ -408,6 +484,54 @@ static void stages_contraction(emitter_t *e, int stage) {
   }
 }
 
+// The f32 microkernel's knobs, one per stage: register tile rows (the
+// row block refitted to whole tiles), K block, row block, column group.
+static void stages_f32_dot(emitter_t *e, int stage) {
+  const kiln_kernel_desc_t *d = e->d;
+  const int64_t M = d->range[0], K = d->range[2];
+  kiln_tile_config_t c;
+  switch (stage) {
+  case 0:
+    for (int64_t rm = 2; rm <= 16; rm += 2) {
+      c = *e->base;
+      c.reg[0] = rm;
+      if (c.forall[0]) {
+        c.forall[0] = (c.forall[0] + rm - 1) / rm * rm;
+        if (c.forall[0] >= M) c.forall[0] = 0;
+      }
+      emit(e, &c);
+    }
+    return;
+  case 1: {
+    static const int64_t kcs[] = {0, 64, 128, 192, 256, 384, 512, 768, 1024};
+    for (size_t i = 0; i < sizeof(kcs) / sizeof(kcs[0]); ++i) {
+      c = *e->base;
+      c.cache[2] = kcs[i] < K ? kcs[i] : 0;
+      emit(e, &c);
+    }
+    return;
+  }
+  case 2:
+    if (is_dynamic(d, 0)) return;
+    for (int64_t rows = 32; rows <= 2048; rows *= 2)
+      for (int half = 0; half < 2; ++half) {
+        c = *e->base;
+        int64_t r = half ? rows * 3 / 2 : rows;
+        r = (r + c.reg[0] - 1) / c.reg[0] * c.reg[0];
+        c.forall[0] = r < M ? r : 0;
+        emit(e, &c);
+      }
+    return;
+  case 3:
+    for (int64_t cols = 32; cols <= 4096; cols *= 2) {
+      c = *e->base;
+      c.forall[1] = cols < d->range[1] / 32 * 32 ? cols : 0;
+      emit(e, &c);
+    }
+    return;
+  }
+}
+
 static void stages_other(emitter_t *e, int stage) {
   const kiln_kernel_desc_t *d = e->d;
   int r = d->loop_count;
@@ -456,6 +580,8 @@ int kiln_autotune_candidates(const kiln_kernel_desc_t *d,
   emitter_t e = {d, t, base, out, cap, 0};
   if (d->kind == KILN_KERNEL_CONTRACTION)
     stages_contraction(&e, stage);
+  else if (d->kind == KILN_KERNEL_F32_DOT)
+    stages_f32_dot(&e, stage);
   else
     stages_other(&e, stage);
   return e.n;
@@ -489,7 +615,7 @@ void kiln_autotune_config_format(const kiln_tile_config_t *c, char *buf,
 void kiln_autotune_desc_format(const kiln_kernel_desc_t *d, char *buf,
                                size_t len) {
   static const char *kinds[] = {"elementwise", "transpose", "row-reduction",
-                                "contraction"};
+                                "contraction", "f32-microkernel"};
   int w = snprintf(buf, len, "%s ", kinds[d->kind]);
   for (int i = 0; i < d->loop_count && w >= 0 && (size_t)w < len; ++i) {
     if (is_dynamic(d, i))

@@ -27,6 +27,16 @@ typedef enum kiln_kernel_kind_e {
   KILN_KERNEL_TRANSPOSE = 1,      // a permute moving the innermost dim
   KILN_KERNEL_ROW_REDUCTION = 2,  // one reduction loop, the innermost
   KILN_KERNEL_CONTRACTION = 3,    // matmul-like: one input misses n, one m
+  // The f32 GEMM microkernel (lowering/ops/matmul.c, emit_f32_dot), emitted
+  // by lowering/ rather than tiled by kernels/: loops (m, n, k), m_dim 0,
+  // n_dim 1, k a reduction. Its config reads: reg[0] the register tile's
+  // rows (its columns are two vectors, reg[1] = 32; reg[2] = 1); cache[2]
+  // the K block (0: all of K); forall[0] the rows of a thread's block (0
+  // where M is symbolic: quarters of it at run time); forall[1] the
+  // columns of a thread's group of 32-column panels (0: one group, all
+  // columns). Blocks and groups may end partial (the kernel masks its
+  // last rows and panel).
+  KILN_KERNEL_F32_DOT = 4,
 } kiln_kernel_kind_t;
 
 // The range the heuristic plans a loop of unknown size (a symbolic size)

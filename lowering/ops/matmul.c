@@ -606,25 +606,28 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
 // x [2048, 1000] 4.8 -> 3.3 ms, the bench's MLP block 1.33 -> 1.07 ms.
 //
 // Threads take blocks of rows x groups of panels (scf.forall; see
-// emit_f32_dot). In a block, K runs in blocks of `kc` (about 256: one
-// panel of Bp, kc x 128 bytes, stays in L1 while the block's rows go by),
-// and per K block and panel each register tile of `rm` = 8 rows x 32
-// columns keeps its 16 accumulators in registers over the K block: per k
-// two loads of Bp, eight broadcasts of A and 16 FMAs. The first K block
-// starts from zeros or an addmm's [N] bias (alpha = beta = 1; other
-// addmms add theirs after), later ones from C. The block's last rows % 8
-// rows run as one masked tile. N not a multiple of 32: the last panel
-// reads its columns masked, from B in place (from a [K, N % 32]
-// transpose of W's last rows when B = W^T). A transposed lhs (a weight
-// gradient) is packed into [M/8, K, 8] (a tile's A one contiguous run) or
-// read in place. (Tried and not kept: a plain A packed into [M/8, K, 8]
-// as well, K unrolled by 2 or 4 in the tile, 12- and 14-row tiles, kc of
-// 128 or 512: all within the noise of the above; 16-row tiles spill.)
+// emit_f32_dot). In a block, K runs in blocks of `kc`, and per K block and
+// panel each register tile of `rm` rows x 32 columns keeps its 2 x rm
+// accumulators in registers over the K block: per k two loads of Bp, rm
+// broadcasts of A and 2 x rm FMAs. The sizes are tiles lib/autotune gives
+// (KILN_KERNEL_F32_DOT: its heuristic, 8-row tiles, K blocks of about 256
+// so that one panel of Bp, kc x 128 bytes, stays in L1 while the block's
+// rows go by, blocks of up to 256 rows; under max-autotune a measured
+// search, f32_dot_tiles). The first K block starts from zeros or an
+// addmm's [N] bias (alpha = beta = 1; other addmms add theirs after),
+// later ones from C. The block's last rows % rm rows run as one masked
+// tile. N not a multiple of 32: the last panel reads its columns masked,
+// from B in place (from a [K, N % 32] transpose of W's last rows when B =
+// W^T). A transposed lhs (a weight gradient) is packed into [M/rm, K, rm]
+// (a tile's A one contiguous run) or read in place. (Tried and not kept
+// as defaults: a plain A packed into [M/8, K, 8] as well, K unrolled by 2
+// or 4 in the tile, 12- and 14-row tiles, kc of 128 or 512: all within
+// the noise of the above; 16-row tiles spill.)
 typedef struct f32_dot {
   int rm;                    // register tile rows
   long long K, N, N32, kc;   // sizes; kc: the K block
   const char *a, *aty;       // A [M, K], or its source X [K, M] (a_t: A = X^T),
-  bool a_t, a_packed;        // or A packed [M/8, K, 8] (a_packed)
+  bool a_t, a_packed;        // or A packed [M/rm, K, rm] (a_packed)
   char ap[24];
   const char *bp, *bpty;     // packed B [N/32, K, 32] (whole panels)
   const char *bty;           // the block tensor's type
@@ -874,6 +877,47 @@ static void emit_f32_pack(kiln_emitter_t *e, const kiln_tv_t *src, bool from_w,
       x, xty, init, pty, from_w ? "[0, 2, 1]" : "[1, 0, 2]");
 }
 
+// The microkernel's tiles for C[M, N] = A[M, K] @ B (lib/autotune's
+// KILN_KERNEL_F32_DOT): asked of the tiling the lowering was given (the
+// heuristic, the tuning database or a measured candidate), else the
+// heuristic's. The kernel's identity for the tuning database is its sizes
+// and form (A transposed, B from a weight, bias, epilogue op).
+static void f32_dot_tiles(const kiln_emitter_t *e, const kiln_tv_t *a, long long N,
+                          long long K, bool a_t, bool from_w, bool bias,
+                          const kiln_node_t *epi, kiln_tile_config_t *out) {
+  kiln_kernel_desc_t kd;
+  memset(&kd, 0, sizeof(kd));
+  bool sym_m = KILN_IS_SYM(a->type.dims[0]);
+  kd.kind = KILN_KERNEL_F32_DOT;
+  kd.loop_count = 3;
+  kd.range[0] = sym_m ? KILN_DYNAMIC_RANGE_STANDIN : a->type.dims[0];
+  kd.range[1] = N;
+  kd.range[2] = K;
+  kd.reduction_mask = 1u << 2;
+  kd.dynamic_mask = sym_m ? 1u : 0u;
+  kd.m_dim = 0;
+  kd.n_dim = 1;
+  kd.transpose_dim = -1;
+  kd.elem_bytes = 4;
+  char id[160];
+  int len = snprintf(id, sizeof(id), "f32_dot m=%lld n=%lld k=%lld a_t=%d w=%d bias=%d epi=%s",
+                     sym_m ? -1LL : (long long)a->type.dims[0], N, K, a_t, from_w, bias,
+                     epi ? kiln_op_name(epi->op) : "-");
+  kiln_hasher_t h;
+  kiln_hasher_init(&h);
+  kiln_hasher_update(&h, id, (size_t)len);
+  kd.hash = kiln_hasher_final(&h);
+  const kiln_kernel_tiling_t *t = e->options.tiling;
+  kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
+  const kiln_cpu_target_t *target = t ? &t->target : &avx512;
+  if (t && t->choose)
+    t->choose(t->user, &kd, out);
+  else
+    kiln_autotune_heuristic(&kd, target, out);
+  if (!kiln_autotune_config_valid(&kd, target, out, NULL, 0))
+    kiln_autotune_heuristic(&kd, target, out);
+}
+
 // C (`init`, typed `oty`, every element written) = epi(A @ B (+ bias)), A the
 // value `a_value` ([M, K], M static or symbolic) or, where `xt` is given,
 // A = xt^T read in place (xt [K, M]: grad_W = dY^T @ X); B [K, N] static,
@@ -886,11 +930,15 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   const kiln_tv_t *a = &e->values[a_value];
   kiln_sbuf_t *o = &e->out;
   long long K = a->type.dims[1], N = b->type.dims[1], N32 = (N + 31) / 32 * 32;
-  f32_dot_t d = {.rm = 8, .K = K, .N = N, .N32 = N32, .a = xt ? xt->ssa : a->ssa,
-                 .a_t = xt != NULL, .bias = NULL, .epi = epi, .e = e};
-  // K blocks of about 256 (a 32 KiB panel of Bp), equal but for the last.
-  long long nkb = (K + 255) / 256;
-  d.kc = (K + nkb - 1) / nkb;
+  bool sym_m = KILN_IS_SYM(a->type.dims[0]);
+  kiln_tile_config_t tc;
+  f32_dot_tiles(e, a, N, K, xt != NULL, w != NULL, bias != NULL, epi, &tc);
+  f32_dot_t d = {.rm = (int)tc.reg[0], .K = K, .N = N, .N32 = N32,
+                 .a = xt ? xt->ssa : a->ssa, .a_t = xt != NULL, .bias = NULL, .epi = epi,
+                 .e = e};
+  // K blocks (a 32 KiB panel of Bp for the heuristic's 256), equal but
+  // for the last.
+  d.kc = tc.cache[2] ? tc.cache[2] : K;
   char bp[24] = "", aty[96], bpty[96], bty[96], msz[24], res[24], tail[24], tailty[96];
   long long NF = N / 32 * 32, W = N - NF;
   // A plain B is packed inside the kernel where at most two row blocks
@@ -930,9 +978,8 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   d.tail = tail;
   d.tailty = tailty;
   kiln_emit_size_operand(e, &a->type, 0, msz);
-  bool sym_m = KILN_IS_SYM(a->type.dims[0]);
   if (xt && !sym_m && a->type.dims[0] % d.rm == 0) {
-    // A^T packed into [M/8, K, 8]: a tile's A is one contiguous run.
+    // A^T packed into [M/rm, K, rm]: a tile's A is one contiguous run.
     emit_f32_pack(e, xt, false, K, a->type.dims[0], d.rm, d.ap);
     d.a = d.ap;
     d.a_packed = true;
@@ -947,21 +994,13 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   d.bpty = bpty;
   d.bty = bty;
   if (bias) d.bias = bias->ssa;
-  // Threads get blocks of rows x groups of panels. Rows: blocks of at most
-  // 256 (their A block, 256 x kc floats, stays in L2 while the panels go
-  // by), whole register tiles, the last block shorter; a symbolic M is cut
-  // in quarters. Panels: where there are fewer than four row blocks, the
-  // panels are split into groups for about four blocks in all (fewer where
-  // there are fewer panels; a block streams all of its panels of Bp, so
-  // fewer, taller blocks read B fewer times). Groups take whole panels,
-  // none is empty, and the last also has the partial panel.
+  // Threads get blocks of rows x groups of panels (the tiles' forall[0]
+  // and forall[1]; heuristic_f32_dot in lib/autotune says why the sizes):
+  // whole register tiles, the last block shorter; a symbolic M is cut in
+  // quarters. Groups take whole panels, none is empty, and the last also
+  // has the partial panel.
   long long PF = NF / 32, nbm = 4, NG = 1;
-  if (!sym_m) {
-    long long M = a->type.dims[0];
-    nbm = (M + 255) / 256;
-    if (nbm < 4 && PF > 1) NG = (4 + nbm - 1) / nbm < PF ? (4 + nbm - 1) / nbm : PF;
-  }
-  long long PG = PF ? (PF + NG - 1) / NG : 0;
+  long long PG = PF ? (tc.forall[1] ? tc.forall[1] / 32 : PF) : 0;
   char b_ty[96];
   kiln_mlir_tensor_type(&b->type, b_ty, sizeof(b_ty));
   d.b = b->ssa;
@@ -970,21 +1009,30 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   if (PG) NG = (PF + PG - 1) / PG;
   if (NG < 1) NG = 1;
   int id = e->next_id++;
-  if (!sym_m) kiln_sbuf_printf(o, "    %%fm_%d = arith.constant %s : index\n", id, msz);
   char mv[32];
-  if (sym_m)
+  if (sym_m) {
     snprintf(mv, sizeof(mv), "%s", msz);
-  else
+    kiln_sbuf_printf(o,
+        "    %%fc4_%d = arith.constant %lld : index\n"
+        "    %%fcrm_%d = arith.constant %d : index\n"
+        "    %%fq_%d = arith.ceildivui %s, %%fc4_%d : index\n"
+        "    %%fqt_%d = arith.ceildivui %%fq_%d, %%fcrm_%d : index\n"
+        "    %%fqr_%d = arith.muli %%fqt_%d, %%fcrm_%d : index\n"
+        "    %%fmb_%d = arith.maxui %%fqr_%d, %%fcrm_%d : index\n"
+        "    %%fnb_%d = arith.ceildivui %s, %%fmb_%d : index\n",
+        id, nbm, id, d.rm, id, mv, id, id, id, id, id, id, id, id, id, id, id, mv, id);
+  } else {
+    // Static rows: the block size and count as constants.
+    long long M = a->type.dims[0];
+    long long mb = tc.forall[0] ? tc.forall[0] : (M + d.rm - 1) / d.rm * d.rm;
+    if (mb < d.rm) mb = d.rm;
     snprintf(mv, sizeof(mv), "%%fm_%d", id);
-  kiln_sbuf_printf(o,
-      "    %%fc4_%d = arith.constant %lld : index\n"
-      "    %%fcrm_%d = arith.constant %d : index\n"
-      "    %%fq_%d = arith.ceildivui %s, %%fc4_%d : index\n"
-      "    %%fqt_%d = arith.ceildivui %%fq_%d, %%fcrm_%d : index\n"
-      "    %%fqr_%d = arith.muli %%fqt_%d, %%fcrm_%d : index\n"
-      "    %%fmb_%d = arith.maxui %%fqr_%d, %%fcrm_%d : index\n"
-      "    %%fnb_%d = arith.ceildivui %s, %%fmb_%d : index\n",
-      id, nbm, id, d.rm, id, mv, id, id, id, id, id, id, id, id, id, id, id, mv, id);
+    kiln_sbuf_printf(o,
+        "    %%fm_%d = arith.constant %s : index\n"
+        "    %%fmb_%d = arith.constant %lld : index\n"
+        "    %%fnb_%d = arith.constant %lld : index\n",
+        id, msz, id, mb, id, (M + mb - 1) / mb);
+  }
   kiln_emit_fresh(e, res);
   long long kc0 = d.kc < K ? d.kc : K;
   kiln_sbuf_printf(o,

@@ -53,6 +53,16 @@ static kiln_kernel_desc_t rows(kiln_kernel_kind_t kind, int64_t r, int64_t c) {
   return d;
 }
 
+// The f32 microkernel's descriptor (lowering/ops/matmul.c, f32_dot_tiles):
+// m x n x k, m symbolic where `m` is negative.
+static kiln_kernel_desc_t f32_dot(int64_t m, int64_t n, int64_t k) {
+  kiln_kernel_desc_t d = matmul(m < 0 ? KILN_DYNAMIC_RANGE_STANDIN : m, n, k);
+  d.kind = KILN_KERNEL_F32_DOT;
+  d.dynamic_mask = m < 0 ? 1u : 0u;
+  d.transpose_dim = -1;
+  return d;
+}
+
 static int64_t forall_tiles(const kiln_kernel_desc_t *d,
                             const kiln_tile_config_t *c) {
   int64_t n = 1;
@@ -154,6 +164,85 @@ static void test_heuristic_matmul(void) {
   CHECK(c.reg[0] == 8 && c.reg[1] == 32);
   CHECK(c.forall[1] > 0 && c.forall[1] % 32 == 0 && c.forall[0] > 0 && c.forall[0] % 8 == 0);
   CHECK(kiln_autotune_config_valid(&d, &kAvx512x2, &c, NULL, 0));
+}
+
+// The f32 microkernel's tiles: the heuristic's documented choices, valid
+// for every shape and target with a search space of valid, distinct
+// configs, and the validity check's refusals.
+static void test_f32_microkernel(void) {
+  const int64_t sizes[] = {-1, 1, 7, 31, 32, 100, 256, 257, 1000, 1024, 2048};
+  const kiln_cpu_target_t *targets[] = {&kAvx512x2, &kAvx2x8, &kSse1};
+  int checked = 0;
+  for (int ti = 0; ti < 3; ++ti)
+    for (int a = 0; a < 11; ++a)
+      for (int b = 1; b < 11; ++b)
+        for (int k = 1; k < 11; k += 3) {
+          kiln_kernel_desc_t d = f32_dot(sizes[a], sizes[b], sizes[k]);
+          kiln_tile_config_t c, cand[64];
+          kiln_autotune_heuristic(&d, targets[ti], &c);
+          check_valid(&d, targets[ti], &c);
+          for (int st = 0; st < kiln_autotune_stage_count(&d); ++st) {
+            int n = kiln_autotune_candidates(&d, targets[ti], &c, st, cand, 64);
+            for (int i = 0; i < n; ++i) {
+              check_valid(&d, targets[ti], &cand[i]);
+              CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
+              for (int j = 0; j < i; ++j) CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
+            }
+            checked += n;
+          }
+        }
+  printf("f32 microkernel: heuristic and %d candidates valid\n", checked);
+  // 1024^3: 8 x 32 tiles, K blocks of 256, four blocks of 256 rows, one
+  // group of panels.
+  kiln_kernel_desc_t d = f32_dot(1024, 1024, 1024);
+  kiln_tile_config_t c;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 8 && c.reg[1] == 32 && c.reg[2] == 1);
+  CHECK(c.cache[2] == 256 && c.forall[0] == 256 && c.forall[1] == 0);
+  // One block of 256 rows: its 32 panels in four groups; K = 300 in two
+  // equal blocks.
+  d = f32_dot(256, 1024, 300);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[0] == 0 && c.forall[1] == 256 && c.cache[2] == 150);
+  // 500 rows: two blocks of 256 (whole tiles), the panels in two groups;
+  // K within one block.
+  d = f32_dot(500, 1000, 256);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[0] == 256 && c.forall[1] == 16 * 32 && c.cache[2] == 0);
+  // Symbolic rows: quarters at run time, no groups.
+  d = f32_dot(-1, 1024, 1024);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[0] == 0 && c.forall[1] == 0);
+  // Sixteen registers: fewer rows.
+  kiln_autotune_heuristic(&d, &kAvx2x8, &c);
+  CHECK(c.reg[0] == 6);
+  // Refusals.
+  d = f32_dot(512, 512, 512);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  char why[256];
+  kiln_tile_config_t bad = c;
+  bad.reg[0] = 16;  // 32 accumulators + 3
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "vector registers") != NULL);
+  bad = c;
+  bad.reg[1] = 16;  // the tile is two vectors wide
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.forall[0] = 100;  // not whole 8-row tiles
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "row block") != NULL);
+  bad = c;
+  bad.cache[2] = 512;  // a K block of all of K is 0
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.forall[1] = 48;  // groups take whole panels
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "column group") != NULL);
+  d = f32_dot(-1, 512, 512);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  bad = c;
+  bad.forall[0] = 64;  // symbolic rows take no static block
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
 }
 
 static void test_validity_rejects(void) {
@@ -333,6 +422,7 @@ static void test_database(void) {
 int main(void) {
   test_heuristic_valid_everywhere();
   test_heuristic_matmul();
+  test_f32_microkernel();
   test_validity_rejects();
   test_symbolic_loops();
   test_search();
