@@ -9,8 +9,10 @@ fallback to PyTorch. Some backward ops are written here as a few kiln ops
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import os
 import re
 
 import torch
@@ -731,6 +733,36 @@ def _arange(e, n):
     return e.op("kiln.constant", [], {"value": "[" + ", ".join(_scalar(v) for v in values) + "]"})
 
 
+# Above this many bytes of scores, attention that kiln's fused kernel does
+# not take stays PyTorch's flash kernel: kiln's op-by-op form writes the
+# [B*H, L, S] scores and the probabilities (twice this), which at long
+# sequence lengths is more memory than the machine has (32 heads of 16K
+# x 16K: 32 GiB each).
+_SDPA_SCORES_BYTES = 1 << 30
+
+
+@functools.lru_cache(maxsize=1)
+def _avx512f_host() -> bool:
+    """Whether this CPU has AVX-512F (Linux: /proc/cpuinfo), as libkiln's
+    microkernels need."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+def _fused_attention_takes(qv, kv, vv, S, Ev, E) -> bool:
+    """Whether lowering/ops/attention.c's kernel takes this attention (its
+    conditions, checked again here): f32 on an AVX-512 CPU with the f32
+    microkernels and the fused kernel on, S and Ev multiples of 16, S up
+    to 8192, E and Ev up to 4096. It keeps its scores in cache."""
+    return (all(t.dtype == torch.float32 for t in (qv, kv, vv)) and _avx512f_host() and
+            os.environ.get("KILN_F32_DOT") != "0" and os.environ.get("KILN_ATTENTION") != "0"
+            and S % 16 == 0 and Ev % 16 == 0 and 16 <= S <= 8192 and 16 <= Ev <= 4096
+            and E <= 4096)
+
+
 def _sdpa_cpu(e, n):
     """PyTorch's CPU flash attention (the op its SDPA dispatches to, kept
     whole by kiln's decomposition table) as kiln ops: softmax(q k^T * scale
@@ -764,6 +796,11 @@ def _sdpa_cpu(e, n):
                           "expected [B, H, L, E] each")
     B, H, L, E = (_static_int(d, "an attention size") for d in qv.shape)
     S, Ev = _static_int(kv.shape[2], "key length"), _static_int(vv.shape[3], "value size")
+    score_bytes = B * H * L * S * qv.element_size()
+    if score_bytes > _SDPA_SCORES_BYTES and not _fused_attention_takes(qv, kv, vv, S, Ev, E):
+        raise Unsupported(f"its [{B * H}, {L}, {S}] scores ({score_bytes >> 20} MiB) would be "
+                          "written out: kiln's fused attention kernel does not take this "
+                          "call, PyTorch's flash kernel never writes them")
     if scale is None:
         scale = 1.0 / math.sqrt(E)
     bh = B * H

@@ -211,6 +211,30 @@ def test_attention_training_compiles_math_form(capfd, monkeypatch):
     assert "runs in PyTorch" not in err, err
 
 
+def test_sdpa_with_large_scores_stays_pytorchs_unless_fused(capfd, monkeypatch):
+    """Attention whose [B*H, L, S] scores kiln would write out (a shape its
+    fused kernel does not take: 40 keys) stays PyTorch's flash kernel above
+    translate's score-size limit, here lowered to 1 KiB; a shape the kernel
+    takes (48 keys, f32, AVX-512) stays kiln's. Both match eager."""
+    from kiln import translate
+    monkeypatch.setattr(translate, "_SDPA_SCORES_BYTES", 1024)
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 24, 32)
+    k, v = torch.randn(1, 2, 40, 32), torch.randn(1, 2, 40, 32)
+    model = Attention()
+    with torch.no_grad():
+        check_close(torch.compile(model, backend="kiln", dynamic=False)(q, k, v), model(q, k, v))
+    err = capfd.readouterr().err
+    assert "scores (0 MiB) would be written out" in err, err
+    if _avx512f():
+        k, v = torch.randn(1, 2, 48, 32), torch.randn(1, 2, 48, 32)
+        compiled = torch.compile(model, backend="kiln", dynamic=False,
+                                 options={"fallback": "error"})
+        with torch.no_grad():
+            check_close(compiled(q, k, v), model(q, k, v))
+
+
 class CrossAttention(nn.Module):
     def __init__(self, dim, heads):
         super().__init__()
