@@ -4,6 +4,7 @@ they must. Times are not asserted: speed is shown in benchmarks only."""
 import json
 import os
 
+import pytest
 import torch
 
 from kiln_bench.__main__ import main
@@ -59,3 +60,18 @@ def test_call_cost_covers_every_backend_and_kind():
     assert set(got) == {("eager", "static"), ("inductor", "static"), ("inductor", "dynamic"),
                         ("kiln", "static"), ("kiln", "dynamic")}
     assert all(us > 0 for us in got.values())
+
+
+def test_call_path_layers_and_gemm_against_mkl():
+    """kiln_bench.callpath: each layer's callable runs the case (no layer is
+    free, so the outer ones take longer than kiln's forward alone, give or
+    take the noise of a few calls), and the GEMM mode times both kernels."""
+    from kiln_bench.callpath import gemm, layers
+    t = layers("mlp", rounds=3, calls=5)
+    assert set(t) == {"torch.compile", "aot", "kiln"}
+    assert all(ms > 0 for ms in t.values())
+    assert t["torch.compile"] > 0.5 * t["kiln"]
+    g = gemm(64, 64, 64, rounds=2)
+    assert set(g) == {"mkl", "kiln"} and all(ms > 0 for ms in g.values())
+    with pytest.raises(ValueError, match="training case"):
+        layers("train_mlp")
