@@ -68,7 +68,10 @@ def _rounds(callables: dict, rounds: int, calls: int) -> dict:
 
 
 def layers(case_name: str, rounds: int = 15, calls: int = 20) -> dict:
-    """{"torch.compile" | "aot" | "kiln": ms per call} for an inference case."""
+    """{"torch.compile" | "aot" | "kiln": ms per call} for an inference case.
+    The AOTAutograd and kiln layers are the last graph's Dynamo compiled: a
+    case with graph breaks, or several partitions in one graph, is split
+    for that graph only (the bench's blocks are one graph, one partition)."""
     from .cases import suite
     case = next(c for c in suite("cpu") if c.name == case_name)
     if case.train:

@@ -313,6 +313,22 @@ static bool f32_dot_config_valid(const kiln_kernel_desc_t *d, const kiln_cpu_tar
              "target has %d", (long long)rm, (long long)(2 * rm + 3), t->vector_registers);
     return false;
   }
+  // A last panel of N % 32 columns is written by masked tiles; with more
+  // than 8 rows their code made one-shot bufferization take 20 s (10
+  // rows) to minutes (12) for a 1024 x 1000 result.
+  if (rm > 8 && d->range[1] % 32) {
+    snprintf(why, why_len, "f32 microkernel: %lld-row tiles with a partial last panel "
+             "(N = %lld)", (long long)rm, (long long)d->range[1]);
+    return false;
+  }
+  if (d->fixed_rows) {
+    kiln_tile_config_t h;
+    heuristic_f32_dot(d, t, &h);
+    if (rm != h.reg[0]) {
+      snprintf(why, why_len, "f32 microkernel: A is packed by %lld-row tiles", (long long)h.reg[0]);
+      return false;
+    }
+  }
   if (c->cache[0] || c->cache[1] || c->cache[2] < 0 || c->cache[2] >= K) {
     snprintf(why, why_len, "f32 microkernel: K block %lld of %lld", (long long)c->cache[2],
              (long long)K);

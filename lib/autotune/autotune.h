@@ -70,6 +70,11 @@ typedef struct kiln_kernel_desc {
   // one that may be strided once bufferized (`gather_scalar`), it is tiled
   // and threaded but stays scalar.
   bool gather, gather_scalar;
+  // KILN_KERNEL_F32_DOT: A is packed per register tile ([M / rows, K,
+  // rows]) by a kernel of its own (a transposed lhs, a weight gradient),
+  // so the tile's rows stay the heuristic's: other rows would change that
+  // kernel, and the measured search replays kernels in a fixed order.
+  bool fixed_rows;
   kiln_hash128_t hash; // the op's identity (its printed form, shapes included)
 } kiln_kernel_desc_t;
 

@@ -899,10 +899,13 @@ static void f32_dot_tiles(const kiln_emitter_t *e, const kiln_tv_t *a, long long
   kd.n_dim = 1;
   kd.transpose_dim = -1;
   kd.elem_bytes = 4;
-  char id[160];
-  int len = snprintf(id, sizeof(id), "f32_dot m=%lld n=%lld k=%lld a_t=%d w=%d bias=%d epi=%s",
+  kd.fixed_rows = a_t;
+  char id[192];
+  int len = snprintf(id, sizeof(id),
+                     "f32_dot m=%lld n=%lld k=%lld a_t=%d w=%d bias=%d epi=%s/%s",
                      sym_m ? -1LL : (long long)a->type.dims[0], N, K, a_t, from_w, bias,
-                     epi ? kiln_op_name(epi->op) : "-");
+                     epi ? kiln_op_name(epi->op) : "-",
+                     epi ? kiln_node_attr_str(epi, "approximate", "-") : "-");
   kiln_hasher_t h;
   kiln_hasher_init(&h);
   kiln_hasher_update(&h, id, (size_t)len);

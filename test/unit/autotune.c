@@ -178,6 +178,7 @@ static void test_f32_microkernel(void) {
       for (int b = 1; b < 11; ++b)
         for (int k = 1; k < 11; k += 3) {
           kiln_kernel_desc_t d = f32_dot(sizes[a], sizes[b], sizes[k]);
+          d.fixed_rows = (a + b) % 2 == 0;
           kiln_tile_config_t c, cand[64];
           kiln_autotune_heuristic(&d, targets[ti], &c);
           check_valid(&d, targets[ti], &c);
@@ -243,6 +244,25 @@ static void test_f32_microkernel(void) {
   bad = c;
   bad.forall[0] = 64;  // symbolic rows take no static block
   CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  // A partial last panel keeps tiles of at most 8 rows (compile time).
+  d = f32_dot(1024, 1000, 1024);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  bad = c;
+  bad.reg[0] = 10, bad.forall[0] = 260;
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "partial last panel") != NULL);
+  // A packed per register tile (a weight gradient): the heuristic's rows
+  // only, and the first stage has no other candidate.
+  d = f32_dot(512, 1024, 256);
+  d.fixed_rows = true;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 8 && kiln_autotune_config_valid(&d, &kAvx512x2, &c, NULL, 0));
+  bad = c;
+  bad.reg[0] = 12, bad.forall[0] = 264;
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "packed") != NULL);
+  kiln_tile_config_t none[16];
+  CHECK(kiln_autotune_candidates(&d, &kAvx512x2, &c, 0, none, 16) == 0);
 }
 
 static void test_validity_rejects(void) {
