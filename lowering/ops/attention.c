@@ -586,6 +586,23 @@ static void emit_tile_vector(kiln_sbuf_t *o, const char *name, char (*vals)[64],
   }
 }
 
+// Ends a tile's loop over columns: its values as one [rm, nv, 16] vector
+// (`w`), written into `dest` (typed `ty`: [rows, vectors, 16]) at row
+// `row` and vector col / 16 (named `idx`); the result `res` is yielded.
+static void emit_tile_write_yield(kiln_sbuf_t *o, const char *w, char (*vals)[64], int rm,
+                                  int nv, const char *idx, const char *col, const char *c16,
+                                  const char *res, const char *dest, const char *row,
+                                  const char *c0, const char *ty) {
+  emit_tile_vector(o, w, vals, rm, nv);
+  kiln_sbuf_printf(o,
+      "          %s = arith.divui %s, %s : index\n"
+      "          %s = vector.transfer_write %s, %s[%s, %s, %s] {in_bounds = [true, true, true]} "
+      ": vector<%dx%dx16xf32>, %s\n"
+      "          scf.yield %s : %s\n"
+      "        }\n",
+      idx, col, c16, res, w, dest, row, idx, c0, rm, nv, ty, res, ty);
+}
+
 // One tile of `rm` query rows: its first row %<lr> in the task's block
 // (%lr_<id> an index value), the block's output tensor `ob`
 // ([rows, Ev/16, 16]) and score block `sb` ([8, S/16, 16]) carried in;
@@ -737,17 +754,15 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
       }
       snprintf(vals[k], sizeof(vals[k]), "%s", sv);
     }
-    char w[64];
+    char w[64], idx[64], col[64], c16[24], wr[64], dest[64], c0r[24];
     snprintf(w, sizeof(w), "%%sw_%s", sfx);
-    emit_tile_vector(o, w, vals, rm, nv);
-    kiln_sbuf_printf(o,
-        "          %%jv_%d_%d_%d = arith.divui %%j_%d_%d_%d, %%c16_%d : index\n"
-        "          %%sn_%d_%d_%d = vector.transfer_write %s, %%sc_%d_%d_%d[%%c0_%d, %%jv_%d_%d_%d, "
-        "%%c0_%d] {in_bounds = [true, true, true]} : vector<%dx%dx16xf32>, %s\n"
-        "          scf.yield %%sn_%d_%d_%d : %s\n"
-        "        }\n",
-        id, t, part, id, t, part, id, id, t, part, w, id, t, part, id, id, t, part, id, rm, nv,
-        sty, id, t, part, sty);
+    snprintf(idx, sizeof(idx), "%%jv_%s", sfx);
+    snprintf(col, sizeof(col), "%%j_%s", sfx);
+    snprintf(c16, sizeof(c16), "%%c16_%d", id);
+    snprintf(wr, sizeof(wr), "%%sn_%s", sfx);
+    snprintf(dest, sizeof(dest), "%%sc_%s", sfx);
+    snprintf(c0r, sizeof(c0r), "%%c0_%d", id);
+    emit_tile_write_yield(o, w, vals, rm, nv, idx, col, c16, wr, dest, c0r, c0r, sty);
     snprintf(cur, sizeof(cur), "%%sj_%d_%d_%d", id, t, part);
   }
   // 2. The rows' maxima, exp(s - max) in place and 1 / the sums, all rows
@@ -890,17 +905,14 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
       kiln_sbuf_printf(o, "          %s = arith.mulf %s#%d, %s : vector<16xf32>\n", vals[k], res,
                        k, rcp[k / nv]);
     }
-    char w[64];
+    char w[64], idx[64], col[64], c16[24], wr[64], dest[64];
     snprintf(w, sizeof(w), "%%ow_%s", sfx);
-    emit_tile_vector(o, w, vals, rm, nv);
-    kiln_sbuf_printf(o,
-        "          %%cv_%d_%d_%d = arith.divui %%c_%d_%d_%d, %%c16_%d : index\n"
-        "          %%onx_%d_%d_%d = vector.transfer_write %s, %%ot_%d_%d_%d[%s, %%cv_%d_%d_%d, "
-        "%%c0_%d] {in_bounds = [true, true, true]} : vector<%dx%dx16xf32>, %s\n"
-        "          scf.yield %%onx_%d_%d_%d : %s\n"
-        "        }\n",
-        id, t, part, id, t, part, id, id, t, part, w, id, t, part, lr, id, t, part, id, rm, nv,
-        oty, id, t, part, oty);
+    snprintf(idx, sizeof(idx), "%%cv_%s", sfx);
+    snprintf(col, sizeof(col), "%%c_%s", sfx);
+    snprintf(c16, sizeof(c16), "%%c16_%d", id);
+    snprintf(wr, sizeof(wr), "%%onx_%s", sfx);
+    snprintf(dest, sizeof(dest), "%%ot_%s", sfx);
+    emit_tile_write_yield(o, w, vals, rm, nv, idx, col, c16, wr, dest, lr, c0, oty);
     snprintf(ocur, sizeof(ocur), "%%oc_%d_%d_%d", id, t, part);
   }
   snprintf(nob, 24, "%s", ocur);
