@@ -188,6 +188,16 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
   if (kc >= 64 && kc < d->range[k]) c->cache[k] = kc;
 }
 
+// Whether the f32 microkernel can pack A as `c` asks (cache[0], the rows
+// a thread block packs per K block): a plain A of static rows, every row
+// block and K block whole, the block a multiple of the register tile.
+static bool f32_dot_packs_a(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c) {
+  const int64_t M = d->range[0], K = d->range[2];
+  int64_t rows = c->forall[0] ? c->forall[0] : M, kc = c->cache[2] ? c->cache[2] : K;
+  return !is_dynamic(d, 0) && !d->fixed_rows && c->cache[0] == rows && c->reg[0] > 0 &&
+         M % rows == 0 && rows % c->reg[0] == 0 && kc > 0 && K % kc == 0;
+}
+
 // The f32 microkernel (KILN_KERNEL_F32_DOT): 8 x 32 register tiles (16
 // accumulators, two vectors of B and a broadcast of A: half the AVX-512
 // register file, which measured as fast as 12- and 14-row tiles in the
@@ -219,6 +229,17 @@ static void heuristic_f32_dot(const kiln_kernel_desc_t *d, const kiln_cpu_target
     int64_t ng = (4 + nbm - 1) / nbm < pf ? (4 + nbm - 1) / nbm : pf;
     int64_t pg = (pf + ng - 1) / ng;
     c->forall[1] = pg < pf ? pg * 32 : 0;
+  }
+  // A packed per K block where its rows are a multiple of 4 KiB apart: an
+  // x86 L1D's 64 sets of 64-byte lines repeat every 4 KiB, so the tile's
+  // rows of A, read in place, all fall in one set, with the lines of the
+  // B panel the tiles keep there. Only where a group spans 16 panels or
+  // more, which read the packed block again.
+  int64_t rows = c->forall[0] ? c->forall[0] : M, cols = c->forall[1] ? c->forall[1] : pf * 32;
+  if (!is_dynamic(d, 0) && !d->fixed_rows && K * d->elem_bytes % 4096 == 0 &&
+      cols / 32 >= 16) {
+    c->cache[0] = rows;
+    if (!f32_dot_packs_a(d, c)) c->cache[0] = 0;
   }
 }
 
@@ -329,7 +350,15 @@ static bool f32_dot_config_valid(const kiln_kernel_desc_t *d, const kiln_cpu_tar
       return false;
     }
   }
-  if (c->cache[0] || c->cache[1] || c->cache[2] < 0 || c->cache[2] >= K) {
+  if (c->cache[0] && !f32_dot_packs_a(d, c)) {
+    snprintf(why, why_len, "f32 microkernel: A packed in blocks of %lld rows (rows %lld, "
+             "row block %lld, register tile %lld, K %lld, K block %lld); expected the "
+             "whole row block of a plain A, every block whole", (long long)c->cache[0],
+             (long long)M, (long long)c->forall[0], (long long)rm, (long long)K,
+             (long long)c->cache[2]);
+    return false;
+  }
+  if (c->cache[1] || c->cache[2] < 0 || c->cache[2] >= K) {
     snprintf(why, why_len, "f32 microkernel: K block %lld of %lld", (long long)c->cache[2],
              (long long)K);
     return false;
@@ -423,7 +452,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
 }
 
 int kiln_autotune_stage_count(const kiln_kernel_desc_t *d) {
-  return d->kind == KILN_KERNEL_CONTRACTION || d->kind == KILN_KERNEL_F32_DOT ? 4 : 2;
+  return d->kind == KILN_KERNEL_F32_DOT ? 5 : d->kind == KILN_KERNEL_CONTRACTION ? 4 : 2;
 }
 
 typedef struct {
@@ -500,11 +529,20 @@ static void stages_contraction(emitter_t *e, int stage) {
   }
 }
 
+// A packed A (cache[0]) follows its row block when another knob moves
+// it; where the new sizes cannot pack A, the candidate reads A in place.
+static void refit_a_pack(const kiln_kernel_desc_t *d, bool pack, kiln_tile_config_t *c) {
+  c->cache[0] = pack ? (c->forall[0] ? c->forall[0] : d->range[0]) : 0;
+  if (c->cache[0] && !f32_dot_packs_a(d, c)) c->cache[0] = 0;
+}
+
 // The f32 microkernel's knobs, one per stage: register tile rows (the
-// row block refitted to whole tiles), K block, row block, column group.
+// row block refitted to whole tiles), K block, row block, column group,
+// A packed or read in place.
 static void stages_f32_dot(emitter_t *e, int stage) {
   const kiln_kernel_desc_t *d = e->d;
   const int64_t M = d->range[0], K = d->range[2];
+  const bool packed = e->base->cache[0] != 0;
   kiln_tile_config_t c;
   switch (stage) {
   case 0:
@@ -515,6 +553,7 @@ static void stages_f32_dot(emitter_t *e, int stage) {
         c.forall[0] = (c.forall[0] + rm - 1) / rm * rm;
         if (c.forall[0] >= M) c.forall[0] = 0;
       }
+      refit_a_pack(d, packed, &c);
       emit(e, &c);
     }
     return;
@@ -523,6 +562,7 @@ static void stages_f32_dot(emitter_t *e, int stage) {
     for (size_t i = 0; i < sizeof(kcs) / sizeof(kcs[0]); ++i) {
       c = *e->base;
       c.cache[2] = kcs[i] < K ? kcs[i] : 0;
+      refit_a_pack(d, packed, &c);
       emit(e, &c);
     }
     return;
@@ -535,6 +575,7 @@ static void stages_f32_dot(emitter_t *e, int stage) {
         int64_t r = half ? rows * 3 / 2 : rows;
         r = (r + c.reg[0] - 1) / c.reg[0] * c.reg[0];
         c.forall[0] = r < M ? r : 0;
+        refit_a_pack(d, packed, &c);
         emit(e, &c);
       }
     return;
@@ -544,6 +585,11 @@ static void stages_f32_dot(emitter_t *e, int stage) {
       c.forall[1] = cols < d->range[1] / 32 * 32 ? cols : 0;
       emit(e, &c);
     }
+    return;
+  case 4:
+    c = *e->base;
+    refit_a_pack(d, !packed, &c);
+    emit(e, &c);
     return;
   }
 }

@@ -34,8 +34,10 @@ typedef enum kiln_kernel_kind_e {
   // the K block (0: all of K); forall[0] the rows of a thread's block (0
   // where M is symbolic: quarters of it at run time); forall[1] the
   // columns of a thread's group of 32-column panels (0: one group, all
-  // columns). Blocks and groups may end partial (the kernel masks its
-  // last rows and panel).
+  // columns); cache[0] the rows of A a thread block packs per K block
+  // (its whole block, forall[0] or M; 0: A read in place). Blocks and
+  // groups may end partial (the kernel masks its last rows and panel),
+  // except where A is packed.
   KILN_KERNEL_F32_DOT = 4,
 } kiln_kernel_kind_t;
 

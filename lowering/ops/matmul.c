@@ -619,10 +619,16 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
 // tile. N not a multiple of 32: the last panel reads its columns masked,
 // from B in place (from a [K, N % 32] transpose of W's last rows when B =
 // W^T). A transposed lhs (a weight gradient) is packed into [M/rm, K, rm]
-// (a tile's A one contiguous run) or read in place. (Tried and not kept
-// as defaults: a plain A packed into [M/8, K, 8] as well, K unrolled by 2
-// or 4 in the tile, 12- and 14-row tiles, kc of 128 or 512: all within
-// the noise of the above; 16-row tiles spill.)
+// (a tile's A one contiguous run) or read in place. A plain A is read in
+// place, or, where the tiles ask for it (cache[0]; the heuristic does
+// where A's rows are a multiple of 4 KiB apart, whose eight rows of a
+// tile then share one L1 set), each task packs its [rows, kc] slice of A
+// per K block into [rows/rm, kc, rm] before its panels read it (a_local:
+// single-threaded 1024^3 16.5 -> 15.4 ms in kiln-run, on two threads
+// within the noise; a pass packing all of A ahead of the kernel was not
+// faster). (Tried and not kept as defaults: K unrolled by 2 or 4 in the
+// tile, 12- and 14-row tiles, kc of 128 or 512: all within the noise of
+// the above; 16-row tiles spill.)
 typedef struct f32_dot {
   int rm;                    // register tile rows
   long long K, N, N32, kc;   // sizes; kc: the K block
@@ -647,6 +653,12 @@ typedef struct f32_dot {
   bool inline_pack;
   const char *b, *b_ty;
   long long PG;
+  // A packed inside the kernel (plain A; M a multiple of the row block,
+  // the block of rm, K of kc): per K block each task transposes its rows'
+  // [mb, kc] slice of A into [mb/rm, kc, rm] (`a`, `aty` then name it)
+  // before its tiles read it, so a tile's A is one contiguous run.
+  bool a_local;
+  long long mb;
 } f32_dot_t;
 
 // One register tile of the K block [kb, ke) (index values): rows %i<tag>
@@ -673,7 +685,10 @@ static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
                          tag, 2 * r + h, cur, tag, r, h ? "%jl16" : "%jl",
                          cols[h] == 16 ? "true" : "false", d->bty);
   }
-  if (d->a_packed)
+  if (d->a_local)
+    kiln_sbuf_printf(o, "          %%at%s = affine.apply affine_map<(d0) -> "
+                        "(d0 floordiv %d)>(%%i%s)\n", tag, rm, tag);
+  else if (d->a_packed)
     kiln_sbuf_printf(o, "          %%at%s = affine.apply affine_map<(d0, d1) -> "
                         "((d0 + d1) floordiv %d)>(%%row0, %%i%s)\n", tag, rm, tag);
   kiln_sbuf_printf(o, "          %%acc%s:%d = scf.for %%kk%s = %s to %s step %%c1 "
@@ -714,9 +729,14 @@ static void emit_f32_tile(kiln_sbuf_t *o, const f32_dot_t *d, const char *tag,
                        tag, h);
     }
   }
+  if (d->a_local)
+    kiln_sbuf_printf(o, "            %%kal%s = arith.subi %%kk%s, %s : index\n", tag, tag, kb);
   for (int r = 0; r < rm; ++r) {
     // A^T read in place: X[k, m .. m + 7], one run of a row of X per k.
-    if (d->a_packed)
+    if (d->a_local)
+      kiln_sbuf_printf(o, "            %%as%s%d = tensor.extract %s[%%at%s, %%kal%s, %%far%d] : "
+                          "%s\n", tag, r, d->a, tag, tag, r, d->aty);
+    else if (d->a_packed)
       kiln_sbuf_printf(o, "            %%as%s%d = tensor.extract %s[%%at%s, %%kk%s, %%far%d] : "
                           "%s\n", tag, r, d->a, tag, tag, r, d->aty);
     else if (d->a_t)
@@ -793,6 +813,25 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
         kb, ke, lpty, kb, dd->b, dd->b_ty, dd->b, dd->b_ty, lpty, lpty, lpty, lpty);
     dk.bp = lp;
     dk.bpty = lpty;
+  }
+  char la[32], laty[96];
+  if (dd->a_local) {
+    long long mt = dd->mb / dd->rm;
+    snprintf(la, sizeof(la), "%%la_%s", res);
+    snprintf(laty, sizeof(laty), "tensor<%lldx%lldx%dxf32>", mt, dd->kc, dd->rm);
+    kiln_sbuf_printf(o,
+        "      %%lax_%s = tensor.extract_slice %s[%%row0, %s] [%lld, %lld] [1, 1] : %s to "
+        "tensor<%lldx%lldxf32>\n"
+        "      %%lae_%s = tensor.expand_shape %%lax_%s [[0, 1], [2]] output_shape "
+        "[%lld, %d, %lld] : tensor<%lldx%lldxf32> into tensor<%lldx%dx%lldxf32>\n"
+        "      %%lai_%s = tensor.empty() : %s\n"
+        "      %s = linalg.transpose ins(%%lae_%s : tensor<%lldx%dx%lldxf32>) "
+        "outs(%%lai_%s : %s) permutation = [0, 2, 1]\n",
+        res, dd->a, kb, dd->mb, dd->kc, dd->aty, dd->mb, dd->kc,
+        res, res, mt, dd->rm, dd->kc, dd->mb, dd->kc, mt, dd->rm, dd->kc,
+        res, laty, la, res, mt, dd->rm, dd->kc, res, laty);
+    dk.a = la;
+    dk.aty = laty;
   }
   for (int panel = 0; panel < 2; ++panel) {
     long long lo = panel ? NF : 0, hi = panel ? d->N32 : NF;
@@ -1030,6 +1069,9 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
     long long mb = tc.forall[0] ? tc.forall[0] : (M + d.rm - 1) / d.rm * d.rm;
     if (mb < d.rm) mb = d.rm;
     snprintf(mv, sizeof(mv), "%%fm_%d", id);
+    // (lib/autotune only asks for it where these hold.)
+    d.a_local = tc.cache[0] == mb && !xt && M % mb == 0 && mb % d.rm == 0 && K % d.kc == 0;
+    d.mb = mb;
     kiln_sbuf_printf(o,
         "    %%fm_%d = arith.constant %s : index\n"
         "    %%fmb_%d = arith.constant %lld : index\n"
@@ -1073,7 +1115,7 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
       "      %%ke0 = arith.constant %lld : index\n",
       res, id, NG, init, oty, d.rm, id, mv, id, NF, N, N32, NG - 1, PG * 32,
       PG * 32, PG * 32, oty, bty, kc0);
-  for (int r = 0; d.a_packed && r < d.rm; ++r)
+  for (int r = 0; (d.a_packed || d.a_local) && r < d.rm; ++r)
     kiln_sbuf_printf(o, "      %%far%d = arith.constant %d : index\n", r, r);
   char blk[24];
   emit_f32_kblock(o, &d, "%cblk", false, K <= kc0, "%kb0", "%ke0", "fk0", blk);

@@ -194,12 +194,51 @@ static void test_f32_microkernel(void) {
         }
   printf("f32 microkernel: heuristic and %d candidates valid\n", checked);
   // 1024^3: 8 x 32 tiles, K blocks of 256, four blocks of 256 rows, one
-  // group of panels.
+  // group of panels; rows of A 4 KiB apart, so each block packs its A.
   kiln_kernel_desc_t d = f32_dot(1024, 1024, 1024);
   kiln_tile_config_t c;
   kiln_autotune_heuristic(&d, &kAvx512x2, &c);
   CHECK(c.reg[0] == 8 && c.reg[1] == 32 && c.reg[2] == 1);
   CHECK(c.cache[2] == 256 && c.forall[0] == 256 && c.forall[1] == 0);
+  CHECK(c.cache[0] == 256);
+  {
+    // The last stage toggles the packing, and the others keep it where
+    // the new sizes allow: 4-row tiles keep blocks of 256 rows, 12-row
+    // tiles make them 264, which do not divide M, so A is read in place.
+    kiln_tile_config_t cand[64];
+    int n = kiln_autotune_candidates(&d, &kAvx512x2, &c, 4, cand, 64);
+    CHECK(n == 1 && cand[0].cache[0] == 0);
+    kiln_tile_config_t back[4];
+    CHECK(kiln_autotune_candidates(&d, &kAvx512x2, &cand[0], 4, back, 4) == 1 &&
+          back[0].cache[0] == 256);
+    n = kiln_autotune_candidates(&d, &kAvx512x2, &c, 0, cand, 64);
+    int seen = 0;
+    for (int i = 0; i < n; ++i) {
+      if (cand[i].reg[0] == 4) seen += cand[i].forall[0] == 256 && cand[i].cache[0] == 256;
+      if (cand[i].reg[0] == 12) seen += cand[i].forall[0] == 264 && cand[i].cache[0] == 0;
+    }
+    CHECK(seen == 2);
+    // Not where A is transposed (packed per tile already), its rows are
+    // symbolic, its rows are not 4 KiB apart, or groups of 8 panels
+    // would read the packed block too few times.
+    kiln_kernel_desc_t e = d;
+    e.fixed_rows = true;
+    kiln_tile_config_t h;
+    kiln_autotune_heuristic(&e, &kAvx512x2, &h);
+    CHECK(h.cache[0] == 0);
+    const int64_t no[][3] = {{-1, 1024, 1024}, {1024, 1024, 512}, {256, 1024, 1024}};
+    for (int i = 0; i < 3; ++i) {
+      e = f32_dot(no[i][0], no[i][1], no[i][2]);
+      kiln_autotune_heuristic(&e, &kAvx512x2, &h);
+      CHECK(h.cache[0] == 0);
+    }
+    // Refused: a packed block other than the row block.
+    kiln_tile_config_t bad = c;
+    bad.cache[0] = 128;
+    char why[256];
+    CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+    CHECK(strstr(why, "A packed") != NULL);
+  }
   // One block of 256 rows: its 32 panels in four groups; K = 300 in two
   // equal blocks.
   d = f32_dot(256, 1024, 300);
