@@ -19,6 +19,7 @@
   X(cuGetErrorName, CUresult, (CUresult, const char **))                      \
   X(cuDeviceGetCount, CUresult, (int *))                                      \
   X(cuDeviceGet, CUresult, (CUdevice *, int))                                 \
+  X(cuDeviceGetName, CUresult, (char *, int, CUdevice))                       \
   X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))    \
   X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))              \
   X(cuCtxGetCurrent, CUresult, (CUcontext *))                                 \
@@ -161,6 +162,15 @@ kiln_status_t kiln_cuda_device_arch(int device, int *major, int *minor) {
   CU_CHECK(cu.cuDeviceGetAttribute(
                minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d),
            "cuDeviceGetAttribute");
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_device_name(int device, char *buf, size_t len) {
+  if (len) buf[0] = 0;
+  CU_READY();
+  CUdevice d;
+  CU_CHECK(cu.cuDeviceGet(&d, device), "cuDeviceGet");
+  CU_CHECK(cu.cuDeviceGetName(buf, (int)len, d), "cuDeviceGetName");
   return NULL;
 }
 
@@ -632,6 +642,10 @@ kiln_status_t kiln_cuda_available(void) {
 }
 #define KILN_NO_CUDA return kiln_cuda_available()
 kiln_status_t kiln_cuda_device_arch(int d, int *a, int *b) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_device_name(int d, char *buf, size_t len) {
+  if (len) buf[0] = 0;
+  KILN_NO_CUDA;
+}
 kiln_status_t kiln_cuda_use_device(int d) { KILN_NO_CUDA; }
 kiln_status_t kiln_cuda_module_load_ptx(const char *p, kiln_cuda_module_t **m) {
   *m = NULL;

@@ -24,6 +24,8 @@
 kiln_status_t kiln_cuda_available(void);
 // Compute capability of `device` (9.0 for H100/H200).
 kiln_status_t kiln_cuda_device_arch(int device, int *major, int *minor);
+// The device's name ("NVIDIA H100 80GB HBM3"), NUL-terminated in `buf`.
+kiln_status_t kiln_cuda_device_name(int device, char *buf, size_t len);
 // Makes the primary context of `device` current on this thread (the one
 // PyTorch uses).
 kiln_status_t kiln_cuda_use_device(int device);

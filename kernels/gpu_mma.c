@@ -748,10 +748,10 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
 // in 4 stages 0.296 ms, 128 x 128 in 4 stages 0.386 ms, in 5 stages
 // 0.331 ms, 128 x 256 in 3 stages 0.429 ms (before the refill moved
 // behind the wgmma issue and the stores through shared memory: 0.25 ms).
-static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k) {
-  wg_shape_t s = {m, n, k, 2, n % 256 == 0 ? 256 : 128, 4, 1};
-  int64_t rows = m / (64 * s.wg);
-  while (s.group < 8 && rows % (s.group * 2) == 0) s.group *= 2;
+// These are lib/autotune's heuristic for KILN_KERNEL_GPU_MMA; `tc` (from
+// gpu_mma_tiles) carries the block columns, stages and group.
+static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k, const kiln_tile_config_t *tc) {
+  wg_shape_t s = {m, n, k, 2, (int)tc->reg[1], (int)tc->cache[2], (int)tc->forall[0]};
   return s;
 }
 
@@ -761,11 +761,46 @@ static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k) {
 // Measured on the H200 at 4096^3 against other shapes of the same template:
 // 8 warps of 64 x 32 0.378 ms, 128 x 256 blocks 0.390 ms, 2 stages with
 // padded rows 0.504 ms.
-static mma_shape_t choose(int64_t m, int64_t n, int64_t k) {
-  mma_shape_t s = {m, n, k, 128, 128, 32, 64, 64, 3, 1};
-  int64_t rows = m / s.bm;
-  while (s.group < 8 && rows % (s.group * 2) == 0) s.group *= 2;
+static mma_shape_t choose(int64_t m, int64_t n, int64_t k, const kiln_tile_config_t *tc) {
+  mma_shape_t s = {m, n, k, 128, 128, 32, 64, 64, (int)tc->cache[2], (int)tc->forall[0]};
   return s;
+}
+
+// The kernel's shape, asked of `tiling` (the heuristic, the tuning
+// database or a measured candidate), else the heuristic's. The kernel's
+// identity for the tuning database is its sizes, form and epilogue.
+static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t n, int64_t k,
+                          bool wgmma, bool bf16_out, const epilogue_t *ep,
+                          kiln_tile_config_t *out) {
+  kiln_kernel_desc_t kd;
+  memset(&kd, 0, sizeof(kd));
+  kd.kind = KILN_KERNEL_GPU_MMA;
+  kd.loop_count = 3;
+  kd.range[0] = m;
+  kd.range[1] = n;
+  kd.range[2] = k;
+  kd.reduction_mask = 1u << 2;
+  kd.m_dim = 0;
+  kd.n_dim = 1;
+  kd.transpose_dim = -1;
+  kd.elem_bytes = 2;
+  kd.wgmma = wgmma;
+  char id[160];
+  int len = snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d",
+                     (long long)m, (long long)n, (long long)k, wgmma,
+                     bf16_out ? "bf16" : "f32", ep ? ep->n_in : -1);
+  kiln_hasher_t h;
+  kiln_hasher_init(&h);
+  kiln_hasher_update(&h, id, (size_t)len);
+  kd.hash = kiln_hasher_final(&h);
+  kiln_cpu_target_t none = {0, 0, 1, 0, 0};
+  const kiln_cpu_target_t *target = tiling ? &tiling->target : &none;
+  if (tiling && tiling->choose)
+    tiling->choose(tiling->user, &kd, out);
+  else
+    kiln_autotune_heuristic(&kd, target, out);
+  if (!kiln_autotune_config_valid(&kd, target, out, NULL, 0))
+    kiln_autotune_heuristic(&kd, target, out);
 }
 
 typedef struct {
@@ -892,7 +927,8 @@ static bool only_rounds(MlirOperation g) {
 // [M, N] buffer), the kernel stores there, through the generic's body when
 // it does more than round to bf16 (wgmma only), and C is gone.
 static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation round,
-                             int sm, bool *done, bool *wgmma) {
+                             int sm, const kiln_kernel_tiling_t *tiling, bool *done,
+                             bool *wgmma) {
   *done = false;
   *wgmma = false;
   if (mlirOperationGetNumOperands(mm) != 3) return NULL;
@@ -964,11 +1000,13 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
   }
   bool general = folded && !bf16_out;
   char *text;
+  kiln_tile_config_t tc;
+  gpu_mma_tiles(tiling, m, n, k, *wgmma, bf16_out, general ? &ep : NULL, &tc);
   if (*wgmma) {
-    wg_shape_t w = wg_choose(m, n, k);
+    wg_shape_t w = wg_choose(m, n, k, &tc);
     text = wgmma_text(&w, bf16_out, general ? &ep : NULL);
   } else {
-    mma_shape_t s = choose(m, n, k);
+    mma_shape_t s = choose(m, n, k, &tc);
     text = kernel_text(&s, bf16_out);
   }
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "mma kernel");
@@ -1008,6 +1046,7 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
 }
 
 kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
+                                   const kiln_kernel_tiling_t *tiling,
                                    int *out_count, int *out_wgmma) {
   *out_count = 0;
   *out_wgmma = 0;
@@ -1022,7 +1061,7 @@ kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
       if (tag(f->round[j], "kiln.gpu_mma_epilogue") == tag(f->found[i], "kiln.gpu_mma"))
         round = f->round[j];
     bool done = false, wgmma = false;
-    s = replace(ctx, f->found[i], round, sm, &done, &wgmma);
+    s = replace(ctx, f->found[i], round, sm, tiling, &done, &wgmma);
     *out_count += done && !wgmma;
     *out_wgmma += done && wgmma;
   }

@@ -109,8 +109,11 @@ bool kiln_kernels_wgmma_applies(int sm, int64_t k);
 // a multiple of 64 warpgroup MMA from shared memory (wgmma, dynamic shared
 // memory: the module needs sm_90a), else ldmatrix and mma.sync), its
 // kiln.gpu_mma_epilogue consumer folded into the stores; *out_count counts
-// the mma.sync kernels, *out_wgmma the wgmma ones.
+// the mma.sync kernels, *out_wgmma the wgmma ones. Each kernel's block
+// shape, pipeline depth and L2 grouping are asked of `tiling`
+// (KILN_KERNEL_GPU_MMA; NULL: lib/autotune's heuristic).
 kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
+                                   const kiln_kernel_tiling_t *tiling,
                                    int *out_count, int *out_wgmma);
 // The K step of kernels/gpu_sgemm.c's f32 GEMM in 128 x 128 blocks.
 #define KILN_SGEMM_BK 8

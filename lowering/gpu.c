@@ -570,6 +570,7 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   // through the transform dialect); ops they leave, and everything when
   // off, take the parallel-loop mapping below.
   bool schedules = o.vectorize != 0;
+  const kiln_kernel_tiling_t *tiling = o.tiling;  // the tensor-core GEMM's
   o.vectorize = 0;  // the CPU schedules are not for the GPU
   o.threads = 1;
   o.tiling = NULL;
@@ -594,7 +595,7 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   // buffers) stays a linalg.matmul: the parallel-loop mapping computes it.
   if (mma)
     KILN_RETURN_IF_ERROR_PLAIN(
-        kiln_kernels_mma_gpu(kiln_mlir_context(m), module, sm, &mma, &wgmma));
+        kiln_kernels_mma_gpu(kiln_mlir_context(m), module, sm, tiling, &mma, &wgmma));
   if (sgemm)
     KILN_RETURN_IF_ERROR_PLAIN(
         kiln_kernels_sgemm_gpu(kiln_mlir_context(m), module, &sgemm));

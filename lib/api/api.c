@@ -1,6 +1,7 @@
 // lib/api: the public C API. The only module that sees graphs, lowering, the
 // JIT and the reference interpreter together.
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -583,9 +584,23 @@ static kiln_status_t check_target(const kiln_compile_options_t *o) {
                           "unknown target '%s'; expected 'cpu' or 'cuda'", t);
 }
 
+// A CUDA variant's modules, functions and constants, released (its
+// context current).
+static void cuda_program_unload(kiln_variant_t *v) {
+  free(v->cuda_fns);
+  v->cuda_fns = NULL;
+  for (int i = 0; v->cuda_modules && i < v->gpu.module_count; ++i)
+    kiln_cuda_module_unload(v->cuda_modules[i]);
+  free(v->cuda_modules);
+  v->cuda_modules = NULL;
+  for (int i = 0; v->cuda_consts && i < v->gpu.const_count; ++i)
+    kiln_cuda_free_static(v->cuda_consts[i]);
+  free(v->cuda_consts);
+  v->cuda_consts = NULL;
+}
+
 static void variant_free(kiln_variant_t *v) {
   if (!v) return;
-  free(v->cuda_fns);
   // Modules unload from their context, which must be current.
   kiln_status_t us = v->cuda_modules || v->graph_lock_ready
                          ? kiln_cuda_use_device(v->cuda_device)
@@ -599,12 +614,7 @@ static void variant_free(kiln_variant_t *v) {
     free(slot->bufs);
   }
   if (v->graph_lock_ready) pthread_mutex_destroy(&v->graph_lock);
-  for (int i = 0; v->cuda_modules && i < v->gpu.module_count; ++i)
-    kiln_cuda_module_unload(v->cuda_modules[i]);
-  free(v->cuda_modules);
-  for (int i = 0; v->cuda_consts && i < v->gpu.const_count; ++i)
-    kiln_cuda_free_static(v->cuda_consts[i]);
-  free(v->cuda_consts);
+  cuda_program_unload(v);
   kiln_gpu_program_free(&v->gpu);
   kiln_ffi_sig_destroy(v->sig);
   kiln_jit_destroy(v->jit);
@@ -766,6 +776,7 @@ static void cpu_target(int threads, kiln_cpu_target_t *t) {
 typedef struct tune_state {
   kiln_cpu_target_t target;
   kiln_cache_t *db;  // the tuning database (NULL: off)
+  const char *db_id;  // the machine in its keys: the CPU, or the GPU
   bool record;       // first compile: collect the kernels
   kiln_kernel_desc_t *descs;
   kiln_tile_config_t *configs;
@@ -797,7 +808,7 @@ static void choose_tiles(void *user, const kiln_kernel_desc_t *d,
     kiln_autotune_heuristic(d, &ts->target, out);
     return;
   }
-  bool known = ts->db && kiln_autotune_db_get(ts->db, kiln_jit_host_id(), d,
+  bool known = ts->db && kiln_autotune_db_get(ts->db, ts->db_id, d,
                                               &ts->target, out, NULL);
   if (known)
     ts->db_hits++;
@@ -921,6 +932,7 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
   memset(&ts, 0, sizeof(ts));
   cpu_target(f->options.num_threads, &ts.target);
   ts.db = c->cache;
+  ts.db_id = kiln_jit_host_id();
   ts.record = true;
   kiln_kernel_tiling_t tiling = {ts.target, choose_tiles, &ts};
   kiln_status_t s = compile_object(f, v, &tiling, st, obj, size);
@@ -989,9 +1001,8 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
     st->tune_measured += (uint64_t)res.measured;
     for (int i = 0; !s && i < ts.count; ++i) {
       if (!done[i]) continue;
-      kiln_status_t ds = kiln_autotune_db_put(c->cache, kiln_jit_host_id(),
-                                              &ts.descs[i], &ts.target, &best[i],
-                                              res.best_seconds);
+      kiln_status_t ds = kiln_autotune_db_put(c->cache, ts.db_id, &ts.descs[i], &ts.target,
+                                              &best[i], res.best_seconds);
       if (ds && log_enabled("autotune"))
         fprintf(stderr, "[kiln autotune] not stored: %s\n", kiln_status_message(ds));
       kiln_status_free(ds);
@@ -1028,6 +1039,291 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
   free(ts.descs);
   free(ts.configs);
   free(ts.known);
+  return s;
+}
+
+// The GPU pipeline on `linalg` (the graph lowered for CUDA) into `out`:
+// with kernels/' GPU schedules first; a graph they cannot take is compiled
+// again with the plain parallel-loop mapping. `tiling` answers for the
+// tensor-core GEMMs (NULL: lib/autotune's heuristic); `dump` writes the
+// stages to the context's dump directory.
+static kiln_status_t cuda_program(kiln_function_t *f, const char *linalg, const char *chip,
+                                  const kiln_kernel_tiling_t *tiling, bool dump,
+                                  kiln_gpu_program_t *out) {
+  kiln_context_t *c = f->context;
+  kiln_status_t s = NULL;
+  pthread_mutex_lock(&c->lock);
+  char tag[256];
+  snprintf(tag, sizeof(tag), "%s-cuda-%d",
+           f->graph->name ? f->graph->name : "graph", c->dump_counter++);
+  kiln_pipeline_options_t popts = {f->options.vectorize, 1, dump ? c->dump_dir : NULL, tag,
+                                   tiling};
+  if (popts.dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
+  for (int attempt = 0; !s && attempt < 2; ++attempt) {
+    MlirModule mod = {NULL};
+    s = kiln_mlir_parse(c->mlir, linalg, &mod);
+    if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, out);
+    if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
+    if (!s || !popts.vectorize) break;
+    if (log_enabled("cuda"))
+      fprintf(stderr, "[kiln cuda] @%s: GPU schedules failed (%s); plain "
+              "mapping\n", f->graph->name, kiln_status_message(s));
+    kiln_status_free(s);
+    s = NULL;
+    kiln_gpu_program_free(out);
+    popts.vectorize = 0;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return s;
+}
+
+// Loads a CUDA variant's program into the current context: its PTX
+// modules, one function per launch, its constants uploaded once (every
+// call's launches read them).
+static kiln_status_t cuda_program_load(kiln_variant_t *v) {
+  kiln_status_t s = NULL;
+  if (v->gpu.module_count) {
+    v->cuda_modules = calloc((size_t)v->gpu.module_count, sizeof(*v->cuda_modules));
+    v->cuda_fns = calloc((size_t)v->gpu.launch_count + 1, sizeof(void *));
+    if (!v->cuda_modules || !v->cuda_fns)
+      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "kernels");
+    for (int i = 0; !s && i < v->gpu.module_count; ++i)
+      s = kiln_cuda_module_load_ptx(v->gpu.ptx[i], &v->cuda_modules[i]);
+    for (int l = 0; !s && l < v->gpu.launch_count; ++l) {
+      const kiln_gpu_launch_t *ln = &v->gpu.launches[l];
+      if (ln->kind != KILN_GPU_LAUNCH) continue;
+      s = kiln_cuda_module_function(v->cuda_modules[ln->module], ln->name,
+                                    &v->cuda_fns[l]);
+      if (!s) s = kiln_cuda_function_reserve_shared(v->cuda_fns[l], ln->shared_bytes);
+    }
+  }
+  if (!s && v->gpu.const_count) {
+    v->cuda_consts = calloc((size_t)v->gpu.const_count, sizeof(void *));
+    if (!v->cuda_consts) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "constants");
+    for (int i = 0; !s && i < v->gpu.const_count; ++i) {
+      s = kiln_cuda_alloc_static((size_t)v->gpu.const_bytes[i], &v->cuda_consts[i]);
+      if (!s) s = kiln_cuda_upload(v->cuda_consts[i], v->gpu.const_data[i],
+                                   (size_t)v->gpu.const_bytes[i]);
+    }
+  }
+  return s;
+}
+
+static kiln_status_t queue_program(kiln_function_t *f, kiln_variant_t *v,
+                                   void **bufs, void *stream);
+
+// max-autotune on the CUDA target: one measurement, the variant's program
+// built with a candidate set of tiles, loaded, and run on the device on
+// random inputs of its real shapes.
+typedef struct cuda_tune_run {
+  kiln_function_t *f;
+  const kiln_graph_t *g;    // the variant's graph
+  tune_state_t *ts;
+  const char *linalg, *chip;
+  void **args;              // device buffers: the inputs, then the outputs
+  void **want;              // host copies of the baseline's outputs
+  double compile_seconds;
+} cuda_tune_run_t;
+
+// Whether the outputs now in r->args match the baseline's (the first
+// measurement's, which this keeps): a candidate changes how blocks are
+// shaped and ordered, not what each output sums, so floats agree to
+// rounding and everything else exactly.
+static kiln_status_t cuda_check_outputs(cuda_tune_run_t *r) {
+  const kiln_graph_t *g = r->g;
+  kiln_status_t s = NULL;
+  for (int i = 0; !s && i < g->output_count; ++i) {
+    const kiln_type_t *t = &g->values[g->outputs[i]].type;
+    size_t n = (size_t)kiln_type_numel(t), es = kiln_dtype_size(t->dtype);
+    void *got = malloc(n * es + 1);
+    if (!got) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune outputs");
+    s = kiln_cuda_memcpy(got, r->args[g->input_count + i], n * es, NULL);
+    if (!s) s = kiln_cuda_stream_synchronize(NULL);
+    if (!s && !r->want[i]) {
+      r->want[i] = got;
+      continue;
+    }
+    double worst = 0, scale = 0;
+    bool exact = false;
+    for (size_t j = 0; !s && j < n; ++j) {
+      double a, b;
+      if (t->dtype == KILN_F32) {
+        a = ((const float *)got)[j];
+        b = ((const float *)r->want[i])[j];
+      } else if (t->dtype == KILN_BF16) {
+        uint32_t x = (uint32_t)((const uint16_t *)got)[j] << 16,
+                 y = (uint32_t)((const uint16_t *)r->want[i])[j] << 16;
+        float fx, fy;
+        memcpy(&fx, &x, 4);
+        memcpy(&fy, &y, 4);
+        a = fx;
+        b = fy;
+      } else {
+        exact = true;
+        break;
+      }
+      if (fabs(a - b) > worst || a != a) worst = a != a ? INFINITY : fabs(a - b);
+      if (fabs(b) > scale) scale = fabs(b);
+    }
+    bool same = exact ? memcmp(got, r->want[i], n * es) == 0
+                      : worst <= (t->dtype == KILN_F32 ? 1e-5 : 1e-2) * (scale > 1 ? scale : 1);
+    if (!s && !same)
+      s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: output %d of a candidate differs "
+                           "from the heuristic's (max abs difference %g)", i, worst);
+    free(got);
+  }
+  return s;
+}
+
+static kiln_status_t measure_cuda(void *user, const kiln_tile_config_t *configs,
+                                  double *out_seconds) {
+  cuda_tune_run_t *r = user;
+  kiln_function_t *f = r->f;
+  kiln_kernel_tiling_t tiling = {r->ts->target, choose_tiles, r->ts};
+  r->ts->replay = configs;
+  r->ts->next = 0;
+  r->ts->mismatches = 0;
+  kiln_variant_t tv;
+  memset(&tv, 0, sizeof(tv));
+  tv.cuda_device = f->cuda_device;
+  double t0 = now_seconds();
+  kiln_status_t s = cuda_program(f, r->linalg, r->chip, &tiling, false, &tv.gpu);
+  r->ts->replay = NULL;
+  if (!s && r->ts->mismatches)
+    s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of a "
+                         "recompile differ from the first compile's");
+  int nargs = r->g->input_count + r->g->output_count;
+  if (!s && tv.gpu.arg_count != nargs)
+    s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: a launch program for %d "
+                         "buffers, the graph has %d", tv.gpu.arg_count, nargs);
+  if (!s) s = cuda_program_load(&tv);
+  r->compile_seconds += now_seconds() - t0;
+  // The buffers: the run's arguments, one block of temporaries, constants.
+  int nbuf = tv.gpu.arg_count + tv.gpu.temp_count + tv.gpu.const_count;
+  void **ptrs = s ? NULL : calloc((size_t)nbuf + 1, sizeof(void *));
+  if (!s && !ptrs) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
+  void *arena = NULL;
+  if (!s) {
+    memcpy(ptrs, r->args, sizeof(void *) * (size_t)nargs);
+    size_t bytes = 0;
+    for (int t = 0; t < tv.gpu.temp_count; ++t)
+      bytes += ((size_t)tv.gpu.temp_bytes[t] + 255) & ~(size_t)255;
+    if (tv.gpu.temp_count) s = kiln_cuda_alloc_static(bytes, &arena);
+    size_t at = 0;
+    for (int t = 0; !s && t < tv.gpu.temp_count; ++t) {
+      ptrs[nargs + t] = (char *)arena + at;
+      at += ((size_t)tv.gpu.temp_bytes[t] + 255) & ~(size_t)255;
+    }
+    for (int i = 0; !s && i < tv.gpu.const_count; ++i)
+      ptrs[nargs + tv.gpu.temp_count + i] = tv.cuda_consts[i];
+  }
+  // One warm-up call, then rounds of five calls back to back timed on the
+  // host up to the stream's end: the fastest round's mean, after at least
+  // 3 rounds and 20 ms (at most 50 rounds).
+  if (!s) s = queue_program(f, &tv, ptrs, NULL);
+  if (!s) s = kiln_cuda_stream_synchronize(NULL);
+  double best = 1e30, total = 0;
+  for (int round = 0; !s && round < 50; ++round) {
+    double a = now_seconds();
+    for (int i = 0; !s && i < 5; ++i) s = queue_program(f, &tv, ptrs, NULL);
+    if (!s) s = kiln_cuda_stream_synchronize(NULL);
+    double t = now_seconds() - a;
+    total += t;
+    if (t / 5 < best) best = t / 5;
+    if (round >= 2 && total >= 0.02) break;
+  }
+  if (!s) s = cuda_check_outputs(r);
+  kiln_cuda_free_static(arena);
+  free(ptrs);
+  cuda_program_unload(&tv);
+  kiln_gpu_program_free(&tv.gpu);
+  if (!s) *out_seconds = best;
+  return s;
+}
+
+// Searches the tensor-core GEMMs of CUDA variant `v` (its program already
+// built into v->gpu with the tiles `ts` recorded: the database's or the
+// heuristic's): each kernel not in the database with enough work, within
+// the budget, measured on the device; the choices go into the database
+// and v->gpu is built again with them.
+static kiln_status_t tune_cuda(kiln_function_t *f, kiln_variant_t *v, const char *linalg,
+                               const char *chip, tune_state_t *ts, kiln_stats_t *st) {
+  kiln_context_t *c = f->context;
+  const kiln_graph_t *g = v->graph;
+  int nargs = g->input_count + g->output_count;
+  int todo = 0;
+  for (int i = 0; i < ts->count; ++i)
+    todo += !ts->known[i] && kiln_kernel_work(&ts->descs[i]) >= KILN_TUNE_MIN_WORK;
+  if (!todo || v->symbolic) return NULL;
+  cuda_tune_run_t run = {f, g, ts, linalg, chip, NULL, NULL, 0};
+  run.args = calloc((size_t)nargs + 1, sizeof(void *));
+  run.want = calloc((size_t)g->output_count + 1, sizeof(void *));
+  kiln_tile_config_t *best = malloc(sizeof(*best) * (size_t)ts->count);
+  bool *done = calloc((size_t)ts->count, sizeof(bool));
+  kiln_status_t s = run.args && run.want && best && done
+                        ? NULL
+                        : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
+  uint64_t seed = 0x6b696c6e74756e65ull;
+  for (int i = 0; !s && i < nargs; ++i) {
+    int id = i < g->input_count ? g->inputs[i] : g->outputs[i - g->input_count];
+    const kiln_type_t *t = &g->values[id].type;
+    size_t bytes = (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype);
+    s = kiln_cuda_alloc_static((bytes + 255) / 256 * 256, &run.args[i]);
+    if (!s && i < g->input_count) {
+      void *host = malloc(bytes + 1);
+      if (!host) {
+        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune inputs");
+        break;
+      }
+      fill_random(host, t, &seed);
+      s = kiln_cuda_upload(run.args[i], host, bytes);
+      free(host);
+    }
+  }
+  double t0 = now_seconds();
+  if (!s) {
+    memcpy(best, ts->configs, sizeof(*best) * (size_t)ts->count);
+    kiln_autotune_search_options_t so = {
+        f->options.autotune_budget_seconds > 0 ? f->options.autotune_budget_seconds : 20.0,
+        KILN_TUNE_MIN_WORK, g->name ? g->name : "graph",
+        log_enabled("autotune") || isatty(2), ts->known, done};
+    kiln_autotune_search_result_t res;
+    s = kiln_autotune_search(ts->descs, ts->count, &ts->target, &so, measure_cuda, &run,
+                             best, &res);
+    st->tune_measured += (uint64_t)res.measured;
+    for (int i = 0; !s && i < ts->count; ++i) {
+      if (!done[i]) continue;
+      kiln_status_t ds = kiln_autotune_db_put(c->cache, ts->db_id, &ts->descs[i],
+                                              &ts->target, &best[i], res.best_seconds);
+      if (ds && log_enabled("autotune"))
+        fprintf(stderr, "[kiln autotune] not stored: %s\n", kiln_status_message(ds));
+      kiln_status_free(ds);
+    }
+    if (!s && so.progress)
+      fprintf(stderr, "[kiln autotune] @%s (%s): %d kernels searched, %d configurations "
+              "measured in %.1f s: %.3f ms -> %.3f ms\n", so.label, ts->db_id, res.tuned,
+              res.measured, now_seconds() - t0, res.baseline_seconds * 1e3,
+              res.best_seconds * 1e3);
+    if (!s && memcmp(best, ts->configs, sizeof(*best) * (size_t)ts->count)) {
+      kiln_gpu_program_free(&v->gpu);
+      kiln_kernel_tiling_t tiling = {ts->target, choose_tiles, ts};
+      ts->replay = best;
+      ts->next = 0;
+      ts->mismatches = 0;
+      s = cuda_program(f, linalg, chip, &tiling, false, &v->gpu);
+      ts->replay = NULL;
+      if (!s && ts->mismatches)
+        s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of "
+                             "the final compile differ from the first's");
+    }
+  }
+  st->tune_seconds += now_seconds() - t0;
+  for (int i = 0; run.args && i < nargs; ++i) kiln_cuda_free_static(run.args[i]);
+  for (int i = 0; run.want && i < g->output_count; ++i) free(run.want[i]);
+  free(run.args);
+  free(run.want);
+  free(best);
+  free(done);
   return s;
 }
 
@@ -1100,29 +1396,33 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
     double t1 = now_seconds();
     st->lower_seconds += t1 - t0;
-    pthread_mutex_lock(&c->lock);
-    char tag[256];
-    snprintf(tag, sizeof(tag), "%s-cuda-%d",
-             f->graph->name ? f->graph->name : "graph", c->dump_counter++);
-    // With kernels/' GPU schedules first; a graph they cannot take is
-    // compiled again with the plain parallel-loop mapping.
-    kiln_pipeline_options_t popts = {f->options.vectorize, 1, c->dump_dir, tag, NULL};
-    if (!s && c->dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
-    for (int attempt = 0; !s && attempt < 2; ++attempt) {
-      MlirModule mod = {NULL};
-      s = kiln_mlir_parse(c->mlir, linalg, &mod);
-      if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, &v->gpu);
-      if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
-      if (!s || !popts.vectorize) break;
-      if (log_enabled("cuda"))
-        fprintf(stderr, "[kiln cuda] @%s: GPU schedules failed (%s); plain "
-                "mapping\n", f->graph->name, kiln_status_message(s));
-      kiln_status_free(s);
-      s = NULL;
-      kiln_gpu_program_free(&v->gpu);
-      popts.vectorize = 0;
+    // Under max-autotune the tensor-core GEMMs take their shapes from the
+    // tuning database, else they are searched on the device.
+    bool tune = f->options.autotune == KILN_AUTOTUNE_MEASURE;
+    tune_state_t ts;
+    memset(&ts, 0, sizeof(ts));
+    char gpu_id[160] = "";
+    if (!s && tune) {
+      char name[96];
+      kiln_status_t ns = kiln_cuda_device_name(f->cuda_device, name, sizeof(name));
+      kiln_status_free(ns);
+      snprintf(gpu_id, sizeof(gpu_id), "cuda %s %s", ns ? "?" : name, chip);
+      ts.target = (kiln_cpu_target_t){0, 0, 1, 0, 0};
+      ts.db = c->cache;
+      ts.db_id = gpu_id;
+      ts.record = true;
     }
-    pthread_mutex_unlock(&c->lock);
+    kiln_kernel_tiling_t tiling = {ts.target, choose_tiles, &ts};
+    if (!s) s = cuda_program(f, linalg, chip, tune ? &tiling : NULL, true, &v->gpu);
+    ts.record = false;
+    st->tune_db_hits += (uint64_t)ts.db_hits;
+    if (!s && ts.oom) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
+    double t3 = now_seconds();
+    if (!s && tune) s = tune_cuda(f, v, linalg, chip, &ts, st);
+    t1 += now_seconds() - t3;  // the search is tune_seconds
+    free(ts.descs);
+    free(ts.configs);
+    free(ts.known);
     free(linalg);
     t2 = now_seconds();
     st->mlir_seconds += t2 - t1;
@@ -1144,31 +1444,7 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
                          "buffers; graph @%s has %d", v->gpu.arg_count,
                          f->graph->name,
                          f->graph->input_count + f->graph->output_count);
-  if (!s && v->gpu.module_count) {
-    v->cuda_modules = calloc((size_t)v->gpu.module_count, sizeof(*v->cuda_modules));
-    v->cuda_fns = calloc((size_t)v->gpu.launch_count + 1, sizeof(void *));
-    if (!v->cuda_modules || !v->cuda_fns)
-      s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "kernels");
-    for (int i = 0; !s && i < v->gpu.module_count; ++i)
-      s = kiln_cuda_module_load_ptx(v->gpu.ptx[i], &v->cuda_modules[i]);
-    for (int l = 0; !s && l < v->gpu.launch_count; ++l) {
-      const kiln_gpu_launch_t *ln = &v->gpu.launches[l];
-      if (ln->kind != KILN_GPU_LAUNCH) continue;
-      s = kiln_cuda_module_function(v->cuda_modules[ln->module], ln->name,
-                                    &v->cuda_fns[l]);
-      if (!s) s = kiln_cuda_function_reserve_shared(v->cuda_fns[l], ln->shared_bytes);
-    }
-  }
-  // Constants go to the device once; every call's launches read them.
-  if (!s && v->gpu.const_count) {
-    v->cuda_consts = calloc((size_t)v->gpu.const_count, sizeof(void *));
-    if (!v->cuda_consts) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "constants");
-    for (int i = 0; !s && i < v->gpu.const_count; ++i) {
-      s = kiln_cuda_alloc_static((size_t)v->gpu.const_bytes[i], &v->cuda_consts[i]);
-      if (!s) s = kiln_cuda_upload(v->cuda_consts[i], v->gpu.const_data[i],
-                                   (size_t)v->gpu.const_bytes[i]);
-    }
-  }
+  if (!s) s = cuda_program_load(v);
   st->llvm_seconds += now_seconds() - t2;  // the driver's PTX JIT
   return s;
 }
@@ -1343,9 +1619,10 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
   if (f->cuda) {
     // Kernel launches need static sizes: a variant per set of sizes, with
     // no limit that would switch to (unsupported) symbolic variants.
+    // (max-autotune searches the tensor-core GEMMs on the device:
+    // compile_cuda.)
     f->options.dynamic = KILN_DYNAMIC_NEVER;
     f->options.max_variants = 1 << 20;
-    f->options.autotune = KILN_AUTOTUNE_HEURISTIC;
   }
   kiln_status_t gs = kiln_guard_table_create(0, &f->guards);
   if (gs) {

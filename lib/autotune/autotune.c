@@ -243,6 +243,67 @@ static void heuristic_f32_dot(const kiln_kernel_desc_t *d, const kiln_cpu_target
   }
 }
 
+// The tensor-core GEMM (KILN_KERNEL_GPU_MMA): what kernels/gpu_mma.c chose
+// before it asked: blocks of 128 x 128 (128 x 256 for warpgroup MMA where
+// N allows), 3 stages (4 for warpgroup MMA), groups of up to 8 block rows.
+static void heuristic_gpu_mma(const kiln_kernel_desc_t *d, kiln_tile_config_t *c) {
+  c->reg[0] = 128;
+  c->reg[1] = d->wgmma && d->range[1] % 256 == 0 ? 256 : 128;
+  c->reg[2] = d->wgmma ? 64 : 32;
+  c->cache[2] = d->wgmma ? 4 : 3;
+  int64_t rows = d->range[0] / 128, g = 1;
+  while (g < 8 && rows % (g * 2) == 0) g *= 2;
+  c->forall[0] = g;
+}
+
+// Shared memory of the warpgroup-MMA kernel for `c`: its stages of
+// 128 x 64 A and 64 x BN B bf16 tiles, or the f32 output tile (rows padded
+// by 16 bytes) where larger, and 1024 bytes of alignment (kernels/gpu_mma.c,
+// wgmma_shared_bytes).
+static int64_t gpu_mma_shared_bytes(const kiln_tile_config_t *c) {
+  int64_t pipe = c->cache[2] * (128 + c->reg[1]) * 64 * 2;
+  int64_t out = 128 * (c->reg[1] * 4 + 16);
+  return 1024 + (pipe > out ? pipe : out);
+}
+
+static bool gpu_mma_config_valid(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c,
+                                 char *why, size_t why_len) {
+  const int64_t M = d->range[0], N = d->range[1], K = d->range[2];
+  int64_t bk = d->wgmma ? 64 : 32, g = c->forall[0];
+  bool bn_ok = c->reg[1] == 128 || (d->wgmma && c->reg[1] == 256);
+  if (d->loop_count != 3 || c->reg[0] != 128 || !bn_ok || c->reg[2] != bk ||
+      M % 128 || N % c->reg[1] || K % bk) {
+    snprintf(why, why_len, "tensor-core GEMM %lldx%lldx%lld: block %lldx%lldx%lld; expected "
+             "128 x %s x %lld dividing the sizes", (long long)M, (long long)N, (long long)K,
+             (long long)c->reg[0], (long long)c->reg[1], (long long)c->reg[2],
+             d->wgmma ? "128 or 256" : "128", (long long)bk);
+    return false;
+  }
+  int64_t lo = 3, hi = d->wgmma ? 6 : 3;
+  if (c->cache[2] < lo || c->cache[2] > hi ||
+      (d->wgmma && gpu_mma_shared_bytes(c) > KILN_GPU_MMA_SHARED_BYTES)) {
+    snprintf(why, why_len, "tensor-core GEMM: %lld stages of 128 x %lld blocks (%lld..%lld, "
+             "within %d bytes of shared memory)", (long long)c->cache[2],
+             (long long)c->reg[1], (long long)lo, (long long)hi, KILN_GPU_MMA_SHARED_BYTES);
+    return false;
+  }
+  if (g < 1 || (g & (g - 1)) || (M / 128) % g) {
+    snprintf(why, why_len, "tensor-core GEMM: groups of %lld block rows (%lld rows of "
+             "blocks)", (long long)g, (long long)(M / 128));
+    return false;
+  }
+  for (int i = 0; i < 3; ++i)
+    if ((i && c->forall[i]) || (i < 2 && c->cache[i])) {
+      snprintf(why, why_len, "tensor-core GEMM: only forall[0] and cache[2] are knobs");
+      return false;
+    }
+  if (c->reduction_dim != -1) {
+    snprintf(why, why_len, "tensor-core GEMM: no reduction split");
+    return false;
+  }
+  return true;
+}
+
 void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
                              const kiln_cpu_target_t *t,
                              kiln_tile_config_t *c) {
@@ -260,6 +321,9 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
     return;
   case KILN_KERNEL_F32_DOT:
     heuristic_f32_dot(d, t, c);
+    return;
+  case KILN_KERNEL_GPU_MMA:
+    heuristic_gpu_mma(d, c);
     return;
   case KILN_KERNEL_TRANSPOSE: {
     // Square register blocks: a block's vector transpose is a few shuffles.
@@ -394,6 +458,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
     return false;
   }
   if (d->kind == KILN_KERNEL_F32_DOT) return f32_dot_config_valid(d, t, c, why, why_len);
+  if (d->kind == KILN_KERNEL_GPU_MMA) return gpu_mma_config_valid(d, c, why, why_len);
   for (int i = 0; i < d->loop_count; ++i) {
     const int64_t *lv[3] = {c->forall, c->cache, c->reg};
     for (int level = 0; level < 3; ++level) {
@@ -452,7 +517,12 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
 }
 
 int kiln_autotune_stage_count(const kiln_kernel_desc_t *d) {
-  return d->kind == KILN_KERNEL_F32_DOT ? 5 : d->kind == KILN_KERNEL_CONTRACTION ? 4 : 2;
+  switch (d->kind) {
+  case KILN_KERNEL_F32_DOT: return 5;
+  case KILN_KERNEL_CONTRACTION: return 4;
+  case KILN_KERNEL_GPU_MMA: return 3;
+  default: return 2;
+  }
 }
 
 typedef struct {
@@ -594,6 +664,40 @@ static void stages_f32_dot(emitter_t *e, int stage) {
   }
 }
 
+// The tensor-core GEMM's knobs, one per stage: block columns (warpgroup
+// MMA), pipeline stages (warpgroup MMA), block rows per L2 group.
+static void stages_gpu_mma(emitter_t *e, int stage) {
+  kiln_tile_config_t c;
+  switch (stage) {
+  case 0:
+    for (int64_t bn = 128; bn <= 256; bn *= 2) {
+      c = *e->base;
+      c.reg[1] = bn;
+      // The deepest pipeline that fits, as the heuristic's 4 at 256.
+      for (c.cache[2] = 6; c.cache[2] > 3 && gpu_mma_shared_bytes(&c) >
+                                                  KILN_GPU_MMA_SHARED_BYTES;)
+        c.cache[2]--;
+      if (c.reg[1] == 256 && c.cache[2] > 4) c.cache[2] = 4;
+      emit(e, &c);
+    }
+    return;
+  case 1:
+    for (int64_t st = 3; st <= 6; ++st) {
+      c = *e->base;
+      c.cache[2] = st;
+      emit(e, &c);
+    }
+    return;
+  case 2:
+    for (int64_t g = 1; g <= 16; g *= 2) {
+      c = *e->base;
+      c.forall[0] = g;
+      emit(e, &c);
+    }
+    return;
+  }
+}
+
 static void stages_other(emitter_t *e, int stage) {
   const kiln_kernel_desc_t *d = e->d;
   int r = d->loop_count;
@@ -644,6 +748,8 @@ int kiln_autotune_candidates(const kiln_kernel_desc_t *d,
     stages_contraction(&e, stage);
   else if (d->kind == KILN_KERNEL_F32_DOT)
     stages_f32_dot(&e, stage);
+  else if (d->kind == KILN_KERNEL_GPU_MMA)
+    stages_gpu_mma(&e, stage);
   else
     stages_other(&e, stage);
   return e.n;
@@ -677,7 +783,7 @@ void kiln_autotune_config_format(const kiln_tile_config_t *c, char *buf,
 void kiln_autotune_desc_format(const kiln_kernel_desc_t *d, char *buf,
                                size_t len) {
   static const char *kinds[] = {"elementwise", "transpose", "row-reduction",
-                                "contraction", "f32-microkernel"};
+                                "contraction", "f32-microkernel", "tensor-core-gemm"};
   int w = snprintf(buf, len, "%s ", kinds[d->kind]);
   for (int i = 0; i < d->loop_count && w >= 0 && (size_t)w < len; ++i) {
     if (is_dynamic(d, i))

@@ -39,7 +39,20 @@ typedef enum kiln_kernel_kind_e {
   // groups may end partial (the kernel masks its last rows and panel),
   // except where A is packed.
   KILN_KERNEL_F32_DOT = 4,
+  // The bf16 tensor-core GEMM of the CUDA target (kernels/gpu_mma.c):
+  // loops (m, n, k), whole blocks. Its config reads: reg[0] the block's
+  // rows (128), reg[1] its columns (128; 128 or 256 for the warpgroup-MMA
+  // form where N allows), reg[2] the K step (32; 64 for warpgroup MMA);
+  // cache[2] the pipeline's stages (3; 3..6 for warpgroup MMA, within the
+  // shared memory of a block, KILN_GPU_MMA_SHARED_BYTES); forall[0] the
+  // block rows of an L2 group (blocks run down a group's rows before the
+  // next column: a power of two dividing M / 128). The target is the GPU,
+  // so kiln_cpu_target_t plays no part.
+  KILN_KERNEL_GPU_MMA = 5,
 } kiln_kernel_kind_t;
+
+// Dynamic shared memory a block may have on sm_90 (227 KB).
+#define KILN_GPU_MMA_SHARED_BYTES (227 << 10)
 
 // The range the heuristic plans a loop of unknown size (a symbolic size)
 // with. A power of two, so every power-of-two tile divides it; at run time
@@ -77,6 +90,8 @@ typedef struct kiln_kernel_desc {
   // so the tile's rows stay the heuristic's: other rows would change that
   // kernel, and the measured search replays kernels in a fixed order.
   bool fixed_rows;
+  // KILN_KERNEL_GPU_MMA: the warpgroup-MMA form (sm_90), else mma.sync.
+  bool wgmma;
   kiln_hash128_t hash; // the op's identity (its printed form, shapes included)
 } kiln_kernel_desc_t;
 

@@ -304,6 +304,87 @@ static void test_f32_microkernel(void) {
   CHECK(kiln_autotune_candidates(&d, &kAvx512x2, &c, 0, none, 16) == 0);
 }
 
+// The tensor-core GEMM of the CUDA target (KILN_KERNEL_GPU_MMA): the
+// heuristic is the shape kernels/gpu_mma.c had fixed, the candidates stay
+// within the block's shared memory, and bad shapes are refused.
+static kiln_kernel_desc_t gpu_mma(int64_t m, int64_t n, int64_t k, bool wgmma) {
+  kiln_kernel_desc_t d = matmul(m, n, k);
+  d.kind = KILN_KERNEL_GPU_MMA;
+  d.transpose_dim = -1;
+  d.elem_bytes = 2;
+  d.wgmma = wgmma;
+  return d;
+}
+
+static void test_gpu_mma(void) {
+  const kiln_cpu_target_t none = {0, 0, 1, 0, 0};
+  // 4096^3 on sm_90: 128 x 256 blocks, 4 stages, groups of 8 block rows.
+  kiln_kernel_desc_t d = gpu_mma(4096, 4096, 4096, true);
+  kiln_tile_config_t c;
+  kiln_autotune_heuristic(&d, &none, &c);
+  CHECK(c.reg[0] == 128 && c.reg[1] == 256 && c.reg[2] == 64);
+  CHECK(c.cache[2] == 4 && c.forall[0] == 8);
+  check_valid(&d, &none, &c);
+  // N = 384: 128-column blocks; 2 rows of blocks: groups of 2.
+  d = gpu_mma(256, 384, 512, true);
+  kiln_autotune_heuristic(&d, &none, &c);
+  CHECK(c.reg[1] == 128 && c.cache[2] == 4 && c.forall[0] == 2);
+  // mma.sync: 128 x 128 x 32 blocks in 3 stages; its only knob the group.
+  d = gpu_mma(1024, 640, 256, false);
+  kiln_autotune_heuristic(&d, &none, &c);
+  CHECK(c.reg[1] == 128 && c.reg[2] == 32 && c.cache[2] == 3 && c.forall[0] == 8);
+  kiln_tile_config_t cand[64];
+  CHECK(kiln_autotune_candidates(&d, &none, &c, 0, cand, 64) == 0);
+  CHECK(kiln_autotune_candidates(&d, &none, &c, 1, cand, 64) == 0);
+  int n = kiln_autotune_candidates(&d, &none, &c, 2, cand, 64);
+  CHECK(n == 3);  // groups of 1, 2, 4 (16 does not divide 8 rows of blocks)
+  // Every candidate valid and distinct, over shapes and both forms; the
+  // warpgroup-MMA ones within 227 KB of shared memory.
+  const int64_t sizes[] = {128, 256, 384, 1024, 4096};
+  int checked = 0;
+  for (int w = 0; w < 2; ++w)
+    for (int a = 0; a < 5; ++a)
+      for (int b = 0; b < 5; ++b) {
+        d = gpu_mma(sizes[a], sizes[b], 1024, w);
+        kiln_autotune_heuristic(&d, &none, &c);
+        check_valid(&d, &none, &c);
+        for (int st = 0; st < kiln_autotune_stage_count(&d); ++st) {
+          n = kiln_autotune_candidates(&d, &none, &c, st, cand, 64);
+          for (int i = 0; i < n; ++i) {
+            check_valid(&d, &none, &cand[i]);
+            CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
+            for (int j = 0; j < i; ++j) CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
+            if (w) {
+              int64_t pipe = cand[i].cache[2] * (128 + cand[i].reg[1]) * 64 * 2;
+              CHECK(1024 + pipe <= KILN_GPU_MMA_SHARED_BYTES);
+            }
+          }
+          checked += n;
+        }
+      }
+  printf("tensor-core GEMM: heuristic and %d candidates valid\n", checked);
+  // Refusals.
+  d = gpu_mma(4096, 4096, 4096, true);
+  kiln_autotune_heuristic(&d, &none, &c);
+  char why[256];
+  kiln_tile_config_t bad = c;
+  bad.cache[2] = 5;  // 5 x 48 KB of 128 x 256 stages
+  CHECK(!kiln_autotune_config_valid(&d, &none, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "shared memory") != NULL);
+  bad = c;
+  bad.forall[0] = 3;
+  CHECK(!kiln_autotune_config_valid(&d, &none, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "groups") != NULL);
+  d = gpu_mma(4096, 384, 4096, true);
+  bad = c;  // 256-column blocks do not divide N = 384
+  CHECK(!kiln_autotune_config_valid(&d, &none, &bad, why, sizeof(why)));
+  d = gpu_mma(1024, 640, 256, false);
+  kiln_autotune_heuristic(&d, &none, &c);
+  bad = c;
+  bad.reg[1] = 256;  // mma.sync blocks are 128 wide
+  CHECK(!kiln_autotune_config_valid(&d, &none, &bad, why, sizeof(why)));
+}
+
 static void test_validity_rejects(void) {
   kiln_kernel_desc_t d = matmul(64, 64, 64);
   kiln_tile_config_t c;
@@ -482,6 +563,7 @@ int main(void) {
   test_heuristic_valid_everywhere();
   test_heuristic_matmul();
   test_f32_microkernel();
+  test_gpu_mma();
   test_validity_rejects();
   test_symbolic_loops();
   test_search();
