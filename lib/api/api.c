@@ -1052,10 +1052,15 @@ static kiln_status_t cuda_program(kiln_function_t *f, const char *linalg, const 
                                   kiln_gpu_program_t *out) {
   kiln_context_t *c = f->context;
   kiln_status_t s = NULL;
+  // The kernels a thrown-away attempt asked tiles for are not the
+  // program's: forget them (a search would time a kernel that is not there).
+  tune_state_t *ts = tiling && tiling->choose == choose_tiles ? tiling->user : NULL;
+  int count0 = ts ? ts->count : 0, next0 = ts ? ts->next : 0;
   pthread_mutex_lock(&c->lock);
-  char tag[256];
-  snprintf(tag, sizeof(tag), "%s-cuda-%d",
-           f->graph->name ? f->graph->name : "graph", c->dump_counter++);
+  char tag[256] = "";
+  if (dump && c->dump_dir)
+    snprintf(tag, sizeof(tag), "%s-cuda-%d",
+             f->graph->name ? f->graph->name : "graph", c->dump_counter++);
   kiln_pipeline_options_t popts = {f->options.vectorize, 1, dump ? c->dump_dir : NULL, tag,
                                    tiling};
   if (popts.dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
@@ -1072,6 +1077,10 @@ static kiln_status_t cuda_program(kiln_function_t *f, const char *linalg, const 
     s = NULL;
     kiln_gpu_program_free(out);
     popts.vectorize = 0;
+    if (ts) {
+      ts->count = count0;
+      ts->next = next0;
+    }
   }
   pthread_mutex_unlock(&c->lock);
   return s;
@@ -1162,7 +1171,11 @@ static kiln_status_t cuda_check_outputs(cuda_tune_run_t *r) {
         exact = true;
         break;
       }
-      if (fabs(a - b) > worst || a != a) worst = a != a ? INFINITY : fabs(a - b);
+      if (isnan(a) || isnan(b)) {
+        if (isnan(a) != isnan(b)) worst = INFINITY;  // NaN in one of the two
+        continue;
+      }
+      if (fabs(a - b) > worst) worst = fabs(a - b);
       if (fabs(b) > scale) scale = fabs(b);
     }
     bool same = exact ? memcmp(got, r->want[i], n * es) == 0
@@ -1263,6 +1276,7 @@ static kiln_status_t tune_cuda(kiln_function_t *f, kiln_variant_t *v, const char
   kiln_status_t s = run.args && run.want && best && done
                         ? NULL
                         : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
+  double t0 = now_seconds();
   uint64_t seed = 0x6b696c6e74756e65ull;
   for (int i = 0; !s && i < nargs; ++i) {
     int id = i < g->input_count ? g->inputs[i] : g->outputs[i - g->input_count];
@@ -1280,7 +1294,6 @@ static kiln_status_t tune_cuda(kiln_function_t *f, kiln_variant_t *v, const char
       free(host);
     }
   }
-  double t0 = now_seconds();
   if (!s) {
     memcpy(best, ts->configs, sizeof(*best) * (size_t)ts->count);
     kiln_autotune_search_options_t so = {
@@ -1305,16 +1318,24 @@ static kiln_status_t tune_cuda(kiln_function_t *f, kiln_variant_t *v, const char
               res.measured, now_seconds() - t0, res.baseline_seconds * 1e3,
               res.best_seconds * 1e3);
     if (!s && memcmp(best, ts->configs, sizeof(*best) * (size_t)ts->count)) {
-      kiln_gpu_program_free(&v->gpu);
+      // The final program replaces the first only once it is built.
+      kiln_gpu_program_t tuned;
+      memset(&tuned, 0, sizeof(tuned));
       kiln_kernel_tiling_t tiling = {ts->target, choose_tiles, ts};
       ts->replay = best;
       ts->next = 0;
       ts->mismatches = 0;
-      s = cuda_program(f, linalg, chip, &tiling, false, &v->gpu);
+      s = cuda_program(f, linalg, chip, &tiling, true, &tuned);
       ts->replay = NULL;
       if (!s && ts->mismatches)
         s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of "
                              "the final compile differ from the first's");
+      if (s) {
+        kiln_gpu_program_free(&tuned);
+      } else {
+        kiln_gpu_program_free(&v->gpu);
+        v->gpu = tuned;
+      }
     }
   }
   st->tune_seconds += now_seconds() - t0;
@@ -1341,6 +1362,17 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   v->graph_lock_ready = true;
   char chip[16];
   snprintf(chip, sizeof(chip), "sm_%d%d", major, minor);
+  // Under max-autotune the device itself (its tuned shapes are its own):
+  // the tuning database's key and the compiled program's.
+  bool tune = f->options.autotune == KILN_AUTOTUNE_MEASURE;
+  char gpu_id[160] = "";
+  if (tune) {
+    char name[96];
+    kiln_status_t ns = kiln_cuda_device_name(f->cuda_device, name, sizeof(name));
+    bool named = ns == NULL;
+    kiln_status_free(ns);
+    snprintf(gpu_id, sizeof(gpu_id), "cuda %s %s", named ? name : "?", chip);
+  }
   kiln_hash128_t key = {0, 0};
   bool loaded = false;
   kiln_status_t s = NULL;
@@ -1350,6 +1382,7 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     kiln_hasher_init(&h);
     kiln_hasher_update(&h, &base, sizeof(base));
     kiln_hasher_update_str(&h, chip);
+    kiln_hasher_update_str(&h, gpu_id);
     // Kernel choices that KILN_GPU_WGMMA=0 and KILN_GPU_BLOCK_ROWS=0 turn
     // off (kernels/gpu_mma.c, kernels/gpu_rows.c).
     static const char *const kKnobs[] = {"KILN_GPU_WGMMA", "KILN_GPU_BLOCK_ROWS"};
@@ -1398,15 +1431,9 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     st->lower_seconds += t1 - t0;
     // Under max-autotune the tensor-core GEMMs take their shapes from the
     // tuning database, else they are searched on the device.
-    bool tune = f->options.autotune == KILN_AUTOTUNE_MEASURE;
     tune_state_t ts;
     memset(&ts, 0, sizeof(ts));
-    char gpu_id[160] = "";
     if (!s && tune) {
-      char name[96];
-      kiln_status_t ns = kiln_cuda_device_name(f->cuda_device, name, sizeof(name));
-      kiln_status_free(ns);
-      snprintf(gpu_id, sizeof(gpu_id), "cuda %s %s", ns ? "?" : name, chip);
       ts.target = (kiln_cpu_target_t){0, 0, 1, 0, 0};
       ts.db = c->cache;
       ts.db_id = gpu_id;
@@ -1418,7 +1445,16 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     st->tune_db_hits += (uint64_t)ts.db_hits;
     if (!s && ts.oom) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune");
     double t3 = now_seconds();
-    if (!s && tune) s = tune_cuda(f, v, linalg, chip, &ts, st);
+    if (!s && tune) {
+      // A search that cannot run (device memory, a failed baseline) leaves
+      // the variant as built, with the shapes it had.
+      kiln_status_t ts_s = tune_cuda(f, v, linalg, chip, &ts, st);
+      if (ts_s)
+        fprintf(stderr, "[kiln autotune] @%s: no search on the device (%s); the "
+                "tensor-core GEMMs keep their shapes\n", f->graph->name,
+                kiln_status_message(ts_s));
+      kiln_status_free(ts_s);
+    }
     t1 += now_seconds() - t3;  // the search is tune_seconds
     free(ts.descs);
     free(ts.configs);

@@ -36,8 +36,8 @@ typedef enum kiln_kernel_kind_e {
   // columns of a thread's group of 32-column panels (0: one group, all
   // columns); cache[0] the rows of A a thread block packs per K block
   // (its whole block, forall[0] or M; 0: A read in place). Blocks and
-  // groups may end partial (the kernel masks its last rows and panel),
-  // except where A is packed.
+  // groups may end partial (the kernel masks its last rows and panel);
+  // where A is packed, row blocks and K blocks are whole.
   KILN_KERNEL_F32_DOT = 4,
   // The bf16 tensor-core GEMM of the CUDA target (kernels/gpu_mma.c):
   // loops (m, n, k), whole blocks. Its config reads: reg[0] the block's
