@@ -398,7 +398,10 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
 //   B: BN / 64 chunks of 64 k rows x 64 n (N-major, imm-trans-b = 1): the
 //      leading byte offset is a chunk (8192 bytes: 64 n to the next 64), the
 //      stride byte offset 1024 (8 k rows to the next 8), a k16 step moves
-//      the start by 16 rows (2048 bytes).
+//      the start by 16 rows (2048 bytes);
+//      or, where B is given as [N, K] (`bt`: a linear's weight, read in
+//      place), BN n rows x 64 k laid out as A's tile (K-major,
+//      imm-trans-b = 0), with A's descriptor form.
 // Within each 1024-byte atom, 16-byte unit u of row r sits at u ^ (r % 8):
 // the 128-byte swizzle wgmma reads (descriptor bits 62-63 = 1); the copies
 // write it that way. cp.async writes shared memory through the generic
@@ -415,6 +418,7 @@ typedef struct {
   int bn;      // 128 or 256 columns: one m64nBNk16 per k16 step
   int stages;  // at least 3
   int group;   // block rows per L2 group
+  bool bt;     // B given as [N, K] (K-major)
 } wg_shape_t;
 
 enum { WG_BK = 64 };
@@ -437,28 +441,33 @@ static void wg_issue(emitter_t *e, const wg_shape_t *s, const name_t *row0,
   int ntok = 0;
   name_t ktk = keep(mulc(e, kt, WG_BK));
   for (int which = 0; which < 2; ++which) {
-    int rows = which == 0 ? bm : WG_BK, chunks = which == 0 ? WG_BK / 8 : s->bn / 8;
+    // A (and a K-major B): rows of 64 k, 8 units of 16 bytes a row.
+    bool kmajor = which == 0 || s->bt;
+    int rows = which == 0 ? bm : s->bt ? s->bn : WG_BK,
+        chunks = kmajor ? WG_BK / 8 : s->bn / 8;
     for (int i = 0; i < rows * chunks / nt && ntok < 64; ++i) {
       name_t q = keep(addc(e, "%tx", (int64_t)i * nt));
       name_t r = keep(divc(e, q.s, chunks));
       name_t ch = keep(remc(e, q.s, chunks));
       name_t gi, gj;
-      if (which == 0) {
-        gi = keep(bin(e, "addi", row0->s, r.s));
+      if (kmajor) {
+        gi = keep(bin(e, "addi", which == 0 ? row0->s : col0->s, r.s));
         gj = keep(bin(e, "addi", ktk.s, mulc(e, ch.s, 8)));
       } else {
         gi = keep(bin(e, "addi", ktk.s, r.s));
         gj = keep(bin(e, "addi", col0->s, mulc(e, ch.s, 8)));
       }
       // The unit within the row's 128 bytes, swizzled; B's 64-column chunk.
-      name_t u = keep(which == 0 ? ch.s : remc(e, ch.s, 8));
+      name_t u = keep(kmajor ? ch.s : remc(e, ch.s, 8));
       name_t sw = keep(mulc(e, bin(e, "xori", u.s, remc(e, r.s, 8)), 8));
       snprintf(toks[ntok].s, sizeof(toks[0].s), "%%t%d", e->next++);
-      if (which == 0)
+      if (kmajor)
         kiln_sbuf_printf(e->out,
-                         "%s%s = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], 8 "
+                         "%s%s = nvgpu.device_async_copy %%%s[%s, %s], %%s%s[%s, %s, %s], 8 "
                          "{bypassL1} : %s to %s\n",
-                         e->indent, toks[ntok].s, gi.s, gj.s, st, r.s, sw.s, ta, tsa);
+                         e->indent, toks[ntok].s, which ? "B" : "A", gi.s, gj.s,
+                         which ? "B" : "A", st, r.s, sw.s, which ? tb : ta,
+                         which ? tsb : tsa);
       else {
         name_t c = keep(divc(e, ch.s, 8));
         kiln_sbuf_printf(e->out,
@@ -522,7 +531,10 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
   int bm = 64 * s->wg, nt = 128 * s->wg, chunks = s->bn / 64;
   char ta[96], tb[96], tc[96], tsa[128], tsb[128], tsm[96];
   snprintf(ta, sizeof(ta), "memref<%lldx%lldxbf16>", (long long)s->m, (long long)s->k);
-  snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->k, (long long)s->n);
+  if (s->bt)
+    snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->n, (long long)s->k);
+  else
+    snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->k, (long long)s->n);
   snprintf(tc, sizeof(tc), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->n,
            ep ? ep->out : bf16_out ? "bf16" : "f32");
   // The epilogue's other inputs are arguments %E<i> after %C.
@@ -539,8 +551,11 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
     kiln_sbuf_printf(&eargs, ", %%E%d: %s", i, te[i]);
   }
   snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxbf16, %s>", s->stages, bm, WG_BK, ws);
-  snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx64xbf16, %s>", s->stages, chunks, WG_BK,
-           ws);
+  if (s->bt)
+    snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dxbf16, %s>", s->stages, s->bn, WG_BK, ws);
+  else
+    snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx64xbf16, %s>", s->stages, chunks, WG_BK,
+             ws);
   snprintf(tsm, sizeof(tsm), "memref<?xi8, %s>", ws);
   // The accumulator: BN / 2 floats per thread.
   kiln_sbuf_t acc;
@@ -619,16 +634,18 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
   for (int kk = 0; kk < WG_BK / 16; ++kk) {
     // k16 step kk: 32 bytes along A's rows, 16 rows (2048 bytes) of B.
     name_t da = wg_desc(e, addc(e, aaddr.s, kk * 32), wg_desc_bits(16, 1024));
-    name_t db = wg_desc(e, addc(e, baddr.s, kk * 2048),
-                        wg_desc_bits((uint64_t)WG_BK * 128, 1024));
+    // (K-major B: 32 bytes along its rows, as A.)
+    name_t db = s->bt ? wg_desc(e, addc(e, baddr.s, kk * 32), wg_desc_bits(16, 1024))
+                      : wg_desc(e, addc(e, baddr.s, kk * 2048),
+                                wg_desc_bits((uint64_t)WG_BK * 128, 1024));
     char d[16];
     snprintf(d, sizeof(d), "%%w%d", e->next++);
     kiln_sbuf_printf(&b,
                      "%s%s = nvvm.wgmma.mma_async %s, %s, %s, #nvvm.shape<m = 64, n = %d, "
                      "k = 16>, D [<f32>, #nvvm.wgmma_scale_out<one>], A [<bf16>, "
                      "#nvvm.wgmma_scale_in<one>, <row>], B [<bf16>, "
-                     "#nvvm.wgmma_scale_in<one>, <row>] : %s -> %s\n",
-                     e->indent, d, da.s, db.s, cur, s->bn, ty, ty);
+                     "#nvvm.wgmma_scale_in<one>, <%s>] : %s -> %s\n",
+                     e->indent, d, da.s, db.s, cur, s->bn, s->bt ? "col" : "row", ty, ty);
     memcpy(cur, d, sizeof(cur));
   }
   kiln_sbuf_printf(&b, "%snvvm.wgmma.commit.group.sync.aligned\n", e->indent);
@@ -750,8 +767,9 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
 // behind the wgmma issue and the stores through shared memory: 0.25 ms).
 // These are lib/autotune's heuristic for KILN_KERNEL_GPU_MMA; `tc` (from
 // gpu_mma_tiles) carries the block columns, stages and group.
-static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k, const kiln_tile_config_t *tc) {
-  wg_shape_t s = {m, n, k, 2, (int)tc->reg[1], (int)tc->cache[2], (int)tc->forall[0]};
+static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k, bool bt,
+                            const kiln_tile_config_t *tc) {
+  wg_shape_t s = {m, n, k, 2, (int)tc->reg[1], (int)tc->cache[2], (int)tc->forall[0], bt};
   return s;
 }
 
@@ -770,7 +788,7 @@ static mma_shape_t choose(int64_t m, int64_t n, int64_t k, const kiln_tile_confi
 // database or a measured candidate), else the heuristic's. The kernel's
 // identity for the tuning database is its sizes, form and epilogue.
 static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t n, int64_t k,
-                          bool wgmma, bool bf16_out, const epilogue_t *ep,
+                          bool wgmma, bool bt, bool bf16_out, const epilogue_t *ep,
                           kiln_tile_config_t *out) {
   kiln_kernel_desc_t kd;
   memset(&kd, 0, sizeof(kd));
@@ -786,9 +804,9 @@ static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t
   kd.elem_bytes = 2;
   kd.wgmma = wgmma;
   char id[160];
-  int len = snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d",
+  int len = snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s",
                      (long long)m, (long long)n, (long long)k, wgmma,
-                     bf16_out ? "bf16" : "f32", ep ? ep->n_in : -1);
+                     bf16_out ? "bf16" : "f32", ep ? ep->n_in : -1, bt ? " bt" : "");
   kiln_hasher_t h;
   kiln_hasher_init(&h);
   kiln_hasher_update(&h, id, (size_t)len);
@@ -938,18 +956,24 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
   if (!mlirTypeIsAMemRef(at) || !mlirTypeIsAMemRef(bt) ||
       !mlirShapedTypeHasStaticShape(at) || !mlirShapedTypeHasStaticShape(bt))
     return NULL;
+  // B as [K, N], or as [N, K] (b_t: a linear's weight, warpgroup MMA only).
+  int form = kiln_gpu_matmul_lhs_form(mm);
+  if (form != 0 && form != 2) return NULL;
+  bool b_t = form == 2;
   int64_t m = mlirShapedTypeGetDimSize(at, 0), k = mlirShapedTypeGetDimSize(at, 1),
-          n = mlirShapedTypeGetDimSize(bt, 1);
+          n = mlirShapedTypeGetDimSize(bt, b_t ? 0 : 1);
   MlirType bf16 = mlirBF16TypeGet(ctx), f32 = mlirF32TypeGet(ctx);
   // The kernel overwrites C: only where C is zero-filled just before.
   MlirOperation fill = kiln_gpu_zero_fill(mm, cv);
-  if (!kiln_gpu_whole_matrix(at, m, k, bf16) || !kiln_gpu_whole_matrix(bt, k, n, bf16) ||
+  if (!kiln_gpu_whole_matrix(at, m, k, bf16) ||
+      !kiln_gpu_whole_matrix(bt, b_t ? n : k, b_t ? k : n, bf16) ||
       !kiln_gpu_whole_matrix(mlirValueGetType(cv), m, n, f32) || m % 128 ||
       n % 128 || k % 32 || mlirOperationIsNull(fill))
     return NULL;
   // wgmma is sm_90a's (not later architectures'); KILN_GPU_WGMMA=0 keeps
   // mma.sync there.
   *wgmma = kiln_kernels_wgmma_applies(sm, k);
+  if (b_t && !*wgmma) return NULL;
   // The consumer on whole buffers: ins(..., C, ...) outs(O), O [M, N],
   // after the matmul in its block, nothing between them touching its
   // buffers; its other inputs whole [M, N] or [N] buffers.
@@ -1001,9 +1025,9 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
   bool general = folded && !bf16_out;
   char *text;
   kiln_tile_config_t tc;
-  gpu_mma_tiles(tiling, m, n, k, *wgmma, bf16_out, general ? &ep : NULL, &tc);
+  gpu_mma_tiles(tiling, m, n, k, *wgmma, b_t, bf16_out, general ? &ep : NULL, &tc);
   if (*wgmma) {
-    wg_shape_t w = wg_choose(m, n, k, &tc);
+    wg_shape_t w = wg_choose(m, n, k, b_t, &tc);
     text = wgmma_text(&w, bf16_out, general ? &ep : NULL);
   } else {
     mma_shape_t s = choose(m, n, k, &tc);

@@ -39,14 +39,15 @@ typedef struct {
 // A matmul for kernels/gpu_mma.c's tensor-core kernel (`bf16`) or
 // kernels/gpu_sgemm.c's f32 one: linalg.matmul, bf16 or f32, into f32,
 // static; bf16: row-major operands (the default indexing maps) in whole
-// 128 x 128 x 32 tiles; f32: A row-major or in kiln's transposed-lhs form,
-// in the tiles kiln_kernels_sgemm_applies takes.
-static bool is_gemm_matmul(MlirOperation op, bool bf16) {
+// 128 x 128 x 32 tiles, or B given as [N, K] (a linear's weight) where the
+// warpgroup-MMA kernel applies on `sm`; f32: A row-major or in kiln's
+// transposed-lhs form, in the tiles kiln_kernels_sgemm_applies takes.
+static bool is_gemm_matmul(MlirOperation op, bool bf16, int sm) {
   if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.matmul") ||
       mlirOperationGetNumOperands(op) != 3)
     return false;
   int form = kiln_gpu_matmul_lhs_form(op);
-  if (form < 0 || (bf16 && form != 0)) return false;
+  if (form < 0 || (bf16 ? form == 1 : form == 2)) return false;
   MlirType a = mlirValueGetType(mlirOperationGetOperand(op, 0));
   MlirType b = mlirValueGetType(mlirOperationGetOperand(op, 1));
   MlirType c = mlirValueGetType(mlirOperationGetOperand(op, 2));
@@ -57,11 +58,12 @@ static bool is_gemm_matmul(MlirOperation op, bool bf16) {
     return false;
   MlirType ae = mlirShapedTypeGetElementType(a), be = mlirShapedTypeGetElementType(b);
   if (!mlirTypeIsAF32(mlirShapedTypeGetElementType(c))) return false;
-  int64_t m = mlirShapedTypeGetDimSize(a, form), k = mlirShapedTypeGetDimSize(a, 1 - form),
-          n = mlirShapedTypeGetDimSize(b, 1);
+  bool a_t = form == 1, b_t = form == 2;
+  int64_t m = mlirShapedTypeGetDimSize(a, a_t), k = mlirShapedTypeGetDimSize(a, !a_t),
+          n = mlirShapedTypeGetDimSize(b, !b_t);
   if (bf16)
     return mlirTypeIsABF16(ae) && mlirTypeIsABF16(be) && m % 128 == 0 && n % 128 == 0 &&
-           k % 32 == 0;
+           k % 32 == 0 && (!b_t || kiln_kernels_wgmma_applies(sm, k));
   return mlirTypeIsAF32(ae) && mlirTypeIsAF32(be) && kiln_kernels_sgemm_applies(m, n, k);
 }
 
@@ -173,7 +175,7 @@ static MlirOperation epilogue_consumer(MlirOperation mm, bool epilogues) {
 
 static MlirWalkResult mark_mma(MlirOperation op, void *user) {
   tiler_t *t = user;
-  if (!is_gemm_matmul(op, true) || kiln_kernels_inside_forall(op))
+  if (!is_gemm_matmul(op, true, t->sm) || kiln_kernels_inside_forall(op))
     return MlirWalkResultAdvance;
   MlirAttribute id = mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++);
   mlirOperationSetDiscardableAttributeByName(
@@ -192,7 +194,7 @@ static MlirWalkResult mark_mma(MlirOperation op, void *user) {
 // activation after it stays its own kernel).
 static MlirWalkResult mark_sgemm(MlirOperation op, void *user) {
   tiler_t *t = user;
-  if (!is_gemm_matmul(op, false) || kiln_kernels_inside_forall(op))
+  if (!is_gemm_matmul(op, false, t->sm) || kiln_kernels_inside_forall(op))
     return MlirWalkResultAdvance;
   mlirOperationSetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.gpu_sgemm"),

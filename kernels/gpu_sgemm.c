@@ -465,7 +465,7 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, bool *done) {
       mlirShapedTypeGetRank(at) != 2 || mlirShapedTypeGetRank(bt) != 2)
     return NULL;
   int form = kiln_gpu_matmul_lhs_form(mm);
-  if (form < 0) return NULL;
+  if (form < 0 || form == 2) return NULL;
   bool a_t = form == 1;  // A given as [K, M]
   int64_t m = mlirShapedTypeGetDimSize(at, a_t ? 1 : 0),
           k = mlirShapedTypeGetDimSize(at, a_t ? 0 : 1), n = mlirShapedTypeGetDimSize(bt, 1);

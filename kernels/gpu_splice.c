@@ -112,13 +112,15 @@ int kiln_gpu_matmul_lhs_form(MlirOperation mm) {
   MlirAttribute maps = mlirOperationGetAttributeByName(
       mm, mlirStringRefCreateFromCString("indexing_maps"));
   if (mlirAttributeIsNull(maps)) return 0;
-  static const char *const forms[2] = {
+  static const char *const forms[3] = {
       "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
       "affine_map<(d0, d1, d2) -> (d0, d1)>]",
       "[affine_map<(d0, d1, d2) -> (d2, d0)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
+      "affine_map<(d0, d1, d2) -> (d0, d1)>]",
+      "[affine_map<(d0, d1, d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
       "affine_map<(d0, d1, d2) -> (d0, d1)>]"};
   MlirContext ctx = mlirOperationGetContext(mm);
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3; ++i) {
     MlirAttribute f = mlirAttributeParseGet(ctx, mlirStringRefCreateFromCString(forms[i]));
     if (!mlirAttributeIsNull(f) && mlirAttributeEqual(f, maps)) return i;
   }

@@ -30,7 +30,8 @@ kiln_status_t kiln_gpu_splice(MlirContext ctx, const char *text, MlirOperation m
 
 // A linalg.matmul's operand form: 0 for the default indexing maps (A[M, K]),
 // 1 for kiln's transposed-lhs form (A given as A^T, [K, M]: lowering/ops/
-// matmul.c), -1 for anything else.
+// matmul.c), 2 for its transposed-rhs form (B given as B^T, [N, K]: a
+// linear's weight), -1 for anything else.
 int kiln_gpu_matmul_lhs_form(MlirOperation mm);
 
 #endif  // KILN_KERNELS_GPU_SPLICE_H_

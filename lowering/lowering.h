@@ -50,6 +50,12 @@ typedef struct kiln_lower_options {
   bool split_full_reductions;
   // CUDA: lhs_transpose_map is subject to kiln_kernels_sgemm_applies (f32).
   bool cuda;
+  // CUDA: the device's compute capability (90 for sm_90; 0: unknown). Where
+  // the warpgroup-MMA kernel applies (kiln_kernels_wgmma_applies), a bf16
+  // matmul against a transposed weight (x @ W^T) reads W [N, K] in place
+  // through its indexing map: K-major, wgmma's own layout for B
+  // (kernels/gpu_mma.c), instead of a transpose kernel first.
+  int cuda_sm;
   // AMX-BF16 (with x86_bf16_dot): the bf16 microkernel's 32-row tiles run
   // on the tile unit (tdpbf16ps over packed B), lowering/ops/matmul.c.
   bool x86_amx;

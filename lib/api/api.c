@@ -1423,7 +1423,8 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     // through the map where the f32 GEMM kernel takes it.
     kiln_lower_options_t lopts = {.collapse_reductions = true,
                                   .lhs_transpose_map = true,
-                                  .cuda = true};
+                                  .cuda = true,
+                                  .cuda_sm = major * 10 + minor};
     char *linalg = NULL;
     double t0 = now_seconds();
     s = kiln_lower_to_linalg(v->graph, NULL, &lopts, &linalg);
@@ -2530,6 +2531,7 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   kiln_lower_options_t lopts = {!cuda && strstr(kiln_jit_host_id(), "+avx512bf16"),
                                 cuda, !cuda, !cuda, true, !cuda, !cuda, cuda};
   lopts.x86_amx = lopts.x86_bf16_dot && kiln_jit_amx_available();
+  lopts.cuda_sm = cuda ? atoi(chip + 3) : 0;
   lopts.x86_f32_dot = !cuda && f32_dot_enabled();
   lopts.fused_attention = !cuda && fused_attention_enabled();
   if (looks_like_graph(text, length)) {

@@ -2187,7 +2187,26 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
           kiln_kernels_sgemm_applies(at_src->type.dims[1], b->type.dims[1],
                                      at_src->type.dims[0])))
       at_src = NULL;
-    if (at_src) {
+    // A bf16 x @ W^T for the CUDA warpgroup-MMA kernel: W read in place.
+    const kiln_tv_t *w_src = NULL;
+    if (!at_src && e->options.cuda && n->op != KILN_OP_BMM && acc == KILN_F32 &&
+        a->type.dtype == KILN_BF16 && kiln_type_is_static(&a->type)) {
+      w_src = transposed_source(e, n->operands[base + 1].value);
+      if (w_src && !(w_src->type.dtype == KILN_BF16 && kiln_type_is_static(&w_src->type) &&
+                     a->type.dims[0] % 128 == 0 && w_src->type.dims[0] % 128 == 0 &&
+                     kiln_kernels_wgmma_applies(e->options.cuda_sm, a->type.dims[1])))
+        w_src = NULL;
+    }
+    if (w_src) {
+      char wty[256];
+      kiln_mlir_tensor_type(&w_src->type, wty, sizeof(wty));
+      kiln_sbuf_printf(&e->out,
+                       "    %s = linalg.matmul indexing_maps = [affine_map<(d0, d1, "
+                       "d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
+                       "affine_map<(d0, d1, d2) -> (d0, d1)>] ins(%s, %s : %s, %s) "
+                       "outs(%s : %s) -> %s\n",
+                       mm.ssa, a->ssa, w_src->ssa, aty, wty, init.ssa, oty, oty);
+    } else if (at_src) {
       char sty[256];
       kiln_mlir_tensor_type(&at_src->type, sty, sizeof(sty));
       kiln_sbuf_printf(&e->out,

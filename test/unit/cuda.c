@@ -58,6 +58,15 @@ static const char *kGraphs[] = {
     // from the f32 accumulators (folded into the kernel's stores).
     "graph @wg(%a: bf16[512,1024], %b: bf16[1024,512]) {\n"
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    // Linear layers, x @ W^T: on sm_90 the wgmma kernel reads W [N, K] in
+    // place (K-major B), 128- and 256-column blocks, the second with a
+    // bias + GELU epilogue; with KILN_GPU_WGMMA=0 a transpose, then
+    // mma.sync.
+    "graph @wgbt(%x: bf16[256,512], %w: bf16[384,512]) {\n"
+    "  %t = aten.permute(%w) {dims = [1, 0]}\n  %y = aten.mm(%x, %t)\n  return %y\n}\n",
+    "graph @wgbt2(%x: bf16[384,1024], %w: bf16[512,1024], %c: bf16[512]) {\n"
+    "  %t = aten.permute(%w) {dims = [1, 0]}\n  %d = aten.addmm(%c, %x, %t)\n"
+    "  %g = aten.gelu(%d)\n  return %g\n}\n",
     "graph @wg2(%a: bf16[384,64], %b: bf16[64,768], %r: bf16[384,768]) {\n"
     "  %c = aten.mm(%a, %b)\n  %d = aten.add(%c, %r)\n  return %d\n}\n",
     // An epilogue folded into the wgmma kernel's stores: bias, ReLU, an
