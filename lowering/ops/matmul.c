@@ -2197,24 +2197,20 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
                      kiln_kernels_wgmma_applies(e->options.cuda_sm, a->type.dims[1])))
         w_src = NULL;
     }
-    if (w_src) {
-      char wty[256];
-      kiln_mlir_tensor_type(&w_src->type, wty, sizeof(wty));
+    if (w_src || at_src) {
+      // One operand given transposed, read through its indexing map:
+      // A as [K, M] (at_src) or B as [N, K] (w_src).
+      const kiln_tv_t *x = w_src ? a : at_src, *y = w_src ? w_src : b;
+      char xty[256], yty[256];
+      kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
+      kiln_mlir_tensor_type(&y->type, yty, sizeof(yty));
       kiln_sbuf_printf(&e->out,
                        "    %s = linalg.matmul indexing_maps = [affine_map<(d0, d1, "
-                       "d2) -> (d0, d2)>, affine_map<(d0, d1, d2) -> (d1, d2)>, "
+                       "d2) -> (%s)>, affine_map<(d0, d1, d2) -> (%s)>, "
                        "affine_map<(d0, d1, d2) -> (d0, d1)>] ins(%s, %s : %s, %s) "
                        "outs(%s : %s) -> %s\n",
-                       mm.ssa, a->ssa, w_src->ssa, aty, wty, init.ssa, oty, oty);
-    } else if (at_src) {
-      char sty[256];
-      kiln_mlir_tensor_type(&at_src->type, sty, sizeof(sty));
-      kiln_sbuf_printf(&e->out,
-                       "    %s = linalg.matmul indexing_maps = [affine_map<(d0, d1, "
-                       "d2) -> (d2, d0)>, affine_map<(d0, d1, d2) -> (d2, d1)>, "
-                       "affine_map<(d0, d1, d2) -> (d0, d1)>] ins(%s, %s : %s, %s) "
-                       "outs(%s : %s) -> %s\n",
-                       mm.ssa, at_src->ssa, b->ssa, sty, bty, init.ssa, oty, oty);
+                       mm.ssa, w_src ? "d0, d2" : "d2, d0", w_src ? "d1, d2" : "d2, d1",
+                       x->ssa, y->ssa, xty, yty, init.ssa, oty, oty);
     } else {
       char bssa[24];
       if (n->op == KILN_OP_BMM ||
