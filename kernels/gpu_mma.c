@@ -804,21 +804,11 @@ static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t
   kd.elem_bytes = 2;
   kd.wgmma = wgmma;
   char id[160];
-  int len = snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s",
-                     (long long)m, (long long)n, (long long)k, wgmma,
-                     bf16_out ? "bf16" : "f32", ep ? ep->n_in : -1, bt ? " bt" : "");
-  kiln_hasher_t h;
-  kiln_hasher_init(&h);
-  kiln_hasher_update(&h, id, (size_t)len);
-  kd.hash = kiln_hasher_final(&h);
+  snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s",
+           (long long)m, (long long)n, (long long)k, wgmma, bf16_out ? "bf16" : "f32",
+           ep ? ep->n_in : -1, bt ? " bt" : "");
   kiln_cpu_target_t none = {0, 0, 1, 0, 0};
-  const kiln_cpu_target_t *target = tiling ? &tiling->target : &none;
-  if (tiling && tiling->choose)
-    tiling->choose(tiling->user, &kd, out);
-  else
-    kiln_autotune_heuristic(&kd, target, out);
-  if (!kiln_autotune_config_valid(&kd, target, out, NULL, 0))
-    kiln_autotune_heuristic(&kd, target, out);
+  kiln_kernel_tiles(tiling, &none, id, &kd, out);
 }
 
 typedef struct {

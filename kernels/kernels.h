@@ -23,6 +23,16 @@ typedef struct kiln_kernel_tiling {
   void *user;
 } kiln_kernel_tiling_t;
 
+// The tiles of a kernel emitted whole rather than scheduled here (the f32
+// GEMM microkernel, the tensor-core GEMM): `desc` gets the hash of
+// `identity` (its sizes and form: the tuning database's key), then
+// `tiling` answers (NULL, or no chooser: the heuristic, on `fallback`
+// where `tiling` is NULL); an answer that is not valid for `desc` is
+// replaced by the heuristic's (kernels/tiling.c).
+void kiln_kernel_tiles(const kiln_kernel_tiling_t *tiling, const kiln_cpu_target_t *fallback,
+                       const char *identity, kiln_kernel_desc_t *desc,
+                       kiln_tile_config_t *out);
+
 // Producer fusion of one tagged op, three kinds (kernels/cpu_vectorize.c):
 //   - the elementwise op making a contraction's init (a zero fill, an
 //     addmm's broadcast bias), computed inside the contraction's thread

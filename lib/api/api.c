@@ -842,6 +842,24 @@ static void choose_tiles(void *user, const kiln_kernel_desc_t *d,
   ts->count++;
 }
 
+// A compile whose kernels take `configs` (one per kernel, in the order the
+// first compile recorded them: choose_tiles); replay_end closes it, and a
+// compile whose kernels came otherwise (`what` names it) is an error.
+static kiln_kernel_tiling_t replay_begin(tune_state_t *ts, const kiln_tile_config_t *configs) {
+  ts->replay = configs;
+  ts->next = 0;
+  ts->mismatches = 0;
+  return (kiln_kernel_tiling_t){ts->target, choose_tiles, ts};
+}
+
+static kiln_status_t replay_end(tune_state_t *ts, kiln_status_t s, const char *what) {
+  ts->replay = NULL;
+  if (!s && ts->mismatches)
+    s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of %s differ "
+                         "from the first compile's", what);
+  return s;
+}
+
 // One measurement: the variant compiled with a candidate set of tiles, run
 // on random inputs of its real shapes.
 #define KILN_TUNE_MAX_TENSORS 512
@@ -858,20 +876,14 @@ typedef struct tune_run {
 static kiln_status_t measure_tiles(void *user, const kiln_tile_config_t *configs,
                                    double *out_seconds) {
   tune_run_t *r = user;
-  kiln_kernel_tiling_t tiling = {r->ts->target, choose_tiles, r->ts};
-  r->ts->replay = configs;
-  r->ts->next = 0;
-  r->ts->mismatches = 0;
+  kiln_kernel_tiling_t tiling = replay_begin(r->ts, configs);
   kiln_stats_t scratch;
   memset(&scratch, 0, sizeof(scratch));
   void *obj = NULL;
   size_t size = 0;
   double t0 = now_seconds();
   kiln_status_t s = compile_object(r->f, r->v, &tiling, &scratch, &obj, &size);
-  r->ts->replay = NULL;
-  if (!s && r->ts->mismatches)
-    s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of a "
-                         "recompile differ from the first compile's");
+  s = replay_end(r->ts, s, "a recompile");
   kiln_jit_t *jit = NULL;
   if (!s) s = kiln_jit_load_object(obj, size, &jit);
   free(obj);
@@ -1016,13 +1028,9 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
     if (!s && memcmp(best, ts.configs, sizeof(*best) * (size_t)ts.count)) {
       free(*obj);
       *obj = NULL;
-      ts.replay = best;
-      ts.next = 0;
-      ts.mismatches = 0;
-      s = compile_object(f, v, &tiling, st, obj, size);
-      if (!s && ts.mismatches)
-        s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of "
-                             "the final compile differ from the first's");
+      kiln_kernel_tiling_t final = replay_begin(&ts, best);
+      s = compile_object(f, v, &final, st, obj, size);
+      s = replay_end(&ts, s, "the final compile");
     }
     // Candidate compiles are measurements, not variants: their time shows
     // in tune_seconds only.
@@ -1192,19 +1200,13 @@ static kiln_status_t measure_cuda(void *user, const kiln_tile_config_t *configs,
                                   double *out_seconds) {
   cuda_tune_run_t *r = user;
   kiln_function_t *f = r->f;
-  kiln_kernel_tiling_t tiling = {r->ts->target, choose_tiles, r->ts};
-  r->ts->replay = configs;
-  r->ts->next = 0;
-  r->ts->mismatches = 0;
+  kiln_kernel_tiling_t tiling = replay_begin(r->ts, configs);
   kiln_variant_t tv;
   memset(&tv, 0, sizeof(tv));
   tv.cuda_device = f->cuda_device;
   double t0 = now_seconds();
   kiln_status_t s = cuda_program(f, r->linalg, r->chip, &tiling, false, &tv.gpu);
-  r->ts->replay = NULL;
-  if (!s && r->ts->mismatches)
-    s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of a "
-                         "recompile differ from the first compile's");
+  s = replay_end(r->ts, s, "a recompile");
   int nargs = r->g->input_count + r->g->output_count;
   if (!s && tv.gpu.arg_count != nargs)
     s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: a launch program for %d "
@@ -1321,15 +1323,9 @@ static kiln_status_t tune_cuda(kiln_function_t *f, kiln_variant_t *v, const char
       // The final program replaces the first only once it is built.
       kiln_gpu_program_t tuned;
       memset(&tuned, 0, sizeof(tuned));
-      kiln_kernel_tiling_t tiling = {ts->target, choose_tiles, ts};
-      ts->replay = best;
-      ts->next = 0;
-      ts->mismatches = 0;
+      kiln_kernel_tiling_t tiling = replay_begin(ts, best);
       s = cuda_program(f, linalg, chip, &tiling, true, &tuned);
-      ts->replay = NULL;
-      if (!s && ts->mismatches)
-        s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: the kernels of "
-                             "the final compile differ from the first's");
+      s = replay_end(ts, s, "the final compile");
       if (s) {
         kiln_gpu_program_free(&tuned);
       } else {

@@ -586,13 +586,20 @@ static void emit_tile_vector(kiln_sbuf_t *o, const char *name, char (*vals)[64],
   }
 }
 
-// Ends a tile's loop over columns: its values as one [rm, nv, 16] vector
-// (`w`), written into `dest` (typed `ty`: [rows, vectors, 16]) at row
-// `row` and vector col / 16 (named `idx`); the result `res` is yielded.
-static void emit_tile_write_yield(kiln_sbuf_t *o, const char *w, char (*vals)[64], int rm,
-                                  int nv, const char *idx, const char *col, const char *c16,
-                                  const char *res, const char *dest, const char *row,
-                                  const char *c0, const char *ty) {
+// Ends a tile's loop over columns: its values as one [rm, nv, 16] vector,
+// written into the loop's tensor (typed `ty`: [rows, vectors, 16]) at
+// row `row` and vector col / 16, and the result yielded. The names are
+// %<p>_<sfx> for the prefixes `p` = {vector, vector index, column (the
+// loop's), result, tensor (its iter_arg)}; `c16` and `c0` are constants.
+static void emit_tile_write_yield(kiln_sbuf_t *o, char (*vals)[64], int rm, int nv,
+                                  const char *sfx, const char *const p[5], const char *c16,
+                                  const char *row, const char *c0, const char *ty) {
+  char w[64], idx[64], col[64], res[64], dest[64];
+  snprintf(w, sizeof(w), "%%%s_%s", p[0], sfx);
+  snprintf(idx, sizeof(idx), "%%%s_%s", p[1], sfx);
+  snprintf(col, sizeof(col), "%%%s_%s", p[2], sfx);
+  snprintf(res, sizeof(res), "%%%s_%s", p[3], sfx);
+  snprintf(dest, sizeof(dest), "%%%s_%s", p[4], sfx);
   emit_tile_vector(o, w, vals, rm, nv);
   kiln_sbuf_printf(o,
       "          %s = arith.divui %s, %s : index\n"
@@ -754,15 +761,11 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
       }
       snprintf(vals[k], sizeof(vals[k]), "%s", sv);
     }
-    char w[64], idx[64], col[64], c16[24], wr[64], dest[64], c0r[24];
-    snprintf(w, sizeof(w), "%%sw_%s", sfx);
-    snprintf(idx, sizeof(idx), "%%jv_%s", sfx);
-    snprintf(col, sizeof(col), "%%j_%s", sfx);
+    static const char *const names[5] = {"sw", "jv", "j", "sn", "sc"};
+    char c16[24], c0r[24];
     snprintf(c16, sizeof(c16), "%%c16_%d", id);
-    snprintf(wr, sizeof(wr), "%%sn_%s", sfx);
-    snprintf(dest, sizeof(dest), "%%sc_%s", sfx);
     snprintf(c0r, sizeof(c0r), "%%c0_%d", id);
-    emit_tile_write_yield(o, w, vals, rm, nv, idx, col, c16, wr, dest, c0r, c0r, sty);
+    emit_tile_write_yield(o, vals, rm, nv, sfx, names, c16, c0r, c0r, sty);
     snprintf(cur, sizeof(cur), "%%sj_%d_%d_%d", id, t, part);
   }
   // 2. The rows' maxima, exp(s - max) in place and 1 / the sums, all rows
@@ -905,14 +908,10 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
       kiln_sbuf_printf(o, "          %s = arith.mulf %s#%d, %s : vector<16xf32>\n", vals[k], res,
                        k, rcp[k / nv]);
     }
-    char w[64], idx[64], col[64], c16[24], wr[64], dest[64];
-    snprintf(w, sizeof(w), "%%ow_%s", sfx);
-    snprintf(idx, sizeof(idx), "%%cv_%s", sfx);
-    snprintf(col, sizeof(col), "%%c_%s", sfx);
+    static const char *const names[5] = {"ow", "cv", "c", "onx", "ot"};
+    char c16[24];
     snprintf(c16, sizeof(c16), "%%c16_%d", id);
-    snprintf(wr, sizeof(wr), "%%onx_%s", sfx);
-    snprintf(dest, sizeof(dest), "%%ot_%s", sfx);
-    emit_tile_write_yield(o, w, vals, rm, nv, idx, col, c16, wr, dest, lr, c0, oty);
+    emit_tile_write_yield(o, vals, rm, nv, sfx, names, c16, lr, c0, oty);
     snprintf(ocur, sizeof(ocur), "%%oc_%d_%d_%d", id, t, part);
   }
   snprintf(nob, 24, "%s", ocur);

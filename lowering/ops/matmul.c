@@ -940,24 +940,12 @@ static void f32_dot_tiles(const kiln_emitter_t *e, const kiln_tv_t *a, long long
   kd.elem_bytes = 4;
   kd.fixed_rows = a_t;
   char id[192];
-  int len = snprintf(id, sizeof(id),
-                     "f32_dot m=%lld n=%lld k=%lld a_t=%d w=%d bias=%d epi=%s/%s",
-                     sym_m ? -1LL : (long long)a->type.dims[0], N, K, a_t, from_w, bias,
-                     epi ? kiln_op_name(epi->op) : "-",
-                     epi ? kiln_node_attr_str(epi, "approximate", "-") : "-");
-  kiln_hasher_t h;
-  kiln_hasher_init(&h);
-  kiln_hasher_update(&h, id, (size_t)len);
-  kd.hash = kiln_hasher_final(&h);
-  const kiln_kernel_tiling_t *t = e->options.tiling;
+  snprintf(id, sizeof(id), "f32_dot m=%lld n=%lld k=%lld a_t=%d w=%d bias=%d epi=%s/%s",
+           sym_m ? -1LL : (long long)a->type.dims[0], N, K, a_t, from_w, bias,
+           epi ? kiln_op_name(epi->op) : "-",
+           epi ? kiln_node_attr_str(epi, "approximate", "-") : "-");
   kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
-  const kiln_cpu_target_t *target = t ? &t->target : &avx512;
-  if (t && t->choose)
-    t->choose(t->user, &kd, out);
-  else
-    kiln_autotune_heuristic(&kd, target, out);
-  if (!kiln_autotune_config_valid(&kd, target, out, NULL, 0))
-    kiln_autotune_heuristic(&kd, target, out);
+  kiln_kernel_tiles(e->options.tiling, &avx512, id, &kd, out);
 }
 
 // C (`init`, typed `oty`, every element written) = epi(A @ B (+ bias)), A the
