@@ -66,6 +66,12 @@ static CUresult (*cuMemPoolSetAttribute_)(CUmemoryPool, CUmemPool_attribute, voi
 static CUresult (*cuMemAllocFromPoolAsync_)(CUdeviceptr *, size_t, CUmemoryPool,
                                             CUstream);
 static CUresult (*cuCtxGetDevice_)(CUdevice *);
+// TMA tensor maps (CUDA 12.0+).
+static CUresult (*cuTensorMapEncodeTiled_)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
+                                           void *, const cuuint64_t *, const cuuint64_t *,
+                                           const cuuint32_t *, const cuuint32_t *,
+                                           CUtensorMapInterleave, CUtensorMapSwizzle,
+                                           CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 // CUDA graphs (stream capture, in-place update: CUDA 12.0+); optional, so an
 // older driver still runs kernels and only graph recording is UNAVAILABLE.
@@ -112,6 +118,7 @@ static void load_driver(void) {
   *(void **)&cuMemPoolSetAttribute_ = dlsym(h, "cuMemPoolSetAttribute");
   *(void **)&cuMemAllocFromPoolAsync_ = dlsym(h, "cuMemAllocFromPoolAsync");
   *(void **)&cuCtxGetDevice_ = dlsym(h, "cuCtxGetDevice");
+  *(void **)&cuTensorMapEncodeTiled_ = dlsym(h, "cuTensorMapEncodeTiled");
   cug.present = true;
 #define X(name, ret, args)                                                    \
   cug.name = (ret(*) args)dlsym(h, #name);                                    \
@@ -265,6 +272,43 @@ kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],
                              block[0], block[1], block[2], shared_bytes,
                              (CUstream)stream, params, NULL),
            "cuLaunchKernel");
+  return NULL;
+}
+
+kiln_status_t kiln_cuda_tensor_map(void *map, kiln_cuda_elem_t elem, int rank, void *base,
+                                   const int64_t *dims, const int64_t *strides,
+                                   const int32_t *box, int swizzle, int l2promo) {
+  if (!cuTensorMapEncodeTiled_)
+    return kiln_make_status(KILN_STATUS_UNAVAILABLE,
+                            "cuTensorMapEncodeTiled: the CUDA driver has no TMA "
+                            "tensor maps (CUDA 12.0+)");
+  if (rank < 1 || rank > 5 || ((uintptr_t)map & 63))
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "cuTensorMapEncodeTiled: rank %d (1 to 5), map %p (64-byte "
+                            "aligned)", rank, map);
+  static const CUtensorMapDataType types[] = {CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                              CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                              CU_TENSOR_MAP_DATA_TYPE_FLOAT32};
+  cuuint64_t d[5], st[4];
+  cuuint32_t b[5], one[5];
+  for (int i = 0; i < rank; ++i) {
+    d[i] = (cuuint64_t)dims[i];
+    b[i] = (cuuint32_t)box[i];
+    one[i] = 1;
+    if (i > 0) st[i - 1] = (cuuint64_t)strides[i];
+  }
+  CUtensorMapSwizzle sw = swizzle == 128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                          : swizzle == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                          : swizzle == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                          : CU_TENSOR_MAP_SWIZZLE_NONE;
+  CUtensorMapL2promotion l2 = l2promo == 256  ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                              : l2promo == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                              : l2promo == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                                               : CU_TENSOR_MAP_L2_PROMOTION_NONE;
+  CU_CHECK(cuTensorMapEncodeTiled_((CUtensorMap *)map, types[elem], (cuuint32_t)rank, base,
+                                   d, st, b, one, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, l2,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+           "cuTensorMapEncodeTiled");
   return NULL;
 }
 
@@ -658,6 +702,11 @@ kiln_status_t kiln_cuda_function_reserve_shared(void *f, uint32_t b) { KILN_NO_C
 kiln_status_t kiln_cuda_launch(void *f, const uint32_t g[3], const uint32_t b[3],
                                uint32_t s, void *st, void **p) { KILN_NO_CUDA; }
 kiln_status_t kiln_cuda_alloc(size_t n, void *s, void **p) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_tensor_map(void *m, kiln_cuda_elem_t e, int r, void *b,
+                                   const int64_t *d, const int64_t *s, const int32_t *x,
+                                   int sw, int l2) {
+  KILN_NO_CUDA;
+}
 void kiln_cuda_free(void *p, void *s) {}
 kiln_status_t kiln_cuda_memcpy(void *d, const void *s, size_t n, void *st) {
   KILN_NO_CUDA;

@@ -49,6 +49,23 @@ kiln_status_t kiln_cuda_launch(void *fn, const uint32_t grid[3],
                                const uint32_t block[3], uint32_t shared_bytes,
                                void *stream, void **params);
 
+// A TMA tensor map (cuTensorMapEncodeTiled) of `rank` dims at `base`:
+// sizes, strides in bytes (strides[0], the element size, is implied) and
+// the box a load moves, all innermost first; `swizzle` the shared-memory
+// swizzle span in bytes (0, 32, 64, 128), `l2promo` the L2 promotion in
+// bytes (0, 64, 128, 256); no interleave, out-of-bounds elements zero.
+// Written to `map`: 128 bytes, 64-byte aligned, passed to a kernel by
+// value. Host-only work (no stream, safe while capturing a CUDA graph).
+typedef enum kiln_cuda_elem_e {
+  KILN_CUDA_ELEM_F16 = 0,
+  KILN_CUDA_ELEM_BF16 = 1,
+  KILN_CUDA_ELEM_F32 = 2,
+} kiln_cuda_elem_t;
+#define KILN_CUDA_TENSOR_MAP_BYTES 128
+kiln_status_t kiln_cuda_tensor_map(void *map, kiln_cuda_elem_t elem, int rank, void *base,
+                                   const int64_t *dims, const int64_t *strides,
+                                   const int32_t *box, int swizzle, int l2promo);
+
 // Device memory, stream-ordered (cuMemAllocAsync / cuMemFreeAsync) where
 // the driver has it, else cuMemAlloc / cuMemFree.
 kiln_status_t kiln_cuda_alloc(size_t bytes, void *stream, void **out_ptr);

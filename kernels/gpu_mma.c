@@ -412,6 +412,20 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
 // has also retired its wgmma group of tile kt - 2), refill that stage with
 // tile kt + STAGES - 2 (clamped to the last tile), issue tile kt's wgmmas,
 // keep one group outstanding.
+//
+// By default (KILN_GPU_TMA=0 keeps the cp.async copies above) the tiles
+// arrive by TMA instead: the host function makes a tensor map of A (boxes
+// of 64 WG rows x 64 k) and of B (boxes of 64 k x 64 n, BN / 64 a stage; or
+// BN n x 64 k where B is [N, K]), each with the 128-byte swizzle, so TMA
+// writes exactly the layout above. kiln's launcher encodes them per call
+// and passes them by value (lowering/gpu.c). Each stage has an mbarrier
+// (count 1); thread 0 arms it with the stage's bytes and issues the loads
+// (cp.async.bulk.tensor), and every thread waits for the phase of tile kt
+// (parity (kt / STAGES) % 2) where the cp.async version waits for its
+// group; the barrier after it stays (the refilled stage's wgmmas must have
+// retired in both warpgroups). No fence is needed: TMA writes and wgmma
+// reads are both in the async proxy. Only tiles that exist are loaded, so
+// nothing is in flight when the stages become the output tile.
 typedef struct {
   int64_t m, n, k;
   int wg;      // warpgroups: blocks of 64 wg rows
@@ -419,6 +433,7 @@ typedef struct {
   int stages;  // at least 3
   int group;   // block rows per L2 group
   bool bt;     // B given as [N, K] (K-major)
+  bool tma;    // operands by TMA (cp.async.bulk.tensor) instead of cp.async
 } wg_shape_t;
 
 enum { WG_BK = 64 };
@@ -481,6 +496,69 @@ static void wg_issue(emitter_t *e, const wg_shape_t *s, const name_t *row0,
   commit_group(e, toks, ntok, group);
 }
 
+// TMA: the descriptor types of A's tile (BM x 64, K-major) and of B's
+// (64 k x 64 n chunks, or BN x 64 where B is [N, K]); both write the
+// 128-byte swizzle wgmma reads, so the tiles land as wg_issue lays them out.
+static void wg_tma_types(const wg_shape_t *s, char da[256], char db[256], char va[96],
+                         char vb[96]) {
+  const char *ws = "#gpu.address_space<workgroup>";
+  snprintf(va, 96, "memref<%dx%dxbf16, %s>", 64 * s->wg, WG_BK, ws);
+  snprintf(vb, 96, "memref<%dx%dxbf16, %s>", s->bt ? s->bn : WG_BK, 64, ws);
+  snprintf(da, 256,
+           "!nvgpu.tensormap.descriptor<tensor = %s, swizzle = swizzle_128b, "
+           "l2promo = l2promo_256b, oob = zero, interleave = none>", va);
+  snprintf(db, 256,
+           "!nvgpu.tensormap.descriptor<tensor = %s, swizzle = swizzle_128b, "
+           "l2promo = l2promo_256b, oob = zero, interleave = none>", vb);
+}
+
+// The pipeline's mbarriers, one per stage.
+static void wg_mbar_type(const wg_shape_t *s, char mb[128]) {
+  snprintf(mb, 128,
+           "!nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>, "
+           "num_barriers = %d>", s->stages);
+}
+
+// TMA loads of k-tile `kt` into stage `st`, completing on the stage's
+// mbarrier; emitted inside the issuing thread's scf.if (`e->count` is
+// restored by the caller: nothing here dominates the rest).
+static void wg_issue_tma(emitter_t *e, const wg_shape_t *s, const name_t *row0,
+                         const name_t *col0, const name_t *pad, const char *kt,
+                         const char *st) {
+  int bm = 64 * s->wg;
+  char da[256], db[256], va[96], vb[96], mb[128];
+  wg_tma_types(s, da, db, va, vb);
+  wg_mbar_type(s, mb);
+  const char *tsm = "memref<?xi8, #gpu.address_space<workgroup>>";
+  int64_t a_stage = (int64_t)bm * WG_BK * 2, b_stage = (int64_t)s->bn * WG_BK * 2;
+  name_t k0 = keep(mulc(e, kt, WG_BK));
+  kiln_sbuf_printf(e->out, "%snvgpu.mbarrier.arrive.expect_tx %%mb[%s], %s : %s\n",
+                   e->indent, st, cst(e, a_stage + b_stage), mb);
+  name_t offa = keep(bin(e, "addi", pad->s, mulc(e, st, a_stage)));
+  int v = e->next++;
+  kiln_sbuf_printf(e->out,
+                   "%s%%ta%d = memref.view %%dsm[%s][] : %s to %s\n"
+                   "%snvgpu.tma.async.load %%tmA[%s, %s], %%mb[%s] to %%ta%d : %s, "
+                   "%s -> %s\n",
+                   e->indent, v, offa.s, tsm, va, e->indent, k0.s, row0->s, st, v, da, mb,
+                   va);
+  name_t offb = keep(bin(e, "addi", addc(e, pad->s, s->stages * a_stage),
+                         mulc(e, st, b_stage)));
+  for (int c = 0; c < (s->bt ? 1 : s->bn / 64); ++c) {
+    // Coordinates innermost first: (k, n) of a [N, K] B, else (n, k).
+    name_t x = keep(s->bt ? k0.s : addc(e, col0->s, 64 * c));
+    name_t y = keep(s->bt ? col0->s : k0.s);
+    name_t off = keep(addc(e, offb.s, (int64_t)c * WG_BK * 128));
+    int w = e->next++;
+    kiln_sbuf_printf(e->out,
+                     "%s%%tb%d = memref.view %%dsm[%s][] : %s to %s\n"
+                     "%snvgpu.tma.async.load %%tmB[%s, %s], %%mb[%s] to %%tb%d : %s, "
+                     "%s -> %s\n",
+                     e->indent, w, off.s, tsm, vb, e->indent, x.s, y.s, st, w, db, mb,
+                     vb);
+  }
+}
+
 // A wgmma descriptor (i64) for the shared byte address `addr` (index):
 // start address >> 4 in bits 0-13, `high` the byte offsets and swizzle.
 static name_t wg_desc(emitter_t *e, const char *addr, uint64_t high) {
@@ -500,6 +578,11 @@ static name_t wg_desc(emitter_t *e, const char *addr, uint64_t high) {
 
 static uint64_t wg_desc_bits(uint64_t lead_bytes, uint64_t stride_bytes) {
   return ((lead_bytes >> 4) << 16) | ((stride_bytes >> 4) << 32) | (1ull << 62);
+}
+
+bool kiln_kernels_tma_applies(void) {
+  const char *env = getenv("KILN_GPU_TMA");
+  return !(env && strcmp(env, "0") == 0);
 }
 
 bool kiln_kernels_wgmma_applies(int sm, int64_t k) {
@@ -566,12 +649,38 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
   const char *ty = acc.data;
   int64_t blocks = (s->m / bm) * (s->n / s->bn), kt_count = s->k / WG_BK;
   int64_t a_stage = (int64_t)bm * WG_BK * 2, b_stage = (int64_t)s->bn * WG_BK * 2;
+  // TMA: the tensor maps of A and B, made on the host (kiln's launcher
+  // encodes them per call from these ops: lowering/gpu.c) and passed to
+  // the kernel as pointers (convert-nvgpu-to-nvvm's form; the pipeline
+  // makes each a 128-byte by-value parameter).
+  char da[256], db[256], va[96], vb[96], mb[128];
+  kiln_sbuf_t host;
+  kiln_sbuf_init(&host);
+  if (s->tma) {
+    wg_tma_types(s, da, db, va, vb);
+    wg_mbar_type(s, mb);
+    kiln_sbuf_printf(&host,
+                     "  %%tbA0 = arith.constant %d : index\n"
+                     "  %%tbA1 = arith.constant %d : index\n"
+                     "  %%tbB0 = arith.constant %d : index\n"
+                     "  %%tbB1 = arith.constant 64 : index\n"
+                     "  %%uA = memref.cast %%A : %s to memref<*xbf16>\n"
+                     "  %%uB = memref.cast %%B : %s to memref<*xbf16>\n"
+                     "  %%hA = nvgpu.tma.create.descriptor %%uA box[%%tbA0, %%tbA1] : "
+                     "memref<*xbf16> -> %s\n"
+                     "  %%hB = nvgpu.tma.create.descriptor %%uB box[%%tbB0, %%tbB1] : "
+                     "memref<*xbf16> -> %s\n"
+                     "  %%pA = builtin.unrealized_conversion_cast %%hA : %s to !llvm.ptr\n"
+                     "  %%pB = builtin.unrealized_conversion_cast %%hB : %s to !llvm.ptr\n",
+                     bm, WG_BK, s->bt ? s->bn : WG_BK, ta, tb, da, db, da, db);
+  }
   kiln_sbuf_printf(&b,
                    "func.func @kiln_mma(%%A: %s, %%B: %s, %%C: %s%s) {\n"
                    "  %%one = arith.constant 1 : index\n"
                    "  %%gx = arith.constant %lld : index\n"
                    "  %%nt = arith.constant %d : index\n"
                    "  %%smem = arith.constant %lld : i32\n"
+                   "%s"
                    "  gpu.launch blocks(%%bx, %%by, %%bz) in (%%sgx = %%gx, %%sgy = "
                    "%%one, %%sgz = %%one)\n"
                    "             threads(%%tx, %%ty, %%tz) in (%%stx = %%nt, %%sty = "
@@ -583,7 +692,8 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
                    "      %%base = memref.extract_aligned_pointer_as_index %%dsm : %s -> "
                    "index\n",
                    ta, tb, tc, eargs.data ? eargs.data : "", (long long)blocks, nt,
-                   (long long)wgmma_shared_bytes(s), tsm, tsm);
+                   (long long)wgmma_shared_bytes(s), host.data ? host.data : "", tsm, tsm);
+  kiln_sbuf_free(&host);
   kiln_sbuf_free(&eargs);
   name_t c1024 = keep(cst(e, 1024));
   name_t pad = keep(remc(e, bin(e, "subi", c1024.s, remc(e, "%base", 1024)), 1024));
@@ -594,6 +704,30 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
                    "%s%%sA = memref.view %%dsm[%s][] : %s to %s\n"
                    "%s%%sB = memref.view %%dsm[%s][] : %s to %s\n",
                    e->indent, pad.s, tsm, tsa, e->indent, padb.s, tsm, tsb);
+  name_t t0 = {{0}};
+  if (s->tma) {
+    // One mbarrier per stage, armed by the issuing thread (%tx 0) with the
+    // stage's bytes; the TMA unit completes it as they land.
+    name_t c0i = keep(cst(e, 0)), c1i = keep(cst(e, 1)), stage_i[8];
+    for (int p = 0; p < s->stages && p < 8; ++p) stage_i[p] = keep(cst(e, p));
+    t0 = keep("%t0");
+    kiln_sbuf_printf(&b,
+                     "%s%%tmA = builtin.unrealized_conversion_cast %%pA : !llvm.ptr to %s\n"
+                     "%s%%tmB = builtin.unrealized_conversion_cast %%pB : !llvm.ptr to %s\n"
+                     "%s%%mb = nvgpu.mbarrier.create -> %s\n"
+                     "%s%%t0 = arith.cmpi eq, %%tx, %s : index\n"
+                     "%sscf.if %%t0 {\n",
+                     e->indent, da, e->indent, db, e->indent, mb, e->indent, c0i.s,
+                     e->indent);
+    for (int p = 0; p < s->stages; ++p)
+      kiln_sbuf_printf(&b, "%s  nvgpu.mbarrier.init %%mb[%s], %s : %s\n", e->indent,
+                       stage_i[p].s, c1i.s, mb);
+    kiln_sbuf_printf(&b,
+                     "%s  nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = "
+                     "#nvvm.shared_space<cta>}\n"
+                     "%s}\n%sgpu.barrier\n",
+                     e->indent, e->indent, e->indent);
+  }
   // Blocks in groups of `group` block rows (as coords() orders them).
   int64_t tn = s->n / s->bn, per_group = (int64_t)s->group * tn;
   name_t grp = keep(divc(e, "%bx", per_group));
@@ -605,7 +739,20 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
   // This warpgroup's rows of A in every stage: 64 rows of 128 bytes.
   name_t a_wg = keep(bin(e, "addi", a0.s, mulc(e, wgi.s, 64 * WG_BK * 2)));
   char g0[16] = "", g[16];
-  for (int p = 0; p < s->stages - 2; ++p) {
+  if (s->tma) {
+    // Tiles 0 .. STAGES - 3 (those that exist): one thread issues them.
+    kiln_sbuf_printf(&b, "%sscf.if %s {\n", e->indent, t0.s);
+    int saved = e->count;
+    e->indent = "        ";
+    for (int p = 0; p < s->stages - 2 && p < kt_count; ++p) {
+      name_t kt = keep(cst(e, p));
+      wg_issue_tma(e, s, &row0, &col0, &pad, kt.s, kt.s);
+    }
+    e->indent = "      ";
+    e->count = saved;
+    kiln_sbuf_printf(&b, "%s}\n", e->indent);
+  }
+  for (int p = 0; !s->tma && p < s->stages - 2; ++p) {
     name_t kt = keep(cst(e, p < kt_count ? p : kt_count - 1));
     name_t st = keep(cst(e, p));
     wg_issue(e, s, &row0, &col0, kt.s, st.s, ta, tb, tsa, tsb, g);
@@ -619,13 +766,26 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
                    e->indent, ty, e->indent, c0.s, ckt.s, c1.s, ty);
   int outer = e->count;
   e->indent = "        ";
-  kiln_sbuf_printf(&b,
-                   "%snvgpu.device_async_wait %s {numGroups = %d : i32}\n"
-                   "%snvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = "
-                   "#nvvm.shared_space<cta>}\n"
-                   "%sgpu.barrier\n",
-                   e->indent, g0, s->stages - 3, e->indent, e->indent);
   name_t st = keep(remc(e, "%kt", s->stages));
+  if (s->tma) {
+    // Tile kt is the (kt / STAGES)-th fill of its stage: that phase's
+    // parity.
+    name_t ph = keep(remc(e, divc(e, "%kt", s->stages), 2));
+    int v = e->next++;
+    kiln_sbuf_printf(&b,
+                     "%s%%ph%d = arith.index_cast %s : index to i32\n"
+                     "%s%%pb%d = arith.trunci %%ph%d : i32 to i1\n"
+                     "%snvgpu.mbarrier.try_wait.parity %%mb[%s], %%pb%d, %s : %s\n"
+                     "%sgpu.barrier\n",
+                     e->indent, v, ph.s, e->indent, v, v, e->indent, st.s, v,
+                     cst(e, 10000000), mb, e->indent);
+  } else
+    kiln_sbuf_printf(&b,
+                     "%snvgpu.device_async_wait %s {numGroups = %d : i32}\n"
+                     "%snvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = "
+                     "#nvvm.shared_space<cta>}\n"
+                     "%sgpu.barrier\n",
+                     e->indent, g0, s->stages - 3, e->indent, e->indent);
   name_t aaddr = keep(bin(e, "addi", a_wg.s, mulc(e, st.s, a_stage)));
   name_t baddr = keep(bin(e, "addi", b0.s, mulc(e, st.s, b_stage)));
   kiln_sbuf_printf(&b, "%snvvm.wgmma.fence.aligned\n", e->indent);
@@ -651,19 +811,38 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
   kiln_sbuf_printf(&b, "%snvvm.wgmma.commit.group.sync.aligned\n", e->indent);
   // The refill, while the tensor cores work.
   name_t ahead = keep(addc(e, "%kt", s->stages - 2));
-  name_t ld_tile = keep(bin(e, "minui", ahead.s, cst(e, kt_count - 1)));
   name_t ld_stage = keep(remc(e, ahead.s, s->stages));
-  wg_issue(e, s, &row0, &col0, ld_tile.s, ld_stage.s, ta, tb, tsa, tsb, g);
+  if (s->tma) {
+    // Only tiles that exist: every armed mbarrier phase is waited for
+    // before the loop ends, so no copy is in flight when the pipeline's
+    // memory becomes the output tile.
+    int v = e->next++;
+    kiln_sbuf_printf(&b,
+                     "%s%%more%d = arith.cmpi ult, %s, %s : index\n"
+                     "%s%%go%d = arith.andi %s, %%more%d : i1\n"
+                     "%sscf.if %%go%d {\n",
+                     e->indent, v, ahead.s, cst(e, kt_count), e->indent, v, t0.s, v,
+                     e->indent, v);
+    int saved = e->count;
+    e->indent = "          ";
+    wg_issue_tma(e, s, &row0, &col0, &pad, ahead.s, ld_stage.s);
+    e->indent = "        ";
+    e->count = saved;
+    kiln_sbuf_printf(&b, "%s}\n", e->indent);
+  } else {
+    name_t ld_tile = keep(bin(e, "minui", ahead.s, cst(e, kt_count - 1)));
+    wg_issue(e, s, &row0, &col0, ld_tile.s, ld_stage.s, ta, tb, tsa, tsb, g);
+  }
   kiln_sbuf_printf(&b,
                    "%snvvm.wgmma.wait.group.sync.aligned 1\n"
                    "%sscf.yield %s : %s\n      }\n",
                    e->indent, e->indent, cur, ty);
   e->indent = "      ";
   e->count = outer;
-  kiln_sbuf_printf(&b,
-                   "%snvvm.wgmma.wait.group.sync.aligned 0\n"
-                   "%snvgpu.device_async_wait %s {numGroups = 0 : i32}\n",
-                   e->indent, e->indent, g0);
+  kiln_sbuf_printf(&b, "%snvvm.wgmma.wait.group.sync.aligned 0\n", e->indent);
+  if (!s->tma)
+    kiln_sbuf_printf(&b, "%snvgpu.device_async_wait %s {numGroups = 0 : i32}\n",
+                     e->indent, g0);
   // The outputs go through shared memory (the pipeline's, now idle) so
   // that global stores are whole 16-byte vectors along rows. Accumulator i
   // of a thread: row 16 w + lane / 4 (+ 8 for i % 4 >= 2) of its
@@ -769,7 +948,8 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
 // gpu_mma_tiles) carries the block columns, stages and group.
 static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k, bool bt,
                             const kiln_tile_config_t *tc) {
-  wg_shape_t s = {m, n, k, 2, (int)tc->reg[1], (int)tc->cache[2], (int)tc->forall[0], bt};
+  wg_shape_t s = {m,  n, k, 2, (int)tc->reg[1], (int)tc->cache[2], (int)tc->forall[0],
+                  bt, kiln_kernels_tma_applies()};
   return s;
 }
 

@@ -113,6 +113,10 @@ kiln_status_t kiln_kernels_tile_gpu(MlirContext ctx, MlirModule module, int sm,
 // Whether a tagged matmul with K = `k` becomes the wgmma kernel on `sm`
 // (90, K a multiple of 64, KILN_GPU_WGMMA not 0).
 bool kiln_kernels_wgmma_applies(int sm, int64_t k);
+// Whether the wgmma kernel takes its operand tiles by TMA
+// (cp.async.bulk.tensor on tensor maps kiln's launcher encodes per call;
+// KILN_GPU_TMA=0 keeps cp.async).
+bool kiln_kernels_tma_applies(void);
 // After bufferization: each kiln.gpu_mma matmul on whole row-major buffers
 // becomes kernels/gpu_mma.c's hand-scheduled tensor-core kernel (a
 // gpu.launch: cp.async pipeline into shared memory, then on `sm` 90 with K

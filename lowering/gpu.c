@@ -39,6 +39,7 @@ void kiln_gpu_program_free(kiln_gpu_program_t *p) {
   for (int i = 0; p->const_data && i < p->const_count; ++i) free(p->const_data[i]);
   free(p->const_data);
   free(p->const_bytes);
+  free(p->tmaps);
   memset(p, 0, sizeof(*p));
 }
 
@@ -145,6 +146,115 @@ static kiln_status_t push_step(kiln_gpu_program_t *p, const kiln_gpu_launch_t *l
   return NULL;
 }
 
+// The nvgpu.tma.create.descriptor a kernel argument passes (through the
+// unrealized cast to !llvm.ptr that the tensor-core kernel puts between
+// them), or null.
+static MlirOperation tensor_map_op(MlirValue v) {
+  MlirOperation none = {NULL};
+  if (!mlirValueIsAOpResult(v)) return none;
+  MlirOperation cast = mlirOpResultGetOwner(v);
+  if (!kiln_gpu_op_named(cast, "builtin.unrealized_conversion_cast") ||
+      mlirOperationGetNumOperands(cast) != 1)
+    return none;
+  MlirValue d = mlirOperationGetOperand(cast, 0);
+  if (!mlirValueIsAOpResult(d)) return none;
+  MlirOperation def = mlirOpResultGetOwner(d);
+  return kiln_gpu_op_named(def, "nvgpu.tma.create.descriptor") ? def : none;
+}
+
+// `key = value` of a printed !nvgpu.tensormap.descriptor as a number of
+// bytes (swizzle_128b -> 128, l2promo_256b -> 256, none -> 0), or -1.
+static int tensor_map_bytes(const char *type, const char *key) {
+  const char *at = strstr(type, key);
+  if (!at) return -1;
+  at += strlen(key);
+  if (strncmp(at, "none", 4) == 0) return 0;
+  const char *u = strchr(at, '_');
+  const char *end = strpbrk(at, ",>");
+  if (!u || (end && u > end)) return -1;
+  return atoi(u + 1);
+}
+
+// A tensor map from nvgpu.tma.create.descriptor %src box[...]: the memref
+// cast to unranked is of a static, row-major view of a buffer whose outer
+// strides are multiples of 16 bytes (TMA's rule); the box sizes are
+// constants. Becomes the program's next tensor map; *arg the launch's
+// argument for it.
+static kiln_status_t read_tensor_map(reader_t *r, MlirOperation op, int32_t *arg) {
+  kiln_gpu_program_t *p = r->p;
+  kiln_gpu_tmap_t t;
+  memset(&t, 0, sizeof(t));
+  MlirValue u = mlirOperationGetOperand(op, 0);
+  MlirOperation cast = mlirValueIsAOpResult(u) ? mlirOpResultGetOwner(u)
+                                               : (MlirOperation){NULL};
+  if (mlirOperationIsNull(cast) || !kiln_gpu_op_named(cast, "memref.cast"))
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: a tensor map of a value that is not a memref.cast");
+  MlirValue src = mlirOperationGetOperand(cast, 0);
+  MlirType mt = mlirValueGetType(src);
+  int64_t rank = mlirTypeIsAMemRef(mt) ? mlirShapedTypeGetRank(mt) : 0;
+  int64_t strides[KILN_GPU_TMAP_MAX_RANK], offset = 0, eb = 0;
+  bool ok = rank >= 1 && rank <= KILN_GPU_TMAP_MAX_RANK &&
+            mlirOperationGetNumOperands(op) == 1 + rank &&
+            mlirShapedTypeHasStaticShape(mt) &&
+            mlirLogicalResultIsSuccess(mlirMemRefTypeGetStridesAndOffset(mt, strides, &offset)) &&
+            !mlirShapedTypeIsDynamicStrideOrOffset(offset) && offset >= 0 &&
+            (eb = element_bytes(mt)) > 0;
+  MlirType el = ok ? mlirShapedTypeGetElementType(mt) : (MlirType){NULL};
+  if (ok) {
+    t.dtype = mlirTypeIsABF16(el)   ? KILN_BF16
+              : mlirTypeIsAF16(el) ? KILN_F16
+              : mlirTypeIsAF32(el) ? KILN_F32
+                                   : -1;
+    ok = t.dtype >= 0;
+  }
+  for (int64_t i = 0; ok && i < rank; ++i) {
+    int64_t d = rank - 1 - i;  // innermost first
+    int64_t box = 0;
+    ok = !mlirShapedTypeIsDynamicStrideOrOffset(strides[d]) &&
+         kiln_mlir_constant_index(mlirOperationGetOperand(op, 1 + d), &box) && box >= 1 &&
+         box <= 256 && (i > 0 || strides[d] == 1) && (i == 0 || (strides[d] * eb) % 16 == 0);
+    t.dims[i] = mlirShapedTypeGetDimSize(mt, d);
+    t.strides[i] = strides[d] * eb;
+    t.box[i] = (int32_t)box;
+  }
+  kiln_sbuf_t ty;
+  kiln_sbuf_init(&ty);
+  mlirTypePrint(mlirValueGetType(mlirOperationGetResult(op, 0)), sbuf_print, &ty);
+  const char *tys = ty.data ? ty.data : "";
+  t.swizzle = tensor_map_bytes(tys, "swizzle = ");
+  t.l2promo = tensor_map_bytes(tys, "l2promo = ");
+  ok = ok && (t.swizzle == 0 || t.swizzle == 32 || t.swizzle == 64 || t.swizzle == 128) &&
+       (t.l2promo == 0 || t.l2promo == 64 || t.l2promo == 128 || t.l2promo == 256) &&
+       strstr(tys, "oob = zero") && strstr(tys, "interleave = none") &&
+       (t.swizzle == 0 || t.box[0] * eb <= t.swizzle) && (offset * eb) % 16 == 0;
+  t.rank = (int32_t)rank;
+  t.offset_bytes = offset * eb;
+  t.buffer = buffer_of(r, src);
+  if (!ok || t.buffer < 0) {
+    kiln_sbuf_t what;
+    kiln_sbuf_init(&what);
+    mlirTypePrint(mt, sbuf_print, &what);
+    kiln_status_t s = kiln_make_status(
+        KILN_STATUS_UNSUPPORTED,
+        "cuda: a TMA tensor map of %s (%s): expected a static, row-major view of "
+        "a buffer with 16-byte aligned rows, constant boxes of 1 to 256 within "
+        "the swizzle span, zero fill and no interleave",
+        what.data ? what.data : "?", tys);
+    kiln_sbuf_free(&what);
+    kiln_sbuf_free(&ty);
+    return s;
+  }
+  kiln_sbuf_free(&ty);
+  kiln_gpu_tmap_t *nt = realloc(p->tmaps, sizeof(*nt) * (size_t)(p->tmap_count + 1));
+  if (!nt) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "tensor maps");
+  p->tmaps = nt;
+  p->tmaps[p->tmap_count] = t;
+  *arg = KILN_GPU_TMAP_ARG(p->tmap_count);
+  ++p->tmap_count;
+  return NULL;
+}
+
 static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
   kiln_gpu_program_t *p = r->p;
   intptr_t n = mlirOperationGetNumOperands(op);
@@ -201,6 +311,11 @@ static kiln_status_t read_launch(reader_t *r, MlirOperation op) {
                             l.arg_count, KILN_GPU_MAX_ARGS);
   for (int k = 0; k < l.arg_count; ++k) {
     MlirValue v = mlirOperationGetOperand(op, 6 + smem + k);
+    MlirOperation tm = tensor_map_op(v);
+    if (!mlirOperationIsNull(tm)) {
+      KILN_RETURN_IF_ERROR_PLAIN(read_tensor_map(r, tm, &l.args[k]));
+      continue;
+    }
     int b = buffer_of(r, v);
     if (b < 0) {
       kiln_sbuf_t what;
@@ -366,6 +481,9 @@ static void place_constants(kiln_gpu_program_t *p) {
     for (int a = 0; a < p->launches[l].arg_count; ++a)
       if (p->launches[l].args[a] >= KILN_CONST_TAG)
         p->launches[l].args[a] += p->arg_count + p->temp_count - KILN_CONST_TAG;
+  for (int i = 0; i < p->tmap_count; ++i)
+    if (p->tmaps[i].buffer >= KILN_CONST_TAG)
+      p->tmaps[i].buffer += p->arg_count + p->temp_count - KILN_CONST_TAG;
 }
 
 static kiln_status_t read_host(reader_t *r, MlirOperation func) {
@@ -381,7 +499,12 @@ static kiln_status_t read_host(reader_t *r, MlirOperation func) {
     if (kiln_gpu_op_named(op, "arith.constant") || kiln_gpu_op_named(op, "memref.dealloc") ||
         kiln_gpu_op_named(op, "func.return") || kiln_gpu_op_named(op, "memref.expand_shape") ||
         kiln_gpu_op_named(op, "memref.collapse_shape") || kiln_gpu_op_named(op, "memref.cast") ||
-        kiln_gpu_op_named(op, "memref.reshape") || static_subview(op))
+        kiln_gpu_op_named(op, "memref.reshape") || static_subview(op) ||
+        // TMA tensor maps: read where a launch passes them (read_launch).
+        kiln_gpu_op_named(op, "nvgpu.tma.create.descriptor") ||
+        (kiln_gpu_op_named(op, "builtin.unrealized_conversion_cast") &&
+         mlirOperationGetNumResults(op) == 1 &&
+         !mlirOperationIsNull(tensor_map_op(mlirOperationGetResult(op, 0)))))
       continue;
     // Graph constants, and the constant shape operands of memref.reshape
     // (graph-level views; a reshape's operand is not a kernel argument).
@@ -450,6 +573,88 @@ static MlirWalkResult align_workgroup(MlirOperation op, void *user) {
   mlirOperationSetAttributeByName(op,
                                   mlirStringRefCreateFromCString("workgroup_attrib_attrs"),
                                   mlirArrayAttrGet(ctx, count, each));
+  return MlirWalkResultSkip;
+}
+
+// TMA tensor maps reach an outlined kernel as !llvm.ptr arguments (the
+// form convert-nvgpu-to-nvvm gives a descriptor; kiln's kernels pass no
+// other pointer). Each becomes a 128-byte by-value parameter
+// (`llvm.byval`, 64-byte aligned, `nvvm.grid_constant`): NVPTX takes its
+// address in the param space (cvta.param) for cp.async.bulk.tensor, and
+// the launcher passes the encoded map itself, so no device memory holds
+// it and a CUDA graph records it with the launch. The attributes go on the
+// llvm.func after convert-gpu-to-nvvm, which drops `llvm.byval` from a
+// gpu.func and refuses `nvvm.grid_constant` outside a kernel.
+typedef struct {
+  struct {
+    char module[128];
+    int arg;
+  } at[64];
+  int count;
+  bool full;
+} tmap_params_t;
+
+static MlirWalkResult find_tmap_params(MlirOperation op, void *user) {
+  if (!kiln_gpu_op_named(op, "gpu.func")) return MlirWalkResultAdvance;
+  tmap_params_t *t = user;
+  MlirOperation mod = mlirOperationGetParentOperation(op);
+  MlirAttribute nm = mlirOperationGetAttributeByName(
+      mod, mlirStringRefCreateFromCString("sym_name"));
+  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (mlirAttributeIsNull(nm) || mlirBlockIsNull(entry)) return MlirWalkResultSkip;
+  MlirStringRef name = mlirStringAttrGetValue(nm);
+  MlirType ptr = mlirTypeParseGet(mlirOperationGetContext(op),
+                                  mlirStringRefCreateFromCString("!llvm.ptr"));
+  for (intptr_t i = 0; i < mlirBlockGetNumArguments(entry); ++i) {
+    if (!mlirTypeEqual(mlirValueGetType(mlirBlockGetArgument(entry, i)), ptr)) continue;
+    if (t->count == (int)(sizeof(t->at) / sizeof(t->at[0]))) {
+      t->full = true;
+      break;
+    }
+    snprintf(t->at[t->count].module, sizeof(t->at[0].module), "%.*s", (int)name.length,
+             name.data);
+    t->at[t->count++].arg = (int)i;
+  }
+  return MlirWalkResultSkip;
+}
+
+static MlirWalkResult mark_tmap_params(MlirOperation op, void *user) {
+  if (!kiln_gpu_op_named(op, "llvm.func")) return MlirWalkResultAdvance;
+  const tmap_params_t *t = user;
+  MlirOperation mod = mlirOperationGetParentOperation(op);
+  MlirAttribute nm = mlirOperationGetAttributeByName(
+      mod, mlirStringRefCreateFromCString("sym_name"));
+  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (mlirAttributeIsNull(nm) || mlirBlockIsNull(entry) ||
+      mlirAttributeIsNull(mlirOperationGetAttributeByName(
+          op, mlirStringRefCreateFromCString("nvvm.kernel"))))
+    return MlirWalkResultSkip;
+  MlirStringRef name = mlirStringAttrGetValue(nm);
+  MlirContext ctx = mlirOperationGetContext(op);
+  intptr_t n = mlirBlockGetNumArguments(entry);
+  MlirAttribute old = mlirOperationGetAttributeByName(
+      op, mlirStringRefCreateFromCString("arg_attrs"));
+  MlirAttribute each[KILN_GPU_MAX_ARGS];
+  if (n > KILN_GPU_MAX_ARGS) return MlirWalkResultSkip;  // refused by read_launch
+  bool any = false;
+  for (intptr_t i = 0; i < n; ++i) {
+    each[i] = !mlirAttributeIsNull(old) && mlirAttributeIsAArray(old) &&
+                      mlirArrayAttrGetNumElements(old) == n
+                  ? mlirArrayAttrGetElement(old, i)
+                  : mlirDictionaryAttrGet(ctx, 0, NULL);
+    for (int k = 0; k < t->count; ++k)
+      if (t->at[k].arg == i && strlen(t->at[k].module) == name.length &&
+          memcmp(t->at[k].module, name.data, name.length) == 0) {
+        each[i] = mlirAttributeParseGet(
+            ctx, mlirStringRefCreateFromCString(
+                     "{llvm.byval = !llvm.array<128 x i8>, llvm.align = 64 : i64, "
+                     "nvvm.grid_constant}"));
+        any = true;
+      }
+  }
+  if (any)
+    mlirOperationSetAttributeByName(op, mlirStringRefCreateFromCString("arg_attrs"),
+                                    mlirArrayAttrGet(ctx, n, each));
   return MlirWalkResultSkip;
 }
 
@@ -641,6 +846,14 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
     KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
         m, kiln_gpu_fuse_launches(kiln_mlir_context(m), module, &fused)));
   }
+  tmap_params_t tmap_params;
+  memset(&tmap_params, 0, sizeof(tmap_params));
+  mlirOperationWalk(mlirModuleGetOperation(module), find_tmap_params, &tmap_params,
+                    MlirWalkPreOrder);
+  if (tmap_params.full)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "cuda: more than %d TMA tensor maps in one graph",
+                            (int)(sizeof(tmap_params.at) / sizeof(tmap_params.at[0])));
   snprintf(pipeline, sizeof(pipeline),
            "builtin.module("
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
@@ -652,6 +865,9 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            target, link, mma_nvvm);
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
                                                     "the CUDA pipeline"));
+  if (tmap_params.count)
+    mlirOperationWalk(mlirModuleGetOperation(module), mark_tmap_params, &tmap_params,
+                      MlirWalkPreOrder);
   // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
   // Triton kernels do): without the flag NVPTX emits mul.rn + add.rn,
   // which ptxas must not fuse.
@@ -796,7 +1012,7 @@ typedef struct {
 } wbuf_t;
 
 static void put(wbuf_t *w, const void *d, size_t n) {
-  if (w->oom) return;
+  if (w->oom || n == 0) return;  // an empty table may be NULL
   if (w->n + n > w->cap) {
     size_t cap = (w->cap ? w->cap * 2 : 4096) + n;
     char *np = realloc(w->p, cap);
@@ -811,7 +1027,7 @@ static void put(wbuf_t *w, const void *d, size_t n) {
   w->n += n;
 }
 
-#define KILN_GPU_MAGIC "kiln-gpu-program-v5"
+#define KILN_GPU_MAGIC "kiln-gpu-program-v6"
 
 kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
                                          void **out_data, size_t *out_size) {
@@ -834,6 +1050,8 @@ kiln_status_t kiln_gpu_program_serialize(const kiln_gpu_program_t *p,
     put(&w, &p->const_bytes[i], sizeof(int64_t));
     put(&w, p->const_data[i], (size_t)p->const_bytes[i]);
   }
+  put(&w, &p->tmap_count, sizeof(p->tmap_count));
+  put(&w, p->tmaps, sizeof(kiln_gpu_tmap_t) * (size_t)p->tmap_count);
   if (w.oom) {
     free(w.p);
     return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "GPU program");
@@ -901,7 +1119,18 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
          get(&r, out->const_data[i], (size_t)n);
     if (ok) out->const_bytes[i] = n;
   }
+  ok = ok && get(&r, &out->tmap_count, sizeof(out->tmap_count)) && out->tmap_count >= 0 &&
+       (size_t)out->tmap_count <= size;
+  if (ok) ok = (out->tmaps = calloc((size_t)out->tmap_count + 1, sizeof(kiln_gpu_tmap_t))) != NULL;
+  ok = ok && get(&r, out->tmaps, sizeof(kiln_gpu_tmap_t) * (size_t)out->tmap_count);
   ok = ok && r.at == size;
+  int32_t buffers = out->arg_count + out->temp_count + out->const_count;
+  for (int i = 0; ok && i < out->tmap_count; ++i) {
+    const kiln_gpu_tmap_t *t = &out->tmaps[i];
+    ok = t->buffer >= 0 && t->buffer < buffers && t->rank >= 1 &&
+         t->rank <= KILN_GPU_TMAP_MAX_RANK && t->offset_bytes >= 0 &&
+         (t->dtype == KILN_F32 || t->dtype == KILN_F16 || t->dtype == KILN_BF16);
+  }
   ok = ok && out->arg_count >= 0 && (size_t)out->arg_count <= size;
   for (int t = 0; ok && t < out->temp_count; ++t) ok = out->temp_bytes[t] >= 0;
   for (int l = 0; ok && l < out->launch_count; ++l) {
@@ -914,8 +1143,9 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
               : ln->kind == KILN_GPU_COPY && ln->arg_count == 2 && ln->bytes >= 0 &&
                     ln->offsets[0] >= 0 && ln->offsets[1] >= 0);
     for (int a = 0; ok && a < ln->arg_count; ++a)
-      ok = ln->args[a] >= 0 &&
-           ln->args[a] < out->arg_count + out->temp_count + out->const_count;
+      ok = ln->args[a] < buffers &&
+           (ln->args[a] >= 0 || (ln->kind == KILN_GPU_LAUNCH &&
+                                 KILN_GPU_ARG_TMAP(ln->args[a]) < out->tmap_count));
     // A copy stays within a temporary it touches (inputs and outputs are
     // sized by the graph and checked by the caller against arg_count).
     for (int a = 0; ok && ln->kind == KILN_GPU_COPY && a < 2; ++a)

@@ -158,6 +158,29 @@ typedef enum kiln_gpu_step_kind_e {
   KILN_GPU_COPY = 1,
 } kiln_gpu_step_kind_t;
 
+// A TMA tensor map a kernel takes by value (a 128-byte parameter): the
+// launcher encodes it per call (cuTensorMapEncodeTiled) from the address
+// of `buffer` plus `offset_bytes`. Sizes are innermost first, as CUDA
+// takes them; strides[0] is the element size. The kernels' maps load tiles
+// with out-of-bounds elements zero and no interleave.
+#define KILN_GPU_TMAP_MAX_RANK 5
+typedef struct kiln_gpu_tmap {
+  int32_t buffer;    // buffer index, as a launch argument's
+  int32_t rank;      // 1 .. KILN_GPU_TMAP_MAX_RANK
+  int32_t dtype;     // kiln_dtype_t of the elements
+  int32_t swizzle;   // shared-memory swizzle span in bytes: 0, 32, 64, 128
+  int32_t l2promo;   // L2 promotion in bytes: 0, 64, 128, 256
+  int32_t reserved;  // 0
+  int64_t offset_bytes;
+  int64_t dims[KILN_GPU_TMAP_MAX_RANK];
+  int64_t strides[KILN_GPU_TMAP_MAX_RANK];  // bytes
+  int32_t box[KILN_GPU_TMAP_MAX_RANK];      // the tile a load moves
+} kiln_gpu_tmap_t;
+
+// A launch argument that is tensor map i of the program, not a buffer.
+#define KILN_GPU_TMAP_ARG(i) (-1 - (i))
+#define KILN_GPU_ARG_TMAP(arg) (-1 - (arg))
+
 typedef struct kiln_gpu_launch {
   kiln_gpu_step_kind_t kind;
   int64_t bytes;       // KILN_GPU_COPY
@@ -167,7 +190,7 @@ typedef struct kiln_gpu_launch {
   uint32_t grid[3], block[3];
   uint32_t shared_bytes;  // KILN_GPU_LAUNCH: dynamic shared memory
   int32_t arg_count;
-  int32_t args[KILN_GPU_MAX_ARGS];
+  int32_t args[KILN_GPU_MAX_ARGS];  // buffer indices, or KILN_GPU_TMAP_ARG(i)
 } kiln_gpu_launch_t;
 
 // A graph compiled for CUDA: PTX for all its kernels and the launches, in
@@ -189,6 +212,8 @@ typedef struct kiln_gpu_program {
   int32_t const_count;
   int64_t *const_bytes;
   void **const_data;  // host copies, const_bytes[i] each
+  int32_t tmap_count;
+  kiln_gpu_tmap_t *tmaps;  // TMA tensor maps the launches pass
 } kiln_gpu_program_t;
 
 // Lowers a module at the linalg stage for an NVIDIA GPU of `chip`

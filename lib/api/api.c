@@ -1379,9 +1379,10 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
     kiln_hasher_update(&h, &base, sizeof(base));
     kiln_hasher_update_str(&h, chip);
     kiln_hasher_update_str(&h, gpu_id);
-    // Kernel choices that KILN_GPU_WGMMA=0 and KILN_GPU_BLOCK_ROWS=0 turn
-    // off (kernels/gpu_mma.c, kernels/gpu_rows.c).
-    static const char *const kKnobs[] = {"KILN_GPU_WGMMA", "KILN_GPU_BLOCK_ROWS"};
+    // Kernel choices that KILN_GPU_WGMMA=0, KILN_GPU_TMA=0 and
+    // KILN_GPU_BLOCK_ROWS=0 turn off (kernels/gpu_mma.c, kernels/gpu_rows.c).
+    static const char *const kKnobs[] = {"KILN_GPU_WGMMA", "KILN_GPU_TMA",
+                                         "KILN_GPU_BLOCK_ROWS"};
     for (size_t i = 0; i < sizeof(kKnobs) / sizeof(kKnobs[0]); ++i) {
       const char *v = getenv(kKnobs[i]);
       kiln_hasher_update_str(&h, v && strcmp(v, "0") == 0 ? "0" : "1");
@@ -1866,6 +1867,9 @@ static void fill_memref(kiln_memref_t *m, const DLTensor *t) {
   }
 }
 
+// The most TMA tensor maps one launch passes (the tensor-core GEMM's: 2).
+#define KILN_LAUNCH_TMAPS 8
+
 // Queues a CUDA variant's launch program on `stream`; `bufs` holds the
 // device pointers of its buffers: inputs, outputs, then temporaries.
 static kiln_status_t queue_program(kiln_function_t *f, kiln_variant_t *v,
@@ -1880,9 +1884,33 @@ static kiln_status_t queue_program(kiln_function_t *f, kiln_variant_t *v,
                            (size_t)ln->bytes, stream);
     } else {
       void *params[KILN_GPU_MAX_ARGS];
-      for (int a = 0; a < ln->arg_count; ++a) params[a] = &bufs[ln->args[a]];
-      s = kiln_cuda_launch(v->cuda_fns[l], ln->grid, ln->block, ln->shared_bytes, stream,
-                           params);
+      // TMA tensor maps go by value, encoded from this call's buffers.
+      _Alignas(64) unsigned char maps[KILN_LAUNCH_TMAPS][KILN_CUDA_TENSOR_MAP_BYTES];
+      int nmaps = 0;
+      s = NULL;
+      for (int a = 0; !s && a < ln->arg_count; ++a) {
+        if (ln->args[a] >= 0) {
+          params[a] = &bufs[ln->args[a]];
+          continue;
+        }
+        if (nmaps == KILN_LAUNCH_TMAPS) {
+          s = kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                               "a kernel taking more than %d TMA tensor maps",
+                               KILN_LAUNCH_TMAPS);
+          break;
+        }
+        const kiln_gpu_tmap_t *t = &p->tmaps[KILN_GPU_ARG_TMAP(ln->args[a])];
+        kiln_cuda_elem_t el = t->dtype == KILN_F16    ? KILN_CUDA_ELEM_F16
+                              : t->dtype == KILN_BF16 ? KILN_CUDA_ELEM_BF16
+                                                      : KILN_CUDA_ELEM_F32;
+        s = kiln_cuda_tensor_map(maps[nmaps], el, t->rank,
+                                 (char *)bufs[t->buffer] + t->offset_bytes, t->dims,
+                                 t->strides, t->box, t->swizzle, t->l2promo);
+        params[a] = maps[nmaps++];
+      }
+      if (!s)
+        s = kiln_cuda_launch(v->cuda_fns[l], ln->grid, ln->block, ln->shared_bytes, stream,
+                             params);
     }
     if (s) return kiln_status_annotate(s, "graph @%s, %s", f->graph->name, ln->name);
   }

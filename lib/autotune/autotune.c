@@ -259,11 +259,12 @@ static void heuristic_gpu_mma(const kiln_kernel_desc_t *d, kiln_tile_config_t *c
 // Shared memory of the warpgroup-MMA kernel for `c`: its stages of
 // 128 x 64 A and 64 x BN B bf16 tiles, or the f32 output tile (rows padded
 // by 16 bytes) where larger, and 1024 bytes of alignment (kernels/gpu_mma.c,
-// wgmma_shared_bytes).
+// wgmma_shared_bytes), plus the TMA pipeline's mbarriers (static, 8 bytes a
+// stage).
 static int64_t gpu_mma_shared_bytes(const kiln_tile_config_t *c) {
   int64_t pipe = c->cache[2] * (128 + c->reg[1]) * 64 * 2;
   int64_t out = 128 * (c->reg[1] * 4 + 16);
-  return 1024 + (pipe > out ? pipe : out);
+  return 1024 + (pipe > out ? pipe : out) + 8 * c->cache[2];
 }
 
 static bool gpu_mma_config_valid(const kiln_kernel_desc_t *d, const kiln_tile_config_t *c,

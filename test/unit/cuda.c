@@ -562,6 +562,8 @@ int main(int argc, char **argv) {
   graphs_replay(ctx, graph_named("@consts("), &m, stream, &seed);  // constants
   graphs_replay(ctx, graph_named("@adam("), &m, stream, &seed);    // in place
   graphs_replay(ctx, graph_named("@hfuse("), &m, stream, &seed);   // merged kernels
+  // sm_90: TMA tensor maps, by value, recorded with each address set.
+  graphs_replay(ctx, graph_named("@wgbt2("), &m, stream, &seed);
   tuned_on_device(ctx, &m, stream, &seed);
   kiln_stats_t first;
   kiln_context_stats(ctx, &first);
