@@ -27,6 +27,10 @@
 // Narrow products (a transformer's 64- and 192-wide weights) take blocks of
 // 64 x 64 outputs, each thread one 4x4 sub-tile; products of few blocks
 // split K across grid z (see choose()); A may be given transposed.
+// Ragged products (M or N not a multiple of the block, but of 4: a
+// classifier head's N = 1000) run the same blocks over the sizes rounded
+// up: copies of rows or 16-byte chunks past the edge read nothing and fill
+// zeros (cp.async's source size 0), and stores past it are skipped.
 // One barrier per K step, as kernels/gpu_mma.c: wait for tile kt, barrier
 // (every thread is also done with the stage about to be refilled), issue
 // tile kt + STAGES - 1 (clamped to the last tile, which keeps the group
@@ -58,7 +62,10 @@ typedef struct {
   int64_t m, n, k;
   int bm, bn, bk, stages, group, splits;
   bool at;
+  bool ragged;  // M or N not a multiple of the block: edge blocks masked
 } sgemm_shape_t;
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 //===--- emitter -----------------------------------------------------------===//
 
@@ -149,7 +156,7 @@ static int chunks(emitter_t *e, int rows, int cols, name_t first_row[MAX_COPIES]
 static coords_t coords(emitter_t *e, const sgemm_shape_t *s) {
   coords_t c;
   name_t bx = named("%bx"), bz = named("%bz"), tx = named("%tx");
-  int64_t tn = s->n / s->bn;
+  int64_t tn = ceil_div(s->n, s->bn);
   int64_t per_group = (int64_t)s->group * tn;
   name_t grp = binc(e, "divui", bx, per_group);
   name_t rr = binc(e, "remui", bx, per_group);
@@ -182,21 +189,43 @@ static coords_t coords(emitter_t *e, const sgemm_shape_t *s) {
   return c;
 }
 
+// A copy past a ragged edge: `idx` (< `limit` where the data is) clamped to
+// `last` so the address stays inside the operand, and the count of
+// elements read, `whole` inside and 0 (zero fill) past it; "" when every
+// copy is inside (`limit` < 0).
+static name_t edge(emitter_t *e, name_t *idx, int64_t limit, int64_t last, int whole) {
+  if (limit < 0) return named("");
+  int v = e->next++;
+  name_t in = cst(e, whole), none = cst(e, 0), lim = cst(e, limit);
+  name_t clamped = binc(e, "minui", *idx, last);
+  kiln_sbuf_printf(e->out,
+                   "%s%%p%d = arith.cmpi ult, %s, %s : index\n"
+                   "%s%%n%d = arith.select %%p%d, %s, %s : index\n",
+                   e->indent, v, idx->s, lim.s, e->indent, v, v, in.s, none.s);
+  *idx = clamped;
+  name_t n;
+  snprintf(n.s, sizeof(n.s), ", %%n%d", v);
+  return n;
+}
+
 // 16-byte cp.async copies of a tile stored k-major (B, or A given as A^T):
 // chunk i from src[k0 + rows[i], col0 + col] to dst[st, rows[i], col];
-// their tokens are appended to toks.
+// their tokens are appended to toks. Columns from `limit` on (>= 0: a
+// ragged edge) are zero-filled.
 static void copy_chunks(emitter_t *e, const char *src, const char *dst, name_t k0,
                         name_t col0, const name_t *rows, name_t col, int n, name_t st,
-                        const char *tsrc, const char *tdst, int *toks, int *ntok) {
+                        const char *tsrc, const char *tdst, int64_t limit, int *toks,
+                        int *ntok) {
   name_t gj = bin(e, "addi", col0, col);
+  name_t count = edge(e, &gj, limit, limit - 4, 4);
   for (int i = 0; i < n; ++i) {
     name_t gi = bin(e, "addi", k0, rows[i]);
     toks[*ntok] = e->next++;
     kiln_sbuf_printf(e->out,
-                     "%s%%t%d = nvgpu.device_async_copy %s[%s, %s], %s[%s, %s, %s], 4 "
+                     "%s%%t%d = nvgpu.device_async_copy %s[%s, %s], %s[%s, %s, %s], 4%s "
                      "{bypassL1} : %s to %s\n",
                      e->indent, toks[(*ntok)++], src, gi.s, gj.s, dst, st.s, rows[i].s,
-                     col.s, tsrc, tdst);
+                     col.s, count.s, tsrc, tdst);
   }
 }
 
@@ -207,22 +236,25 @@ static void issue(emitter_t *e, const sgemm_shape_t *s, const coords_t *c,
                   const char *tsa, const char *tsb, char group[24]) {
   name_t k0 = bin(e, "addi", c->k0, binc(e, "muli", kt, s->bk));
   int toks[2 * MAX_COPIES], ntok = 0;
+  int64_t mlim = s->ragged && s->m % s->bm ? s->m : -1,
+          nlim = s->ragged && s->n % s->bn ? s->n : -1;
   if (s->at) {
-    copy_chunks(e, "%A", "%sA", k0, c->row0, c->atk, c->acol, c->na, st, ta, tsa, toks,
-                &ntok);
+    copy_chunks(e, "%A", "%sA", k0, c->row0, c->atk, c->acol, c->na, st, ta, tsa, mlim,
+                toks, &ntok);
   } else {
     for (int i = 0; i < c->na; ++i) {
       name_t gi = bin(e, "addi", c->row0, c->am[i]);
       name_t gj = bin(e, "addi", k0, c->ak[i]);
+      name_t count = edge(e, &gi, mlim, s->m - 1, 1);
       toks[ntok] = e->next++;
       kiln_sbuf_printf(e->out,
-                       "%s%%t%d = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], 1 "
-                       ": %s to %s\n",
+                       "%s%%t%d = nvgpu.device_async_copy %%A[%s, %s], %%sA[%s, %s, %s], "
+                       "1%s : %s to %s\n",
                        e->indent, toks[ntok++], gi.s, gj.s, st.s, c->ak[i].s, c->am[i].s,
-                       ta, tsa);
+                       count.s, ta, tsa);
     }
   }
-  copy_chunks(e, "%B", "%sB", k0, c->col0, c->br, c->bcol, c->nb, st, tb, tsb, toks,
+  copy_chunks(e, "%B", "%sB", k0, c->col0, c->br, c->bcol, c->nb, st, tb, tsb, nlim, toks,
               &ntok);
   snprintf(group, 24, "%%g%d", e->next++);
   kiln_sbuf_printf(e->out, "%s%s = nvgpu.device_async_create_group ", e->indent, group);
@@ -290,7 +322,7 @@ static char *kernel_text(const sgemm_shape_t *s) {
   // distinct banks, and rows stay 16-byte aligned for the chunk copies.
   snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxf32, %s>", s->stages, s->bk, s->bm + 4, ws);
   snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dxf32, %s>", s->stages, s->bk, s->bn, ws);
-  int64_t blocks = (s->m / s->bm) * (s->n / s->bn);
+  int64_t blocks = ceil_div(s->m, s->bm) * ceil_div(s->n, s->bn);
   int64_t kt_count = s->k / s->splits / s->bk;
   // Each split's product goes to its slice of the partials, viewed as C.
   const char *out = s->splits > 1 ? "%Cs" : "%C";
@@ -391,8 +423,25 @@ static char *kernel_text(const sgemm_shape_t *s) {
     name_t row = bin(e, "addi", c.row0, binc(e, "addi", c.ar[r / 4], r % 4));
     for (int h = 0; h < rn; ++h) {
       name_t col = bin(e, "addi", c.col0, c.bc[h]);
-      kiln_sbuf_printf(&b, "%svector.store %%res#%d, %s[%s, %s] : %s, vector<4xf32>\n",
-                       e->indent, r * rn + h, out, row.s, col.s, tcs);
+      if (!s->ragged) {
+        kiln_sbuf_printf(&b, "%svector.store %%res#%d, %s[%s, %s] : %s, vector<4xf32>\n",
+                         e->indent, r * rn + h, out, row.s, col.s, tcs);
+        continue;
+      }
+      // Past a ragged edge nothing is stored (N is a multiple of 4: a
+      // vector is wholly inside or outside).
+      int v = e->next++;
+      name_t mm = cst(e, s->m), nn = cst(e, s->n);
+      kiln_sbuf_printf(&b,
+                       "%s%%ir%d = arith.cmpi ult, %s, %s : index\n"
+                       "%s%%ic%d = arith.cmpi ult, %s, %s : index\n"
+                       "%s%%in%d = arith.andi %%ir%d, %%ic%d : i1\n"
+                       "%sscf.if %%in%d {\n"
+                       "%s  vector.store %%res#%d, %s[%s, %s] : %s, vector<4xf32>\n"
+                       "%s}\n",
+                       e->indent, v, row.s, mm.s, e->indent, v, col.s, nn.s, e->indent, v, v,
+                       v, e->indent, v, e->indent, r * rn + h, out, row.s, col.s, tcs,
+                       e->indent);
     }
   }
   kiln_sbuf_printf(&b, "%sgpu.terminator\n    }\n", e->indent);
@@ -413,12 +462,17 @@ static char *kernel_text(const sgemm_shape_t *s) {
 static bool choose(int64_t m, int64_t n, int64_t k, bool at, sgemm_shape_t *s) {
   if (m <= 0 || n <= 0 || k <= 0) return false;
   bool big = m % 128 == 0 && n % 128 == 0 && k % KILN_SGEMM_BK == 0;
-  if (!big && (m % 64 || n % 64 || k % 16)) return false;
+  bool ragged = !big && (m % 64 || n % 64 || k % 16);
+  // Ragged: rows of B and C (and of A^T) 16-byte aligned, whole K steps;
+  // 128 x 128 blocks where they still make a wave.
+  if (ragged && (m % 4 || n % 4 || k % 16)) return false;
+  if (ragged) big = ceil_div(m, 128) * ceil_div(n, 128) >= SGEMM_WAVE;
   *s = (sgemm_shape_t){m, n, k, big ? 128 : 64, big ? 128 : 64, big ? KILN_SGEMM_BK : 16,
-                       4, 1, 1, at};
-  int64_t rows = m / s->bm, tiles = rows * (n / s->bn);
+                       4, 1, 1, at, ragged};
+  int64_t rows = ceil_div(m, s->bm), tiles = rows * ceil_div(n, s->bn);
   while (s->group < 8 && rows % (s->group * 2) == 0) s->group *= 2;
-  if (4 * tiles < SGEMM_WAVE)
+  // The partials' sum takes whole vectors of 256 threads: not ragged.
+  if (4 * tiles < SGEMM_WAVE && !ragged)
     while (tiles * s->splits * 2 <= 2 * SGEMM_WAVE &&
            k / (s->splits * 2) >= SGEMM_SPLIT_CHUNK &&
            k % (s->splits * 2 * s->bk) == 0)

@@ -52,6 +52,13 @@ static const char *kGraphs[] = {
     // 3-stage pipeline.
     "graph @mma3(%a: bf16[1024,256], %b: bf16[256,640]) {\n"
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    // Ragged f32 GEMMs (kernels/gpu_sgemm.c over sizes rounded up to its
+    // blocks, edge copies zero-filled, edge stores skipped): M = 200 and
+    // N = 1000 (a classifier head's), then A given transposed with M = 1000.
+    "graph @rag(%a: f32[200,256], %b: f32[256,1000]) {\n"
+    "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    "graph @ragt(%a: f32[256,1000], %b: f32[256,512]) {\n"
+    "  %t = aten.permute(%a) {dims = [1, 0]}\n  %c = aten.mm(%t, %b)\n  return %c\n}\n",
     // sm_90's wgmma with 128 x 256 blocks: 4 x 2 blocks in groups of 4
     // block rows, 16 K steps through the 4-stage pipeline; then one K step
     // (the pipeline's look-ahead clamped to it) with a residual add read
