@@ -459,13 +459,20 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
                  : np == 1                           ? KILN_GPU_ROW
                                                      : KILN_GPU_SIDE;
   int64_t tx = pow2_divisor(d.range[par[0]] / (vec * rt), xcap);
-  int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]] / rt,
-                                     rt > 1 ? KILN_GPU_SIDE / 2 : KILN_GPU_SIDE)
-                      : 1;
-  // Whole tiles only (the thread mapping needs static trip counts): a dim
-  // whose power-of-two divisor is small (1000 = 8 x 125) would make tiny
-  // blocks; such ops take the parallel-loop mapping with guarded tails.
-  if (tx < 32 && d.range[par[0]] >= 32) return MlirWalkResultAdvance;
+  // Whole tiles only (the thread mapping needs static trip counts). A
+  // contiguous dim whose power-of-two divisor is small (1000 = 8 x 125)
+  // gets blocks of 4 to 16 columns made up in rows (8 x 32 for
+  // [4096, 1000]): a warp still reads each row's 16 to 64 contiguous
+  // bytes. The parallel-loop mapping these ops took before tiles the
+  // outer dim onto the threads, one element per 32-byte sector (a
+  // [4096, 1000] add, a 4096 x 4096 x 1000 matmul at 0.2% of the GPU).
+  bool narrow = np > 1 && tx < 32 && tx >= 4 && d.range[par[0]] >= 32;
+  int64_t ycap = narrow ? KILN_GPU_ROW / tx : rt > 1 ? KILN_GPU_SIDE / 2 : KILN_GPU_SIDE;
+  int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]] / rt, ycap) : 1;
+  // Narrow blocks under 64 threads, and 1-D ops of few whole tiles, take
+  // the parallel-loop mapping with guarded tails (1-D: along the threads).
+  if (tx < 32 && d.range[par[0]] >= 32 && !(narrow && tx * ty >= 64))
+    return MlirWalkResultAdvance;
   block[par[0]] = tx * vec * rt;
   thread[par[0]] = vec * rt;
   if (np > 1) block[par[1]] = ty * rt, thread[par[1]] = rt;

@@ -52,6 +52,10 @@ static const char *kGraphs[] = {
     // 3-stage pipeline.
     "graph @mma3(%a: bf16[1024,256], %b: bf16[256,640]) {\n"
     "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    // A contiguous dim of 1000 (= 8 x 125): blocks of 8 columns x 32 rows
+    // (kernels/gpu_schedule.c), the bias broadcast along the rows.
+    "graph @narrow(%x: f32[96,1000], %b: f32[1000]) {\n"
+    "  %s = aten.add(%x, %b)\n  %r = aten.relu(%s)\n  return %r\n}\n",
     // Ragged f32 GEMMs (kernels/gpu_sgemm.c over sizes rounded up to its
     // blocks, edge copies zero-filled, edge stores skipped): M = 200 and
     // N = 1000 (a classifier head's), then A given transposed with M = 1000.
