@@ -984,9 +984,10 @@ static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t
   kd.elem_bytes = 2;
   kd.wgmma = wgmma;
   char id[160];
-  snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s",
+  snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s%s",
            (long long)m, (long long)n, (long long)k, wgmma, bf16_out ? "bf16" : "f32",
-           ep ? ep->n_in : -1, bt ? " bt" : "");
+           ep ? ep->n_in : -1, bt ? " bt" : "",
+           wgmma && kiln_kernels_tma_applies() ? " tma" : "");
   kiln_cpu_target_t none = {0, 0, 1, 0, 0};
   kiln_kernel_tiles(tiling, &none, id, &kd, out);
 }
@@ -1110,6 +1111,22 @@ static bool only_rounds(MlirOperation g) {
          mlirOperationEqual(mlirOperationGetNextInBlock(first), mlirBlockGetTerminator(body));
 }
 
+// Makes `v` available before `op`: nothing to do where it already is (a
+// function argument, a value defined in another block or before `op`),
+// else `v` must be a memref.alloc without operands in `op`'s block, which
+// moves before `op`. False where it cannot.
+static bool hoist_alloc(MlirValue v, MlirOperation op) {
+  if (!mlirValueIsAOpResult(v)) return true;
+  MlirOperation def = mlirOpResultGetOwner(v);
+  if (!mlirBlockEqual(mlirOperationGetBlock(def), mlirOperationGetBlock(op)) ||
+      mlirOperationIsBeforeInBlock(def, op))
+    return true;
+  if (!kiln_gpu_op_named(def, "memref.alloc") || mlirOperationGetNumOperands(def) != 0)
+    return false;
+  mlirOperationMoveBefore(def, op);
+  return true;
+}
+
 // Replaces `mm` (linalg.matmul on memrefs) by the kernel's gpu.launch; with
 // `round` (its kiln.gpu_mma_epilogue generic reading C and writing an
 // [M, N] buffer), the kernel stores there, through the generic's body when
@@ -1193,6 +1210,10 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
     folded = true;
   }
   bool general = folded && !bf16_out;
+  // The kernel goes where the matmul is, and stores into `out`: a buffer
+  // allocated after the matmul (the rounded result of one GEMM that feeds
+  // another) is allocated before it instead.
+  if (folded && !hoist_alloc(out, mm)) return NULL;
   char *text;
   kiln_tile_config_t tc;
   gpu_mma_tiles(tiling, m, n, k, *wgmma, b_t, bf16_out, general ? &ep : NULL, &tc);
@@ -1252,8 +1273,12 @@ kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
   for (int i = 0; !s && i < f->count; ++i) {
     MlirOperation round = {NULL};
     for (int j = 0; j < f->round_count; ++j)
-      if (tag(f->round[j], "kiln.gpu_mma_epilogue") == tag(f->found[i], "kiln.gpu_mma"))
+      if (!mlirOperationIsNull(f->round[j]) &&
+          tag(f->round[j], "kiln.gpu_mma_epilogue") == tag(f->found[i], "kiln.gpu_mma")) {
         round = f->round[j];
+        // replace() may destroy it (folded): never read again.
+        f->round[j] = (MlirOperation){NULL};
+      }
     bool done = false, wgmma = false;
     s = replace(ctx, f->found[i], round, sm, tiling, &done, &wgmma);
     *out_count += done && !wgmma;

@@ -23,6 +23,21 @@ static int64_t pow2_divisor(int64_t n, int64_t cap) {
   return p;
 }
 
+// Threads along a dim of `n` iterations, at most `cap`: all of them where
+// they fit (7 for a 7 x 7 image's rows), else the largest power of two
+// dividing n.
+static int64_t threads_along(int64_t n, int64_t cap) {
+  return n <= cap ? n : pow2_divisor(n, cap);
+}
+
+// The largest divisor of `n` from 4 up to `cap` (13 for 1001 = 7 x 11 x
+// 13), or 1.
+static int64_t small_divisor(int64_t n, int64_t cap) {
+  for (int64_t d = cap; d >= 4; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
 static bool equals(MlirStringRef s, const char *p) {
   return s.length == strlen(p) && memcmp(s.data, p, s.length) == 0;
 }
@@ -458,7 +473,7 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   int64_t xcap = d.kind == KILN_KERNEL_ROW_REDUCTION ? 32
                  : np == 1                           ? KILN_GPU_ROW
                                                      : KILN_GPU_SIDE;
-  int64_t tx = pow2_divisor(d.range[par[0]] / (vec * rt), xcap);
+  int64_t tx = threads_along(d.range[par[0]] / (vec * rt), xcap);
   // Whole tiles only (the thread mapping needs static trip counts). A
   // contiguous dim whose power-of-two divisor is small (1000 = 8 x 125)
   // gets blocks of 4 to 16 columns made up in rows (8 x 32 for
@@ -466,9 +481,18 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   // bytes. The parallel-loop mapping these ops took before tiles the
   // outer dim onto the threads, one element per 32-byte sector (a
   // [4096, 1000] add, a 4096 x 4096 x 1000 matmul at 0.2% of the GPU).
+  // An elementwise op's odd dim (1001) takes a divisor that is no power
+  // of two (13 columns, 52 contiguous bytes).
+  if (np > 1 && tx < 4 && d.reduction_mask == 0)
+    tx = small_divisor(d.range[par[0]], KILN_GPU_SIDE) > 1
+             ? small_divisor(d.range[par[0]], KILN_GPU_SIDE)
+             : tx;
   bool narrow = np > 1 && tx < 32 && tx >= 4 && d.range[par[0]] >= 32;
-  int64_t ycap = narrow ? KILN_GPU_ROW / tx : rt > 1 ? KILN_GPU_SIDE / 2 : KILN_GPU_SIDE;
-  int64_t ty = np > 1 ? pow2_divisor(d.range[par[1]] / rt, ycap) : 1;
+  // Narrow or odd-sized x (a whole 7) makes up its block in rows.
+  int64_t ycap = narrow || (tx & (tx - 1))
+                     ? KILN_GPU_ROW / tx
+                     : rt > 1 ? KILN_GPU_SIDE / 2 : KILN_GPU_SIDE;
+  int64_t ty = np > 1 ? threads_along(d.range[par[1]] / rt, ycap) : 1;
   // Narrow blocks under 64 threads, and 1-D ops of few whole tiles, take
   // the parallel-loop mapping with guarded tails (1-D: along the threads).
   if (tx < 32 && d.range[par[0]] >= 32 && !(narrow && tx * ty >= 64))

@@ -485,6 +485,11 @@ bool kiln_kernels_sgemm_applies(int64_t m, int64_t n, int64_t k) {
   return choose(m, n, k, false, &s);
 }
 
+bool kiln_kernels_sgemm_whole(int64_t m, int64_t n, int64_t k) {
+  sgemm_shape_t s;
+  return choose(m, n, k, false, &s) && !s.ragged;
+}
+
 char *kiln_kernels_sgemm_text(int64_t m, int64_t n, int64_t k, bool a_transposed) {
   sgemm_shape_t s;
   if (!choose(m, n, k, a_transposed, &s)) return NULL;

@@ -103,8 +103,8 @@ bool kiln_kernels_inside_forall(MlirOperation op);
 // elementwise generic over the result and [M, N] or [N] inputs (a bias,
 // an activation, a residual add).
 // On tensor cores, also f32 x f32 -> f32 matmuls (the default indexing
-// maps or the transposed-lhs form, static, whole tiles:
-// kiln_kernels_sgemm_applies) are tagged kiln.gpu_sgemm and left whole,
+// maps or the transposed-lhs form, static, sizes
+// kiln_kernels_sgemm_applies takes) are tagged kiln.gpu_sgemm and left whole,
 // with their zero fills, for kiln_kernels_sgemm_gpu (its kernel needs
 // cp.async: sm_80+); *out_sgemm counts them. Other f32 matmuls keep the
 // tiled schedule.
@@ -132,8 +132,11 @@ kiln_status_t kiln_kernels_mma_gpu(MlirContext ctx, MlirModule module, int sm,
 // The K step of kernels/gpu_sgemm.c's f32 GEMM in 128 x 128 blocks.
 #define KILN_SGEMM_BK 8
 // Whether kernels/gpu_sgemm.c's f32 GEMM takes M x N x K: whole 128 x 128 x
-// KILN_SGEMM_BK tiles, or whole 64 x 64 x 16 ones.
+// KILN_SGEMM_BK tiles, whole 64 x 64 x 16 ones, or ragged sizes (M and N
+// multiples of 4, K of 16) over the sizes rounded up to its blocks.
 bool kiln_kernels_sgemm_applies(int64_t m, int64_t n, int64_t k);
+// The same in whole tiles only (where a product of few blocks splits K).
+bool kiln_kernels_sgemm_whole(int64_t m, int64_t n, int64_t k);
 // After bufferization: each kiln.gpu_sgemm matmul on whole row-major f32
 // buffers (A as [M, K], or as [K, M] in the transposed-lhs form) whose C is
 // zero-filled just before becomes kernels/gpu_sgemm.c's hand-scheduled

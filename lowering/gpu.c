@@ -162,6 +162,16 @@ static MlirOperation tensor_map_op(MlirValue v) {
   return kiln_gpu_op_named(def, "nvgpu.tma.create.descriptor") ? def : none;
 }
 
+MlirValue kiln_gpu_tensor_map_source(MlirValue v) {
+  MlirOperation tm = tensor_map_op(v);
+  if (mlirOperationIsNull(tm)) return (MlirValue){NULL};
+  MlirValue u = mlirOperationGetOperand(tm, 0);
+  if (!mlirValueIsAOpResult(u) ||
+      !kiln_gpu_op_named(mlirOpResultGetOwner(u), "memref.cast"))
+    return (MlirValue){NULL};
+  return mlirOperationGetOperand(mlirOpResultGetOwner(u), 0);
+}
+
 // `key = value` of a printed !nvgpu.tensormap.descriptor as a number of
 // bytes (swizzle_128b -> 128, l2promo_256b -> 256, none -> 0), or -1.
 static int tensor_map_bytes(const char *type, const char *key) {
@@ -586,12 +596,12 @@ static MlirWalkResult align_workgroup(MlirOperation op, void *user) {
 // llvm.func after convert-gpu-to-nvvm, which drops `llvm.byval` from a
 // gpu.func and refuses `nvvm.grid_constant` outside a kernel.
 typedef struct {
-  struct {
+  struct tmap_param {
     char module[128];
     int arg;
-  } at[64];
-  int count;
-  bool full;
+  } *at;
+  int count, cap;
+  bool oom;
 } tmap_params_t;
 
 static MlirWalkResult find_tmap_params(MlirOperation op, void *user) {
@@ -607,9 +617,15 @@ static MlirWalkResult find_tmap_params(MlirOperation op, void *user) {
                                   mlirStringRefCreateFromCString("!llvm.ptr"));
   for (intptr_t i = 0; i < mlirBlockGetNumArguments(entry); ++i) {
     if (!mlirTypeEqual(mlirValueGetType(mlirBlockGetArgument(entry, i)), ptr)) continue;
-    if (t->count == (int)(sizeof(t->at) / sizeof(t->at[0]))) {
-      t->full = true;
-      break;
+    if (t->count == t->cap) {
+      int cap = t->cap ? 2 * t->cap : 16;
+      struct tmap_param *n = realloc(t->at, sizeof(*n) * (size_t)cap);
+      if (!n) {
+        t->oom = true;
+        break;
+      }
+      t->at = n;
+      t->cap = cap;
     }
     snprintf(t->at[t->count].module, sizeof(t->at[0].module), "%.*s", (int)name.length,
              name.data);
@@ -645,10 +661,31 @@ static MlirWalkResult mark_tmap_params(MlirOperation op, void *user) {
     for (int k = 0; k < t->count; ++k)
       if (t->at[k].arg == i && strlen(t->at[k].module) == name.length &&
           memcmp(t->at[k].module, name.data, name.length) == 0) {
-        each[i] = mlirAttributeParseGet(
-            ctx, mlirStringRefCreateFromCString(
-                     "{llvm.byval = !llvm.array<128 x i8>, llvm.align = 64 : i64, "
-                     "nvvm.grid_constant}"));
+        // The argument's other attributes stay.
+        MlirNamedAttribute attrs[16];
+        intptr_t n_old = mlirAttributeIsADictionary(each[i])
+                             ? mlirDictionaryAttrGetNumElements(each[i])
+                             : 0;
+        int na = 0;
+        for (intptr_t a = 0; a < n_old && na < 13; ++a) {
+          MlirNamedAttribute e = mlirDictionaryAttrGetElement(each[i], a);
+          MlirStringRef an = mlirIdentifierStr(e.name);
+          if (!(an.length == 10 && memcmp(an.data, "llvm.byval", 10) == 0) &&
+              !(an.length == 10 && memcmp(an.data, "llvm.align", 10) == 0) &&
+              !(an.length == 18 && memcmp(an.data, "nvvm.grid_constant", 18) == 0))
+            attrs[na++] = e;
+        }
+        attrs[na++] = mlirNamedAttributeGet(
+            mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("llvm.byval")),
+            mlirTypeAttrGet(mlirTypeParseGet(
+                ctx, mlirStringRefCreateFromCString("!llvm.array<128 x i8>"))));
+        attrs[na++] = mlirNamedAttributeGet(
+            mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("llvm.align")),
+            mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 64));
+        attrs[na++] = mlirNamedAttributeGet(
+            mlirIdentifierGet(ctx, mlirStringRefCreateFromCString("nvvm.grid_constant")),
+            mlirUnitAttrGet(ctx));
+        each[i] = mlirDictionaryAttrGet(ctx, na, attrs);
         any = true;
       }
   }
@@ -850,10 +887,10 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   memset(&tmap_params, 0, sizeof(tmap_params));
   mlirOperationWalk(mlirModuleGetOperation(module), find_tmap_params, &tmap_params,
                     MlirWalkPreOrder);
-  if (tmap_params.full)
-    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
-                            "cuda: more than %d TMA tensor maps in one graph",
-                            (int)(sizeof(tmap_params.at) / sizeof(tmap_params.at[0])));
+  if (tmap_params.oom) {
+    free(tmap_params.at);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: TMA tensor maps");
+  }
   snprintf(pipeline, sizeof(pipeline),
            "builtin.module("
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
@@ -863,11 +900,12 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts))",
            target, link, mma_nvvm);
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(m, module, pipeline,
-                                                    "the CUDA pipeline"));
-  if (tmap_params.count)
+  kiln_status_t ps = kiln_pipeline_run_text(m, module, pipeline, "the CUDA pipeline");
+  if (!ps && tmap_params.count)
     mlirOperationWalk(mlirModuleGetOperation(module), mark_tmap_params, &tmap_params,
                       MlirWalkPreOrder);
+  free(tmap_params.at);
+  KILN_RETURN_IF_ERROR_PLAIN(ps);
   // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
   // Triton kernels do): without the flag NVPTX emits mul.rn + add.rn,
   // which ptxas must not fuse.

@@ -420,8 +420,18 @@ static kiln_status_t read_node(hfuse_t *h, MlirOperation op, node_t *n) {
   outside_t o = {h->host, op, {0}};
   mlirOperationWalk(op, collect_outside, &o, MlirWalkPreOrder);
   vlist_t bufs = {0};
-  for (int i = 0; i < o.outside.count; ++i)
-    if (mlirTypeIsAMemRef(mlirValueGetType(o.outside.v[i]))) vlist_add(&bufs, o.outside.v[i]);
+  for (int i = 0; i < o.outside.count; ++i) {
+    MlirValue v = o.outside.v[i];
+    MlirType t = mlirValueGetType(v);
+    // A TMA tensor map (the tensor-core kernel's) stands for the buffer it
+    // describes, which the kernel reads; unranked views (what a map is
+    // made of) are buffers too.
+    MlirValue src = n->kind == NODE_LAUNCH ? kiln_gpu_tensor_map_source(v) : (MlirValue){NULL};
+    if (!mlirValueIsNull(src))
+      vlist_add(&bufs, src);
+    else if (mlirTypeIsAMemRef(t) || mlirTypeIsAUnrankedMemRef(t))
+      vlist_add(&bufs, v);
+  }
   n->uses = o.outside.v;
   n->nuses = o.outside.count;
   n->roots = calloc((size_t)bufs.count + 1, sizeof(MlirValue));

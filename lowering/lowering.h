@@ -177,6 +177,11 @@ typedef struct kiln_gpu_tmap {
   int32_t box[KILN_GPU_TMAP_MAX_RANK];      // the tile a load moves
 } kiln_gpu_tmap_t;
 
+// The ranked memref a TMA tensor-map kernel argument describes (the
+// tensor-core kernel's `!llvm.ptr` launch operand, through its cast and
+// nvgpu.tma.create.descriptor), or null: the buffer the kernel reads.
+MlirValue kiln_gpu_tensor_map_source(MlirValue v);
+
 // A launch argument that is tensor map i of the program, not a buffer.
 #define KILN_GPU_TMAP_ARG(i) (-1 - (i))
 #define KILN_GPU_ARG_TMAP(arg) (-1 - (arg))

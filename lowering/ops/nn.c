@@ -1163,8 +1163,9 @@ kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n) {
   out.type = *rt;
   int id = e->next_id++;
   const char *ie = kiln_mlir_elem(idx->type.dtype);
-  if (e->options.cuda && kiln_kernels_sgemm_applies(V, D, P)) {
-    // CUDA, where the f32 GEMM kernel takes [V, P] x [P, D]: the one-hot
+  if (e->options.cuda && kiln_kernels_sgemm_whole(V, D, P)) {
+    // CUDA, where the f32 GEMM kernel takes [V, P] x [P, D] in whole tiles
+    // (a ragged vocabulary keeps the reduction form): the one-hot
     // matrix of the wrapped indices times the values (split over P by the
     // kernel), plus base. The reduction form's partials were written by
     // scattered stores (0.9-1.2 ms for 256 x 64 outputs over 4096

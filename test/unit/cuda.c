@@ -56,6 +56,12 @@ static const char *kGraphs[] = {
     // (kernels/gpu_schedule.c), the bias broadcast along the rows.
     "graph @narrow(%x: f32[96,1000], %b: f32[1000]) {\n"
     "  %s = aten.add(%x, %b)\n  %r = aten.relu(%s)\n  return %r\n}\n",
+    // 1001 = 7 x 11 x 13: blocks of 13 x 16; a 7 x 7 map: blocks of 7 x 7
+    // threads with a channel bias broadcast.
+    "graph @odd(%x: f32[64,1001], %y: f32[64,1001]) {\n"
+    "  %s = aten.add(%x, %y)\n  return %s\n}\n",
+    "graph @img7(%x: f32[4,64,7,7], %b: f32[64,1,1]) {\n"
+    "  %s = aten.add(%x, %b)\n  %r = aten.relu(%s)\n  return %r\n}\n",
     // Ragged f32 GEMMs (kernels/gpu_sgemm.c over sizes rounded up to its
     // blocks, edge copies zero-filled, edge stores skipped): M = 200 and
     // N = 1000 (a classifier head's), then A given transposed with M = 1000.
@@ -80,6 +86,19 @@ static const char *kGraphs[] = {
     "  %g = aten.gelu(%d)\n  return %g\n}\n",
     "graph @wg2(%a: bf16[384,64], %b: bf16[64,768], %r: bf16[384,768]) {\n"
     "  %c = aten.mm(%a, %b)\n  %d = aten.add(%c, %r)\n  return %d\n}\n",
+    // Several GEMMs in one graph: independent ones with their roundings
+    // folded, a chain (the first's rounded result allocated before its
+    // kernel), and a GEMM after softmaxes that horizontal fusion must not
+    // move before the one writing its operand (its TMA maps stand for it).
+    "graph @three(%a: bf16[256,256], %b: bf16[256,256], %c: bf16[256,256]) {\n"
+    "  %x = aten.mm(%a, %b)\n  %y = aten.mm(%b, %c)\n  %z = aten.mm(%a, %c)\n"
+    "  return %x, %y, %z\n}\n",
+    "graph @chain(%a: bf16[256,256], %b: bf16[256,256]) {\n"
+    "  %c = aten.mm(%a, %b)\n  %d = aten.mm(%c, %b)\n  return %d\n}\n",
+    "graph @order(%x: bf16[128,128], %w: bf16[128,128]) {\n"
+    "  %s1 = aten._softmax(%x) {dim = 1}\n  %s2 = aten._softmax(%s1) {dim = 0}\n"
+    "  %s3 = aten._softmax(%s2) {dim = 1}\n  %s4 = aten._softmax(%s3) {dim = 0}\n"
+    "  %y = aten.mm(%s4, %w)\n  return %y\n}\n",
     // An epilogue folded into the wgmma kernel's stores: bias, ReLU, an
     // f32 residual and the rounding of the sum to bf16 (a bf16 result, so
     // bf16's tolerance: the addmm is rounded to bf16 before the ReLU, and
