@@ -53,7 +53,7 @@ $(BUILD_ASAN)/build.ninja:
 # worker threads (the threaded path is tested by the normal build).
 check-asan: deps $(BUILD_ASAN)/build.ninja
 	@cmake --build $(BUILD_ASAN) -j $(JOBS)
-	KILN_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	KILN_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -L unit -j $(JOBS)
 
 # The GPU machine has no LLVM/MLIR and no package index: `make gpu-pack`

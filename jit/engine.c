@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <ffi.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,15 +92,43 @@ static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
 // temporaries afresh each time (a 1 MB transpose buffer cost more than the
 // matmul reading it). Blocks are 64-byte aligned; the pool keeps at most
 // KILN_POOL_MAX_CACHED bytes and frees the rest.
+//
+// A temporary that cannot be allocated does not crash the process: the
+// blocks a call's own thread allocates outside OpenMP regions are linked to
+// the call (kiln_ffi_call's frame), and when one such allocation fails the
+// call unwinds there (longjmp: compiled code holds no other resources and
+// runs no cleanups), its live blocks are freed, and it returns
+// OUT_OF_MEMORY. Inside a parallel region (or on a worker thread) there is
+// nowhere to unwind to without leaving the team behind: the allocation
+// returns NULL, as malloc would.
 
 #define KILN_POOL_CLASSES 48
 #define KILN_POOL_MAX_CACHED ((size_t)512 << 20)
+
+typedef struct call_frame call_frame_t;
 
 typedef struct pool_block {
   struct pool_block *next;  // in the free list
   void *base;               // what malloc returned
   int cls;                  // size class, -1: not pooled
+  call_frame_t *frame;      // the call it is live in, or NULL
+  struct pool_block *live_prev, *live_next;  // in that call's live list
 } pool_block_t;
+_Static_assert(sizeof(pool_block_t) <= 64, "the header lives in 64 bytes");
+
+// One kiln_ffi_call on its thread: where a failed allocation unwinds to.
+struct call_frame {
+  jmp_buf unwind;
+  size_t failed_bytes;
+  pool_block_t *live;  // blocks allocated for it and not yet freed
+};
+static _Thread_local call_frame_t *current_call;
+
+// omp_in_parallel of the OpenMP runtime compiled code forks with (set when
+// it is loaded; NULL: no regions).
+static int (*omp_in_parallel_fn)(void);
+
+static bool in_parallel(void) { return omp_in_parallel_fn && omp_in_parallel_fn(); }
 
 static struct {
   pthread_mutex_t lock;
@@ -128,36 +157,73 @@ static void *pool_alloc_aligned(size_t align, size_t size) {
   }
   size_t bytes = cls >= 0 ? (size_t)1 << cls : size;
   // The header sits in the 64 bytes just below the returned pointer.
-  char *base = malloc(bytes + align + 64);
+  char *base = bytes <= SIZE_MAX - align - 64 ? malloc(bytes + align + 64) : NULL;
   if (!base) return NULL;
   uintptr_t user = ((uintptr_t)base + 64 + align - 1) & ~(uintptr_t)(align - 1);
   pool_block_t *b = (pool_block_t *)(user - 64);
   b->base = base;
   b->cls = cls;
   b->next = NULL;
+  b->frame = NULL;
   return (void *)user;
 }
 
-static void *kiln_rt_alloc(size_t size) { return pool_alloc_aligned(64, size); }
+// Links `b` to the calling thread's call, outside parallel regions.
+static void track(pool_block_t *b) {
+  call_frame_t *f = current_call;
+  if (!f || in_parallel()) return;
+  pthread_mutex_lock(&pool.lock);
+  b->frame = f;
+  b->live_prev = NULL;
+  b->live_next = f->live;
+  if (f->live) f->live->live_prev = b;
+  f->live = b;
+  pthread_mutex_unlock(&pool.lock);
+}
+
+// Under pool.lock.
+static void untrack_locked(pool_block_t *b) {
+  call_frame_t *f = b->frame;
+  if (!f) return;
+  if (b->live_prev) b->live_prev->live_next = b->live_next;
+  else f->live = b->live_next;
+  if (b->live_next) b->live_next->live_prev = b->live_prev;
+  b->frame = NULL;
+}
+
+// A temporary of `size` bytes could not be allocated: the calling thread's
+// call unwinds, where it can.
+static void *alloc_failed(size_t size) {
+  call_frame_t *f = current_call;
+  if (f && !in_parallel()) {
+    f->failed_bytes = size;
+    longjmp(f->unwind, 1);
+  }
+  return NULL;
+}
 
 static void *kiln_rt_aligned_alloc(size_t align, size_t size) {
-  return pool_alloc_aligned(align, size);
+  void *p = pool_alloc_aligned(align, size);
+  if (!p) return alloc_failed(size);
+  track((pool_block_t *)((char *)p - 64));
+  return p;
 }
+
+static void *kiln_rt_alloc(size_t size) { return kiln_rt_aligned_alloc(64, size); }
 
 static void kiln_rt_free(void *ptr) {
   if (!ptr) return;
   pool_block_t *b = (pool_block_t *)((char *)ptr - 64);
-  if (b->cls >= 0) {
-    pthread_mutex_lock(&pool.lock);
-    if (pool.cached + ((size_t)1 << b->cls) <= KILN_POOL_MAX_CACHED) {
-      b->next = pool.free_list[b->cls];
-      pool.free_list[b->cls] = b;
-      pool.cached += (size_t)1 << b->cls;
-      pthread_mutex_unlock(&pool.lock);
-      return;
-    }
+  pthread_mutex_lock(&pool.lock);
+  untrack_locked(b);
+  if (b->cls >= 0 && pool.cached + ((size_t)1 << b->cls) <= KILN_POOL_MAX_CACHED) {
+    b->next = pool.free_list[b->cls];
+    pool.free_list[b->cls] = b;
+    pool.cached += (size_t)1 << b->cls;
     pthread_mutex_unlock(&pool.lock);
+    return;
   }
+  pthread_mutex_unlock(&pool.lock);
   free(b->base);
 }
 
@@ -375,6 +441,7 @@ static void load_omp(void) {
   if (!force_libomp && kiln_gomp_bind(force_gomp)) {
     omp_mode = OMP_GOMP;
     omp_ok = true;
+    omp_in_parallel_fn = kiln_gomp_in_parallel_fn();
     return;
   }
   load_libomp();
@@ -398,6 +465,7 @@ static void load_libomp(void) {
   if (!h) h = dlopen("libomp.so.5", RTLD_NOW | RTLD_GLOBAL);
   omp_ok = h != NULL;
   if (omp_ok) omp_mode = OMP_LIBOMP;
+  if (omp_ok) *(void **)&omp_in_parallel_fn = dlsym(h, "omp_in_parallel");
 }
 
 bool kiln_jit_openmp_available(void) {
@@ -532,7 +600,32 @@ kiln_status_t kiln_ffi_call(const kiln_ffi_sig_t *sig, void *fn,
     for (int32_t j = 0; j < m->rank; ++j) values[k++] = (void *)&m->sizes[j];
     for (int32_t j = 0; j < m->rank; ++j) values[k++] = (void *)&m->strides[j];
   }
-  ffi_call((ffi_cif *)&sig->cif, FFI_FN(fn), NULL, values);
-  if (values != stack_values) free(values);
-  return NULL;
+  // The call's frame: a temporary that cannot be allocated lands here.
+  call_frame_t frame;
+  frame.failed_bytes = 0;
+  frame.live = NULL;
+  call_frame_t *outer = current_call;
+  current_call = &frame;
+  void **volatile heap_values = values != stack_values ? values : NULL;
+  if (setjmp(frame.unwind) == 0) {
+    ffi_call((ffi_cif *)&sig->cif, FFI_FN(fn), NULL, values);
+    current_call = outer;
+    free(heap_values);
+    return NULL;
+  }
+  // Unwound: the call's live temporaries go back; its outputs are
+  // incomplete.
+  current_call = outer;
+  free(heap_values);
+  for (;;) {
+    pthread_mutex_lock(&pool.lock);
+    pool_block_t *b = frame.live;
+    pthread_mutex_unlock(&pool.lock);
+    if (!b) break;
+    kiln_rt_free((char *)b + 64);
+  }
+  return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY,
+                          "compiled code: a temporary of %zu bytes could not be "
+                          "allocated; the outputs are incomplete",
+                          frame.failed_bytes);
 }

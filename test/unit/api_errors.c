@@ -223,6 +223,40 @@ static void test_call_errors(void) {
   kiln_function_release(fn);
 }
 
+// A temporary the system cannot allocate (4 TiB: the outer product of two
+// 2^20-vectors before it is multiplied by a third): the call returns
+// OUT_OF_MEMORY instead of the compiled code writing through NULL, and the
+// process and the function stay usable.
+static void test_temporary_out_of_memory(void) {
+  const char *text =
+      "graph @huge(%a: f32[1048576,1], %b: f32[1,1048576], %c: f32[1048576,1]) {\n"
+      "  %t = aten.mm(%a, %b)\n  %u = aten.mm(%t, %c)\n  return %u\n}\n";
+  kiln_graph_t *g = NULL;
+  kiln_function_t *fn = NULL;
+  CHECK_OK(parse(text, &g));
+  if (!g) return;
+  CHECK_OK(kiln_function_compile(ctx, g, NULL, &fn));
+  kiln_graph_destroy(g);
+  if (!fn) return;
+  enum { N = 1 << 20 };
+  float *a = calloc(N, sizeof(float)), *b = calloc(N, sizeof(float)),
+        *c = calloc(N, sizeof(float)), *u = calloc(N, sizeof(float));
+  DLDataType f32 = {kDLFloat, 32, 1};
+  int64_t col[2] = {N, 1}, row[2] = {1, N};
+  DLTensor in[3] = {tensor(a, 2, col, f32), tensor(b, 2, row, f32), tensor(c, 2, col, f32)};
+  DLTensor o = tensor(u, 2, col, f32);
+  if (a && b && c && u) {
+    for (int k = 0; k < 2; ++k)  // twice: the first failure left nothing behind
+      CHECK_ERR(kiln_function_call(fn, in, 3, &o, 1), KILN_STATUS_OUT_OF_MEMORY,
+                "a temporary of");
+  }
+  free(a);
+  free(b);
+  free(c);
+  free(u);
+  kiln_function_release(fn);
+}
+
 static void test_symbolic_and_targets(void) {
   const char *text =
       "graph @g(%x: f32[s0,3], %y: f32[3]) {\n"
@@ -371,6 +405,7 @@ int main(void) {
   test_verifier_errors();
   test_roundtrip();
   test_call_errors();
+  test_temporary_out_of_memory();
   test_symbolic_and_targets();
   test_mutations();
   kiln_context_destroy(ctx);
