@@ -282,10 +282,11 @@ kiln_status_t kiln_cuda_tensor_map(void *map, kiln_cuda_elem_t elem, int rank, v
     return kiln_make_status(KILN_STATUS_UNAVAILABLE,
                             "cuTensorMapEncodeTiled: the CUDA driver has no TMA "
                             "tensor maps (CUDA 12.0+)");
-  if (rank < 1 || rank > 5 || ((uintptr_t)map & 63))
+  if (rank < 1 || rank > 5 || ((uintptr_t)map & 63) || elem < KILN_CUDA_ELEM_F16 ||
+      elem > KILN_CUDA_ELEM_F32)
     return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
                             "cuTensorMapEncodeTiled: rank %d (1 to 5), map %p (64-byte "
-                            "aligned)", rank, map);
+                            "aligned), element kind %d", rank, map, (int)elem);
   static const CUtensorMapDataType types[] = {CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
                                               CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                               CU_TENSOR_MAP_DATA_TYPE_FLOAT32};

@@ -117,10 +117,12 @@ typedef struct pool_block {
 _Static_assert(sizeof(pool_block_t) <= 64, "the header lives in 64 bytes");
 
 // One kiln_ffi_call on its thread: where a failed allocation unwinds to.
+// (Changed between setjmp and longjmp, hence volatile: read after the
+// unwind.)
 struct call_frame {
   jmp_buf unwind;
-  size_t failed_bytes;
-  pool_block_t *live;  // blocks allocated for it and not yet freed
+  volatile size_t failed_bytes;
+  pool_block_t *volatile live;  // blocks allocated for it and not yet freed
 };
 static _Thread_local call_frame_t *current_call;
 

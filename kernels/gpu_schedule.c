@@ -483,10 +483,10 @@ static MlirWalkResult tile_op(MlirOperation op, void *user) {
   // [4096, 1000] add, a 4096 x 4096 x 1000 matmul at 0.2% of the GPU).
   // An elementwise op's odd dim (1001) takes a divisor that is no power
   // of two (13 columns, 52 contiguous bytes).
-  if (np > 1 && tx < 4 && d.reduction_mask == 0)
-    tx = small_divisor(d.range[par[0]], KILN_GPU_SIDE) > 1
-             ? small_divisor(d.range[par[0]], KILN_GPU_SIDE)
-             : tx;
+  if (np > 1 && tx < 4 && d.reduction_mask == 0) {
+    int64_t odd = small_divisor(d.range[par[0]], KILN_GPU_SIDE);
+    if (odd > 1) tx = odd;
+  }
   bool narrow = np > 1 && tx < 32 && tx >= 4 && d.range[par[0]] >= 32;
   // Narrow or odd-sized x (a whole 7) makes up its block in rows.
   int64_t ycap = narrow || (tx & (tx - 1))

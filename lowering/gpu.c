@@ -1163,11 +1163,25 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
   ok = ok && get(&r, out->tmaps, sizeof(kiln_gpu_tmap_t) * (size_t)out->tmap_count);
   ok = ok && r.at == size;
   int32_t buffers = out->arg_count + out->temp_count + out->const_count;
+  // A map stays within a temporary or constant it describes (inputs and
+  // outputs are sized by the graph, their maps by their types).
   for (int i = 0; ok && i < out->tmap_count; ++i) {
     const kiln_gpu_tmap_t *t = &out->tmaps[i];
     ok = t->buffer >= 0 && t->buffer < buffers && t->rank >= 1 &&
          t->rank <= KILN_GPU_TMAP_MAX_RANK && t->offset_bytes >= 0 &&
          (t->dtype == KILN_F32 || t->dtype == KILN_F16 || t->dtype == KILN_BF16);
+    int64_t last = t->offset_bytes;  // the last byte's offset
+    for (int d = 0; ok && d < t->rank; ++d) {
+      ok = t->dims[d] >= 1 && t->dims[d] <= ((int64_t)1 << 32) && t->strides[d] >= 1 &&
+           t->strides[d] <= ((int64_t)1 << 40) && t->box[d] >= 1 && t->box[d] <= 256;
+      if (ok) last += (t->dims[d] - 1) * t->strides[d];
+    }
+    if (ok && t->buffer >= out->arg_count) {
+      int b = t->buffer - out->arg_count;
+      int64_t cap = b < out->temp_count ? out->temp_bytes[b]
+                                        : out->const_bytes[b - out->temp_count];
+      ok = last + t->strides[0] <= cap;
+    }
   }
   ok = ok && out->arg_count >= 0 && (size_t)out->arg_count <= size;
   for (int t = 0; ok && t < out->temp_count; ++t) ok = out->temp_bytes[t] >= 0;
@@ -1182,8 +1196,8 @@ kiln_status_t kiln_gpu_program_deserialize(const void *data, size_t size,
                     ln->offsets[0] >= 0 && ln->offsets[1] >= 0);
     for (int a = 0; ok && a < ln->arg_count; ++a)
       ok = ln->args[a] < buffers &&
-           (ln->args[a] >= 0 || (ln->kind == KILN_GPU_LAUNCH &&
-                                 KILN_GPU_ARG_TMAP(ln->args[a]) < out->tmap_count));
+           (ln->args[a] >= 0 ||
+            (ln->kind == KILN_GPU_LAUNCH && ln->args[a] >= -out->tmap_count));
     // A copy stays within a temporary it touches (inputs and outputs are
     // sized by the graph and checked by the caller against arg_count).
     for (int a = 0; ok && ln->kind == KILN_GPU_COPY && a < 2; ++a)

@@ -40,6 +40,7 @@ static bool round_trip(const kiln_gpu_program_t *p, void (*corrupt)(kiln_gpu_pro
   CHECK_OK(kiln_gpu_program_serialize(&q, &data, &size));
   free(launches);
   free(tmaps);
+  if (q.temp_bytes != p->temp_bytes) free(q.temp_bytes);
   kiln_status_t s = kiln_gpu_program_deserialize(data, size, back);
   free(data);
   bool ok = s == NULL;
@@ -64,6 +65,16 @@ static void map_into_copy(kiln_gpu_program_t *q) {
   l->args[1] = 2;
 }
 static void bad_rank(kiln_gpu_program_t *q) { q->tmaps[1].rank = 6; }
+static void huge_box(kiln_gpu_program_t *q) { q->tmaps[0].box[1] = 512; }
+// A map of a temporary reaching past its end.
+static void past_temporary(kiln_gpu_program_t *q) {
+  int64_t *tb = malloc(sizeof(int64_t) * (size_t)(q->temp_count + 1));
+  if (q->temp_count) memcpy(tb, q->temp_bytes, sizeof(int64_t) * (size_t)q->temp_count);
+  tb[q->temp_count] = 1024;  // rows of 1024 bytes; the map needs 256 of them
+  q->temp_bytes = tb;  // round_trip frees the copy
+  q->tmaps[0].buffer = q->arg_count + q->temp_count;
+  q->temp_count++;
+}
 
 int main(void) {
   kiln_mlir_t *m = NULL;
@@ -112,6 +123,8 @@ int main(void) {
   CHECK(!round_trip(&p, missing_map, &back));
   CHECK(!round_trip(&p, map_into_copy, &back));
   CHECK(!round_trip(&p, bad_rank, &back));
+  CHECK(!round_trip(&p, huge_box, &back));
+  CHECK(!round_trip(&p, past_temporary, &back));
 
   // KILN_GPU_TMA=0: the same kernel on cp.async, A and B passed as buffers.
   setenv("KILN_GPU_TMA", "0", 1);
