@@ -435,3 +435,29 @@ def test_steady_state_calls_follow_input_layouts(rows):
     # steady-state path must not reuse the structs' f32 dtype).
     with pytest.raises(kiln._capi.KilnError, match="float64|f64"):
         fused(a.double(), b.double())
+
+
+def test_a_temporary_that_cannot_be_allocated_raises_out_of_memory():
+    # (a @ b) @ c with a [2^20, 1] and b [1, 2^20]: the product in between
+    # takes 4 TiB, which compiled code cannot allocate. The call raises
+    # kiln's OUT_OF_MEMORY (it wrote through NULL and killed the process
+    # before), twice, and the process goes on compiling and calling.
+    # (Where the kernel overcommits without limit, malloc would say yes.)
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            if f.read().strip() == "1":
+                pytest.skip("vm.overcommit_memory = 1: a 4 TiB malloc succeeds")
+    except OSError:
+        pass
+    from torch.fx.experimental.proxy_tensor import make_fx
+    n = 1 << 20
+    a, b, c = torch.randn(n, 1), torch.randn(1, n), torch.randn(n, 1)
+    gm = make_fx(lambda a, b, c: (a @ b) @ c, tracing_mode="fake")(a, b, c)
+    huge = kiln.backend.compile_graph(gm, (a, b, c), kiln.backend.parse_options(None, None),
+                                      "forward")
+    for _ in range(2):
+        with pytest.raises(kiln._capi.KilnError, match="OUT_OF_MEMORY.*could not be allocated"):
+            huge(a, b, c)
+    x, y = torch.randn(64, 32), torch.randn(32, 16)
+    small = partitioned(lambda x, y: torch.relu(x @ y), x, y)
+    torch.testing.assert_close(small(x, y), torch.relu(x @ y), **TOL[torch.float32])
