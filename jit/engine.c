@@ -94,13 +94,13 @@ static void kiln_rt_memref_copy(int64_t elem_size, kiln_unranked_memref_t *src,
 // KILN_POOL_MAX_CACHED bytes and frees the rest.
 //
 // A temporary that cannot be allocated does not crash the process: the
-// blocks a call's own thread allocates outside OpenMP regions are linked to
-// the call (kiln_ffi_call's frame), and when one such allocation fails the
-// call unwinds there (longjmp: compiled code holds no other resources and
-// runs no cleanups), its live blocks are freed, and it returns
-// OUT_OF_MEMORY. Inside a parallel region (or on a worker thread) there is
-// nowhere to unwind to without leaving the team behind: the allocation
-// returns NULL, as malloc would.
+// blocks a call's own thread allocates are linked to the call
+// (kiln_ffi_call's frame), and when an allocation fails outside OpenMP
+// regions the call unwinds there (longjmp: compiled code holds no other
+// resources and runs no cleanups), its live blocks are freed, and it
+// returns OUT_OF_MEMORY. Inside a region, even one of a single thread, or
+// on a worker thread, there is nowhere to unwind to without leaving the
+// team behind: the allocation returns NULL, as malloc would.
 
 #define KILN_POOL_CLASSES 48
 #define KILN_POOL_MAX_CACHED ((size_t)512 << 20)
@@ -126,11 +126,25 @@ struct call_frame {
 };
 static _Thread_local call_frame_t *current_call;
 
-// omp_in_parallel of the OpenMP runtime compiled code forks with (set when
-// it is loaded; NULL: no regions).
-static int (*omp_in_parallel_fn)(void);
+static int omp_mode_loaded(void);
 
-static bool in_parallel(void) { return omp_in_parallel_fn && omp_in_parallel_fn(); }
+// Whether the calling thread is outside every OpenMP region, active or not
+// (omp_get_level 0), asked of the runtime compiled code forks with: the
+// host's libgomp through the shim, else the __kmpc_* the JIT resolves from
+// the process's global scope. Only asked when an allocation has failed: it
+// may initialize a runtime that code without regions never touched.
+static bool outside_regions(void) {
+  int (*level)(void) = NULL;
+  if (omp_mode_loaded() == 2) {
+    level = kiln_gomp_level_fn();
+  } else if (omp_mode_loaded() == 1) {
+    *(void **)&level = dlsym(RTLD_DEFAULT, "omp_get_level");
+    if (!level) return false;  // a runtime we cannot ask: do not unwind
+  } else {
+    return true;  // no runtime: no regions
+  }
+  return level && level() == 0;
+}
 
 static struct {
   pthread_mutex_t lock;
@@ -170,10 +184,11 @@ static void *pool_alloc_aligned(size_t align, size_t size) {
   return (void *)user;
 }
 
-// Links `b` to the calling thread's call, outside parallel regions.
+// Links `b` to the calling thread's call (inside a region too: a block
+// still live at an unwind, which happens outside regions, is the call's).
 static void track(pool_block_t *b) {
   call_frame_t *f = current_call;
-  if (!f || in_parallel()) return;
+  if (!f) return;
   pthread_mutex_lock(&pool.lock);
   b->frame = f;
   b->live_prev = NULL;
@@ -197,7 +212,7 @@ static void untrack_locked(pool_block_t *b) {
 // call unwinds, where it can.
 static void *alloc_failed(size_t size) {
   call_frame_t *f = current_call;
-  if (f && !in_parallel()) {
+  if (f && outside_regions()) {
     f->failed_bytes = size;
     longjmp(f->unwind, 1);
   }
@@ -443,7 +458,6 @@ static void load_omp(void) {
   if (!force_libomp && kiln_gomp_bind(force_gomp)) {
     omp_mode = OMP_GOMP;
     omp_ok = true;
-    omp_in_parallel_fn = kiln_gomp_in_parallel_fn();
     return;
   }
   load_libomp();
@@ -467,7 +481,11 @@ static void load_libomp(void) {
   if (!h) h = dlopen("libomp.so.5", RTLD_NOW | RTLD_GLOBAL);
   omp_ok = h != NULL;
   if (omp_ok) omp_mode = OMP_LIBOMP;
-  if (omp_ok) *(void **)&omp_in_parallel_fn = dlsym(h, "omp_in_parallel");
+}
+
+// 1: libomp, 2: the host's libgomp through the shim, 0: none (yet).
+static int omp_mode_loaded(void) {
+  return omp_mode == OMP_LIBOMP ? 1 : omp_mode == OMP_GOMP ? 2 : 0;
 }
 
 bool kiln_jit_openmp_available(void) {
@@ -613,6 +631,10 @@ kiln_status_t kiln_ffi_call(const kiln_ffi_sig_t *sig, void *fn,
     ffi_call((ffi_cif *)&sig->cif, FFI_FN(fn), NULL, values);
     current_call = outer;
     free(heap_values);
+    // Blocks the code left allocated no longer point at this frame.
+    pthread_mutex_lock(&pool.lock);
+    for (pool_block_t *b = frame.live; b; b = b->live_next) b->frame = NULL;
+    pthread_mutex_unlock(&pool.lock);
     return NULL;
   }
   // Unwound: the call's live temporaries go back; its outputs are
@@ -628,6 +650,7 @@ kiln_status_t kiln_ffi_call(const kiln_ffi_sig_t *sig, void *fn,
   }
   return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY,
                           "compiled code: a temporary of %zu bytes could not be "
-                          "allocated; the outputs are incomplete",
+                          "allocated; the outputs (and inputs it updates in place) "
+                          "are incomplete",
                           frame.failed_bytes);
 }

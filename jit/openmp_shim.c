@@ -23,7 +23,7 @@ typedef int (*omp_int_fn)(void);
 static struct {
   gomp_parallel_fn parallel;
   gomp_barrier_fn barrier;
-  omp_int_fn thread_num, num_threads, in_parallel;
+  omp_int_fn thread_num, num_threads, level;
 } gomp;
 
 static _Thread_local int next_num_threads;
@@ -47,11 +47,11 @@ bool kiln_gomp_bind(bool load_if_absent) {
   gomp.barrier = (gomp_barrier_fn)dlsym(h, "GOMP_barrier");
   gomp.thread_num = (omp_int_fn)dlsym(h, "omp_get_thread_num");
   gomp.num_threads = (omp_int_fn)dlsym(h, "omp_get_num_threads");
-  gomp.in_parallel = (omp_int_fn)dlsym(h, "omp_in_parallel");
+  gomp.level = (omp_int_fn)dlsym(h, "omp_get_level");
   return gomp.parallel && gomp.barrier && gomp.thread_num && gomp.num_threads;
 }
 
-int (*kiln_gomp_in_parallel_fn(void))(void) { return gomp.in_parallel; }
+int (*kiln_gomp_level_fn(void))(void) { return gomp.level; }
 
 int32_t kiln_kmpc_global_thread_num(void *loc) {
   (void)loc;

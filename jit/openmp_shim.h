@@ -9,8 +9,8 @@
 // Binds to a libgomp already loaded in the process (or, with
 // `load_if_absent`, the system's). False when none is usable.
 bool kiln_gomp_bind(bool load_if_absent);
-// That libgomp's omp_in_parallel (after kiln_gomp_bind), or NULL.
-int (*kiln_gomp_in_parallel_fn(void))(void);
+// That libgomp's omp_get_level (after kiln_gomp_bind), or NULL.
+int (*kiln_gomp_level_fn(void))(void);
 
 int32_t kiln_kmpc_global_thread_num(void *loc);
 void kiln_kmpc_push_num_threads(void *loc, int32_t gtid, int32_t n);
