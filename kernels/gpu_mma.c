@@ -1,8 +1,10 @@
 // A hand-scheduled tensor-core GEMM for the CUDA target, written in the
 // gpu and nvgpu dialects: C[M,N] (f32, overwritten) = A[M,K] x B[K,N], bf16
-// operands, row-major. MLIR 22's nvgpu has no bf16 mma.sync: fragments are
-// loaded as bf16 and bitcast to f16 vectors for nvgpu.mma.sync, whose PTX
-// lowering/gpu.c relabels bf16 (same fragment layout and registers).
+// or f16 operands, row-major. MLIR 22's nvgpu has no bf16 mma.sync: bf16
+// fragments are loaded as bf16 and bitcast to f16 vectors for
+// nvgpu.mma.sync, whose PTX lowering/gpu.c relabels bf16 (same fragment
+// layout and registers) in the modules whose ldmatrix reads bf16; f16
+// fragments go to it as they are.
 //
 // Upstream's routes stop short of this: the transform-dialect warp
 // schedule with convert-vector-to-gpu reaches mma.sync with operands read
@@ -41,6 +43,7 @@
 typedef struct {
   int64_t m, n, k;
   int bm, bn, bk, wm, wn, stages, group;
+  const char *el;  // the operands' element type: "bf16" or "f16"
 } mma_shape_t;
 
 // Index arithmetic, emitted once per distinct expression in a scope (the
@@ -211,22 +214,25 @@ static void issue(emitter_t *e, const mma_shape_t *s, const coords_t *c,
 }
 
 // Stores the accumulator pair %e<v> (vector<2xf32>) at [row, col] of
-// `dest` (of type `type`), rounded to bf16 first with `bf16`.
-static void store_pair(emitter_t *e, int v, bool bf16, const char *dest, const char *row,
-                       const char *col, const char *type) {
-  if (bf16)
+// `dest` (of type `type`), rounded first to `round` ("bf16" or "f16") where
+// it is not null.
+static void store_pair(emitter_t *e, int v, const char *round, const char *dest,
+                       const char *row, const char *col, const char *type) {
+  if (round)
     kiln_sbuf_printf(e->out,
-                     "%s%%r%d = arith.truncf %%e%d : vector<2xf32> to vector<2xbf16>\n"
-                     "%svector.store %%r%d, %s[%s, %s] : %s, vector<2xbf16>\n",
-                     e->indent, v, v, e->indent, v, dest, row, col, type);
+                     "%s%%r%d = arith.truncf %%e%d : vector<2xf32> to vector<2x%s>\n"
+                     "%svector.store %%r%d, %s[%s, %s] : %s, vector<2x%s>\n",
+                     e->indent, v, v, round, e->indent, v, dest, row, col, type, round);
   else
     kiln_sbuf_printf(e->out, "%svector.store %%e%d, %s[%s, %s] : %s, vector<2xf32>\n",
                      e->indent, v, dest, row, col, type);
 }
 
 // The kernel as a function @kiln_mma(%A, %B, %C) holding one gpu.launch;
-// with `bf16_out` C is bf16, the accumulators rounded as they are stored.
-static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
+// with `round` C is of that type ("bf16" or "f16"), the accumulators
+// rounded as they are stored, else f32. f16 operands go to mma.sync as
+// they are; bf16 ones as their bits in f16 vectors.
+static char *kernel_text(const mma_shape_t *s, const char *round) {
   kiln_sbuf_t b;
   kiln_sbuf_init(&b);
   emitter_t *e = calloc(1, sizeof(*e));
@@ -235,12 +241,14 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
   e->indent = "      ";
   const char *ws = "#gpu.address_space<workgroup>";
   char ta[96], tb[96], tc[96], tsa[128], tsb[128];
-  snprintf(ta, sizeof(ta), "memref<%lldx%lldxbf16>", (long long)s->m, (long long)s->k);
-  snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->k, (long long)s->n);
+  const char *el = s->el;
+  bool bits = strcmp(el, "bf16") == 0;  // bf16 fragments bitcast to f16
+  snprintf(ta, sizeof(ta), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->k, el);
+  snprintf(tb, sizeof(tb), "memref<%lldx%lldx%s>", (long long)s->k, (long long)s->n, el);
   snprintf(tc, sizeof(tc), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->n,
-           bf16_out ? "bf16" : "f32");
-  snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxbf16, %s>", s->stages, s->bm, s->bk, ws);
-  snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dxbf16, %s>", s->stages, s->bk, s->bn, ws);
+           round ? round : "f32");
+  snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dx%s, %s>", s->stages, s->bm, s->bk, el, ws);
+  snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx%s, %s>", s->stages, s->bk, s->bn, el, ws);
   int nt = 32 * (s->bm / s->wm) * (s->bn / s->wn);
   int64_t blocks = (s->m / s->bm) * (s->n / s->bn), kt_count = s->k / s->bk;
   int mi_n = s->wm / 16, ni_n = s->wn / 8, kk_n = s->bk / 16;
@@ -305,11 +313,14 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
       int v = e->next++;
       snprintf(afr[mi].s, 16, "%%a%d", v);
       kiln_sbuf_printf(&b,
-                       "%s%%a%dr = nvgpu.ldmatrix %%sA[%s, %s, %s] {numTiles = 4 : i32, "
-                       "transpose = false} : %s -> vector<4x2xbf16>\n"
-                       "%s%s = vector.bitcast %%a%dr : vector<4x2xbf16> to "
-                       "vector<4x2xf16>\n",
-                       e->indent, v, st.s, r.s, col.s, tsa, e->indent, afr[mi].s, v);
+                       "%s%%a%d%s = nvgpu.ldmatrix %%sA[%s, %s, %s] {numTiles = 4 : i32, "
+                       "transpose = false} : %s -> vector<4x2x%s>\n",
+                       e->indent, v, bits ? "r" : "", st.s, r.s, col.s, tsa, el);
+      if (bits)
+        kiln_sbuf_printf(&b,
+                         "%s%s = vector.bitcast %%a%dr : vector<4x2xbf16> to "
+                         "vector<4x2xf16>\n",
+                         e->indent, afr[mi].s, v);
     }
     for (int nj = 0; nj < ni_n / 2 && nj < 8; ++nj) {
       name_t r = keep(addc(e, lane16.s, (int64_t)kk * 16));
@@ -319,11 +330,14 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
       name_t col = keep(mulc(e, sw.s, 8));
       int v = e->next++;
       kiln_sbuf_printf(&b,
-                       "%s%%b%dr = nvgpu.ldmatrix %%sB[%s, %s, %s] {numTiles = 4 : i32, "
-                       "transpose = true} : %s -> vector<4x2xbf16>\n"
-                       "%s%%b%d = vector.bitcast %%b%dr : vector<4x2xbf16> to "
-                       "vector<4x2xf16>\n",
-                       e->indent, v, st.s, r.s, col.s, tsb, e->indent, v, v);
+                       "%s%%b%d%s = nvgpu.ldmatrix %%sB[%s, %s, %s] {numTiles = 4 : i32, "
+                       "transpose = true} : %s -> vector<4x2x%s>\n",
+                       e->indent, v, bits ? "r" : "", st.s, r.s, col.s, tsb, el);
+      if (bits)
+        kiln_sbuf_printf(&b,
+                         "%s%%b%d = vector.bitcast %%b%dr : vector<4x2xbf16> to "
+                         "vector<4x2xf16>\n",
+                         e->indent, v, v);
       snprintf(bfr[2 * nj].s, 16, "%%b%dl", v);
       snprintf(bfr[2 * nj + 1].s, 16, "%%b%dh", v);
       kiln_sbuf_printf(&b,
@@ -373,7 +387,7 @@ static char *kernel_text(const mma_shape_t *s, bool bf16_out) {
                          "%s%%e%d = vector.extract %%res#%d[%d] : vector<2xf32> from "
                          "vector<2x2xf32>\n",
                          e->indent, v, mi * ni_n + ni, h);
-        store_pair(e, v, bf16_out, "%C", row.s, col.s, tc);
+        store_pair(e, v, round, "%C", row.s, col.s, tc);
       }
   kiln_sbuf_printf(&b, "%sgpu.terminator\n    }\n  return\n}\n", e->indent);
   free(e);
@@ -434,6 +448,7 @@ typedef struct {
   int group;   // block rows per L2 group
   bool bt;     // B given as [N, K] (K-major)
   bool tma;    // operands by TMA (cp.async.bulk.tensor) instead of cp.async
+  const char *el;  // the operands' element type: "bf16" or "f16"
 } wg_shape_t;
 
 enum { WG_BK = 64 };
@@ -502,8 +517,8 @@ static void wg_issue(emitter_t *e, const wg_shape_t *s, const name_t *row0,
 static void wg_tma_types(const wg_shape_t *s, char da[256], char db[256], char va[96],
                          char vb[96]) {
   const char *ws = "#gpu.address_space<workgroup>";
-  snprintf(va, 96, "memref<%dx%dxbf16, %s>", 64 * s->wg, WG_BK, ws);
-  snprintf(vb, 96, "memref<%dx%dxbf16, %s>", s->bt ? s->bn : WG_BK, 64, ws);
+  snprintf(va, 96, "memref<%dx%dx%s, %s>", 64 * s->wg, WG_BK, s->el, ws);
+  snprintf(vb, 96, "memref<%dx%dx%s, %s>", s->bt ? s->bn : WG_BK, 64, s->el, ws);
   snprintf(da, 256,
            "!nvgpu.tensormap.descriptor<tensor = %s, swizzle = swizzle_128b, "
            "l2promo = l2promo_256b, oob = zero, interleave = none>", va);
@@ -603,7 +618,7 @@ typedef struct {
   const char *out;
 } epilogue_t;
 
-static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep) {
+static char *wgmma_text(const wg_shape_t *s, const char *round, const epilogue_t *ep) {
   kiln_sbuf_t b;
   kiln_sbuf_init(&b);
   emitter_t *e = calloc(1, sizeof(*e));
@@ -613,13 +628,14 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
   const char *ws = "#gpu.address_space<workgroup>";
   int bm = 64 * s->wg, nt = 128 * s->wg, chunks = s->bn / 64;
   char ta[96], tb[96], tc[96], tsa[128], tsb[128], tsm[96];
-  snprintf(ta, sizeof(ta), "memref<%lldx%lldxbf16>", (long long)s->m, (long long)s->k);
+  const char *el = s->el;
+  snprintf(ta, sizeof(ta), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->k, el);
   if (s->bt)
-    snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->n, (long long)s->k);
+    snprintf(tb, sizeof(tb), "memref<%lldx%lldx%s>", (long long)s->n, (long long)s->k, el);
   else
-    snprintf(tb, sizeof(tb), "memref<%lldx%lldxbf16>", (long long)s->k, (long long)s->n);
+    snprintf(tb, sizeof(tb), "memref<%lldx%lldx%s>", (long long)s->k, (long long)s->n, el);
   snprintf(tc, sizeof(tc), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->n,
-           ep ? ep->out : bf16_out ? "bf16" : "f32");
+           ep ? ep->out : round ? round : "f32");
   // The epilogue's other inputs are arguments %E<i> after %C.
   char te[KILN_EPILOGUE_MAX_INPUTS][96] = {{0}};
   kiln_sbuf_t eargs;
@@ -633,11 +649,11 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
                (long long)s->n, ep->elt[i]);
     kiln_sbuf_printf(&eargs, ", %%E%d: %s", i, te[i]);
   }
-  snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dxbf16, %s>", s->stages, bm, WG_BK, ws);
+  snprintf(tsa, sizeof(tsa), "memref<%dx%dx%dx%s, %s>", s->stages, bm, WG_BK, el, ws);
   if (s->bt)
-    snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dxbf16, %s>", s->stages, s->bn, WG_BK, ws);
+    snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx%s, %s>", s->stages, s->bn, WG_BK, el, ws);
   else
-    snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx64xbf16, %s>", s->stages, chunks, WG_BK,
+    snprintf(tsb, sizeof(tsb), "memref<%dx%dx%dx64x%s, %s>", s->stages, chunks, WG_BK, el,
              ws);
   snprintf(tsm, sizeof(tsm), "memref<?xi8, %s>", ws);
   // The accumulator: BN / 2 floats per thread.
@@ -664,15 +680,16 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
                      "  %%tbA1 = arith.constant %d : index\n"
                      "  %%tbB0 = arith.constant %d : index\n"
                      "  %%tbB1 = arith.constant 64 : index\n"
-                     "  %%uA = memref.cast %%A : %s to memref<*xbf16>\n"
-                     "  %%uB = memref.cast %%B : %s to memref<*xbf16>\n"
+                     "  %%uA = memref.cast %%A : %s to memref<*x%s>\n"
+                     "  %%uB = memref.cast %%B : %s to memref<*x%s>\n"
                      "  %%hA = nvgpu.tma.create.descriptor %%uA box[%%tbA0, %%tbA1] : "
-                     "memref<*xbf16> -> %s\n"
+                     "memref<*x%s> -> %s\n"
                      "  %%hB = nvgpu.tma.create.descriptor %%uB box[%%tbB0, %%tbB1] : "
-                     "memref<*xbf16> -> %s\n"
+                     "memref<*x%s> -> %s\n"
                      "  %%pA = builtin.unrealized_conversion_cast %%hA : %s to !llvm.ptr\n"
                      "  %%pB = builtin.unrealized_conversion_cast %%hB : %s to !llvm.ptr\n",
-                     bm, WG_BK, s->bt ? s->bn : WG_BK, ta, tb, da, db, da, db);
+                     bm, WG_BK, s->bt ? s->bn : WG_BK, ta, el, tb, el, el, da, el, db, da,
+                     db);
   }
   kiln_sbuf_printf(&b,
                    "func.func @kiln_mma(%%A: %s, %%B: %s, %%C: %s%s) {\n"
@@ -802,10 +819,11 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
     snprintf(d, sizeof(d), "%%w%d", e->next++);
     kiln_sbuf_printf(&b,
                      "%s%s = nvvm.wgmma.mma_async %s, %s, %s, #nvvm.shape<m = 64, n = %d, "
-                     "k = 16>, D [<f32>, #nvvm.wgmma_scale_out<one>], A [<bf16>, "
-                     "#nvvm.wgmma_scale_in<one>, <row>], B [<bf16>, "
+                     "k = 16>, D [<f32>, #nvvm.wgmma_scale_out<one>], A [<%s>, "
+                     "#nvvm.wgmma_scale_in<one>, <row>], B [<%s>, "
                      "#nvvm.wgmma_scale_in<one>, <%s>] : %s -> %s\n",
-                     e->indent, d, da.s, db.s, cur, s->bn, s->bt ? "col" : "row", ty, ty);
+                     e->indent, d, da.s, db.s, cur, s->bn, el, el, s->bt ? "col" : "row", ty,
+                     ty);
     memcpy(cur, d, sizeof(cur));
   }
   kiln_sbuf_printf(&b, "%snvvm.wgmma.commit.group.sync.aligned\n", e->indent);
@@ -848,9 +866,9 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
   // of a thread: row 16 w + lane / 4 (+ 8 for i % 4 >= 2) of its
   // warpgroup's 64, column 8 (i / 4) + 2 (lane % 4) + (i % 2). Rows are
   // padded by 16 bytes: a warp's pairs fall in 32 distinct banks.
-  bool staged_bf16 = bf16_out && !ep;
-  const char *et = staged_bf16 ? "bf16" : "f32";
-  int esz = staged_bf16 ? 2 : 4, per16 = 16 / esz, ld = s->bn + per16;
+  const char *staged = ep ? NULL : round;  // rounded as they are staged
+  const char *et = staged ? staged : "f32";
+  int esz = staged ? 2 : 4, per16 = 16 / esz, ld = s->bn + per16;
   char tso[96];
   snprintf(tso, sizeof(tso), "memref<%dx%dx%s, %s>", bm, ld, et, ws);
   kiln_sbuf_printf(&b, "%sgpu.barrier\n%s%%sO = memref.view %%dsm[%s][] : %s to %s\n",
@@ -870,7 +888,7 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
                        "%s%%e%db = llvm.extractvalue %%res[%d] : %s\n"
                        "%s%%e%d = vector.from_elements %%e%da, %%e%db : vector<2xf32>\n",
                        e->indent, v, x, ty, e->indent, v, x + 1, ty, e->indent, v, v, v);
-      store_pair(e, v, staged_bf16, "%sO", row.s, col.s, tso);
+      store_pair(e, v, staged, "%sO", row.s, col.s, tso);
     }
   kiln_sbuf_printf(&b, "%sgpu.barrier\n", e->indent);
   int per_row = s->bn / per16;  // 16-byte vectors in a row
@@ -946,10 +964,10 @@ static char *wgmma_text(const wg_shape_t *s, bool bf16_out, const epilogue_t *ep
 // behind the wgmma issue and the stores through shared memory: 0.25 ms).
 // These are lib/autotune's heuristic for KILN_KERNEL_GPU_MMA; `tc` (from
 // gpu_mma_tiles) carries the block columns, stages and group.
-static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k, bool bt,
+static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k, bool bt, const char *el,
                             const kiln_tile_config_t *tc) {
   wg_shape_t s = {m,  n, k, 2, (int)tc->reg[1], (int)tc->cache[2], (int)tc->forall[0],
-                  bt, kiln_kernels_tma_applies()};
+                  bt, kiln_kernels_tma_applies(), el};
   return s;
 }
 
@@ -959,17 +977,19 @@ static wg_shape_t wg_choose(int64_t m, int64_t n, int64_t k, bool bt,
 // Measured on the H200 at 4096^3 against other shapes of the same template:
 // 8 warps of 64 x 32 0.378 ms, 128 x 256 blocks 0.390 ms, 2 stages with
 // padded rows 0.504 ms.
-static mma_shape_t choose(int64_t m, int64_t n, int64_t k, const kiln_tile_config_t *tc) {
-  mma_shape_t s = {m, n, k, 128, 128, 32, 64, 64, (int)tc->cache[2], (int)tc->forall[0]};
+static mma_shape_t choose(int64_t m, int64_t n, int64_t k, const char *el,
+                          const kiln_tile_config_t *tc) {
+  mma_shape_t s = {m, n, k, 128, 128, 32, 64, 64, (int)tc->cache[2], (int)tc->forall[0], el};
   return s;
 }
 
 // The kernel's shape, asked of `tiling` (the heuristic, the tuning
 // database or a measured candidate), else the heuristic's. The kernel's
-// identity for the tuning database is its sizes, form and epilogue.
+// identity for the tuning database is its sizes, form, operand type (f16
+// named; bf16 kept as it was before f16 existed) and epilogue.
 static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t n, int64_t k,
-                          bool wgmma, bool bt, bool bf16_out, const epilogue_t *ep,
-                          kiln_tile_config_t *out) {
+                          bool wgmma, bool bt, const char *el, const char *round,
+                          const epilogue_t *ep, kiln_tile_config_t *out) {
   kiln_kernel_desc_t kd;
   memset(&kd, 0, sizeof(kd));
   kd.kind = KILN_KERNEL_GPU_MMA;
@@ -984,10 +1004,11 @@ static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t
   kd.elem_bytes = 2;
   kd.wgmma = wgmma;
   char id[160];
-  snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s%s",
-           (long long)m, (long long)n, (long long)k, wgmma, bf16_out ? "bf16" : "f32",
+  snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s%s%s",
+           (long long)m, (long long)n, (long long)k, wgmma, round ? round : "f32",
            ep ? ep->n_in : -1, bt ? " bt" : "",
-           wgmma && kiln_kernels_tma_applies() ? " tma" : "");
+           wgmma && kiln_kernels_tma_applies() ? " tma" : "",
+           strcmp(el, "f16") == 0 ? " f16" : "");
   kiln_cpu_target_t none = {0, 0, 1, 0, 0};
   kiln_kernel_tiles(tiling, &none, id, &kd, out);
 }
@@ -1102,7 +1123,8 @@ static kiln_status_t fold_epilogue(MlirOperation root, MlirOperation g) {
   return s;
 }
 
-// True when `g` (a kiln.gpu_mma_epilogue generic) only rounds C to bf16.
+// True when `g` (a kiln.gpu_mma_epilogue generic) only rounds C (to bf16
+// or f16: its output's type).
 static bool only_rounds(MlirOperation g) {
   if (mlirOperationGetNumOperands(g) != 2) return false;
   MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
@@ -1127,10 +1149,17 @@ static bool hoist_alloc(MlirValue v, MlirOperation op) {
   return true;
 }
 
-// Replaces `mm` (linalg.matmul on memrefs) by the kernel's gpu.launch; with
-// `round` (its kiln.gpu_mma_epilogue generic reading C and writing an
-// [M, N] buffer), the kernel stores there, through the generic's body when
-// it does more than round to bf16 (wgmma only), and C is gone.
+// The name of a float element type the kernels read or write, or NULL.
+static const char *float_name(MlirType t) {
+  return mlirTypeIsABF16(t) ? "bf16" : mlirTypeIsAF16(t) ? "f16" : mlirTypeIsAF32(t) ? "f32"
+                                                                                      : NULL;
+}
+
+// Replaces `mm` (linalg.matmul on memrefs, bf16 or f16 operands) by the
+// kernel's gpu.launch; with `round` (its kiln.gpu_mma_epilogue generic
+// reading C and writing an [M, N] buffer), the kernel stores there,
+// through the generic's body when it does more than round to bf16 or f16
+// (wgmma only), and C is gone.
 static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation round,
                              int sm, const kiln_kernel_tiling_t *tiling, bool *done,
                              bool *wgmma) {
@@ -1149,11 +1178,13 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
   bool b_t = form == 2;
   int64_t m = mlirShapedTypeGetDimSize(at, 0), k = mlirShapedTypeGetDimSize(at, 1),
           n = mlirShapedTypeGetDimSize(bt, b_t ? 0 : 1);
-  MlirType bf16 = mlirBF16TypeGet(ctx), f32 = mlirF32TypeGet(ctx);
+  MlirType f32 = mlirF32TypeGet(ctx), et = mlirShapedTypeGetElementType(at);
+  const char *el = mlirTypeIsABF16(et) ? "bf16" : mlirTypeIsAF16(et) ? "f16" : NULL;
+  if (!el) return NULL;
   // The kernel overwrites C: only where C is zero-filled just before.
   MlirOperation fill = kiln_gpu_zero_fill(mm, cv);
-  if (!kiln_gpu_whole_matrix(at, m, k, bf16) ||
-      !kiln_gpu_whole_matrix(bt, b_t ? n : k, b_t ? k : n, bf16) ||
+  if (!kiln_gpu_whole_matrix(at, m, k, et) ||
+      !kiln_gpu_whole_matrix(bt, b_t ? n : k, b_t ? k : n, et) ||
       !kiln_gpu_whole_matrix(mlirValueGetType(cv), m, n, f32) || m % 128 ||
       n % 128 || k % 32 || mlirOperationIsNull(fill))
     return NULL;
@@ -1165,7 +1196,8 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
   // after the matmul in its block, nothing between them touching its
   // buffers; its other inputs whole [M, N] or [N] buffers.
   MlirValue out = cv;
-  bool bf16_out = false, folded = false;
+  const char *rounded = NULL;  // the type C is rounded to as it is stored
+  bool folded = false;
   epilogue_t ep = {0};
   intptr_t nops = mlirOperationIsNull(round) ? 0 : mlirOperationGetNumOperands(round);
   bool usable = nops >= 2 && nops - 1 <= KILN_EPILOGUE_MAX_INPUTS &&
@@ -1178,17 +1210,17 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
     MlirValue v = mlirOperationGetOperand(round, i);
     MlirType t = mlirValueGetType(v);
     usable = !kiln_gpu_used_between(mm, round, v);
+    MlirType e = mlirTypeIsAMemRef(t) ? mlirShapedTypeGetElementType(t) : f32;
+    const char *name = float_name(e);
+    usable = usable && name;
     if (i == nops - 1) {
-      bool ob = kiln_gpu_whole_matrix(t, m, n, bf16);
-      usable = usable && (ob || kiln_gpu_whole_matrix(t, m, n, f32));
-      ep.out = ob ? "bf16" : "f32";
+      usable = usable && kiln_gpu_whole_matrix(t, m, n, e);
+      ep.out = name;
     } else if (mlirValueEqual(v, cv)) {
       usable = usable && ep.c_pos < 0;
       ep.c_pos = (int)i;
     } else {
-      bool eb = mlirTypeIsAMemRef(t) && mlirTypeIsABF16(mlirShapedTypeGetElementType(t));
-      MlirType e = eb ? bf16 : f32;
-      ep.elt[i] = eb ? "bf16" : "f32";
+      ep.elt[i] = name;
       ep.row[i] = mlirTypeIsAMemRef(t) && mlirShapedTypeGetRank(t) == 1;
       MlirAttribute layout = ep.row[i] ? mlirMemRefTypeGetLayout(t) : (MlirAttribute){NULL};
       usable = usable && (ep.row[i] ? mlirShapedTypeHasStaticShape(t) &&
@@ -1202,27 +1234,28 @@ static kiln_status_t replace(MlirContext ctx, MlirOperation mm, MlirOperation ro
     }
   }
   usable = usable && ep.c_pos >= 0;
-  if (usable && only_rounds(round) && ep.c_pos == 0 && strcmp(ep.out, "bf16") == 0) {
+  if (usable && only_rounds(round) && ep.c_pos == 0 && strcmp(ep.out, "f32") != 0) {
     out = mlirOperationGetOperand(round, 1);
-    bf16_out = folded = true;
+    rounded = ep.out;
+    folded = true;
   } else if (usable && *wgmma) {
     out = mlirOperationGetOperand(round, nops - 1);
     folded = true;
   }
-  bool general = folded && !bf16_out;
+  bool general = folded && !rounded;
   // The kernel goes where the matmul is, and stores into `out`: a buffer
   // allocated after the matmul (the rounded result of one GEMM that feeds
   // another) is allocated before it instead.
   if (folded && !hoist_alloc(out, mm)) return NULL;
   char *text;
   kiln_tile_config_t tc;
-  gpu_mma_tiles(tiling, m, n, k, *wgmma, b_t, bf16_out, general ? &ep : NULL, &tc);
+  gpu_mma_tiles(tiling, m, n, k, *wgmma, b_t, el, rounded, general ? &ep : NULL, &tc);
   if (*wgmma) {
-    wg_shape_t w = wg_choose(m, n, k, b_t, &tc);
-    text = wgmma_text(&w, bf16_out, general ? &ep : NULL);
+    wg_shape_t w = wg_choose(m, n, k, b_t, el, &tc);
+    text = wgmma_text(&w, rounded, general ? &ep : NULL);
   } else {
-    mma_shape_t s = choose(m, n, k, &tc);
-    text = kernel_text(&s, bf16_out);
+    mma_shape_t s = choose(m, n, k, el, &tc);
+    text = kernel_text(&s, rounded);
   }
   if (!text) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "mma kernel");
   MlirValue args[3 + KILN_EPILOGUE_MAX_INPUTS];

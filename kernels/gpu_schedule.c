@@ -51,18 +51,19 @@ typedef struct {
   int sm;  // the device's compute capability (90 for sm_90)
 } tiler_t;
 
-// A matmul for kernels/gpu_mma.c's tensor-core kernel (`bf16`) or
-// kernels/gpu_sgemm.c's f32 one: linalg.matmul, bf16 or f32, into f32,
-// static; bf16: row-major operands (the default indexing maps) in whole
-// 128 x 128 x 32 tiles, or B given as [N, K] (a linear's weight) where the
-// warpgroup-MMA kernel applies on `sm`; f32: A row-major or in kiln's
-// transposed-lhs form, in the tiles kiln_kernels_sgemm_applies takes.
-static bool is_gemm_matmul(MlirOperation op, bool bf16, int sm) {
+// A matmul for kernels/gpu_mma.c's tensor-core kernel (`half`: both
+// operands bf16 or both f16) or kernels/gpu_sgemm.c's f32 one:
+// linalg.matmul into f32, static; half: row-major operands (the default
+// indexing maps) in whole 128 x 128 x 32 tiles, or B given as [N, K] (a
+// linear's weight) where the warpgroup-MMA kernel applies on `sm`; f32: A
+// row-major or in kiln's transposed-lhs form, in the tiles
+// kiln_kernels_sgemm_applies takes.
+static bool is_gemm_matmul(MlirOperation op, bool half, int sm) {
   if (!equals(mlirIdentifierStr(mlirOperationGetName(op)), "linalg.matmul") ||
       mlirOperationGetNumOperands(op) != 3)
     return false;
   int form = kiln_gpu_matmul_lhs_form(op);
-  if (form < 0 || (bf16 ? form == 1 : form == 2)) return false;
+  if (form < 0 || (half ? form == 1 : form == 2)) return false;
   MlirType a = mlirValueGetType(mlirOperationGetOperand(op, 0));
   MlirType b = mlirValueGetType(mlirOperationGetOperand(op, 1));
   MlirType c = mlirValueGetType(mlirOperationGetOperand(op, 2));
@@ -76,9 +77,10 @@ static bool is_gemm_matmul(MlirOperation op, bool bf16, int sm) {
   bool a_t = form == 1, b_t = form == 2;
   int64_t m = mlirShapedTypeGetDimSize(a, a_t), k = mlirShapedTypeGetDimSize(a, !a_t),
           n = mlirShapedTypeGetDimSize(b, !b_t);
-  if (bf16)
-    return mlirTypeIsABF16(ae) && mlirTypeIsABF16(be) && m % 128 == 0 && n % 128 == 0 &&
-           k % 32 == 0 && (!b_t || kiln_kernels_wgmma_applies(sm, k));
+  if (half)
+    return (mlirTypeIsABF16(ae) || mlirTypeIsAF16(ae)) && mlirTypeEqual(ae, be) &&
+           m % 128 == 0 && n % 128 == 0 && k % 32 == 0 &&
+           (!b_t || kiln_kernels_wgmma_applies(sm, k));
   return mlirTypeIsAF32(ae) && mlirTypeIsAF32(be) && kiln_kernels_sgemm_applies(m, n, k);
 }
 
@@ -107,12 +109,12 @@ static bool is_row_broadcast(MlirAttribute maps, intptr_t i) {
 
 // The matmul's only consumer when kernels/gpu_mma.c folds it into the
 // kernel's stores: a linalg.generic reading the matmul's result with the
-// identity map and writing one [M, N] bf16 or f32 result. Always when it
-// only rounds to bf16; with `epilogues` (the wgmma kernel, which stages
-// its outputs through shared memory) also any elementwise body of
+// identity map and writing one [M, N] bf16, f16 or f32 result. Always when
+// it only rounds to bf16 or f16; with `epilogues` (the wgmma kernel, which
+// stages its outputs through shared memory) also any elementwise body of
 // region-free ops over up to 4 other inputs, each [M, N] (identity map) or
-// [N] ((d0, d1) -> (d1)) of bf16 or f32, that uses no loop index, not the
-// output's old value, and nothing from outside but constants.
+// [N] ((d0, d1) -> (d1)) of bf16, f16 or f32, that uses no loop index, not
+// the output's old value, and nothing from outside but constants.
 static MlirOperation epilogue_consumer(MlirOperation mm, bool epilogues) {
   MlirOperation none = {NULL};
   MlirValue r = mlirOperationGetResult(mm, 0);
@@ -139,7 +141,7 @@ static MlirOperation epilogue_consumer(MlirOperation mm, bool epilogues) {
   if (!mlirTypeIsARankedTensor(ot) || mlirShapedTypeGetRank(ot) != 2 ||
       mlirShapedTypeGetDimSize(ot, 0) != mlirShapedTypeGetDimSize(ct, 0) ||
       mlirShapedTypeGetDimSize(ot, 1) != mlirShapedTypeGetDimSize(ct, 1) ||
-      !(mlirTypeIsABF16(oe) || mlirTypeIsAF32(oe)))
+      !(mlirTypeIsABF16(oe) || mlirTypeIsAF16(oe) || mlirTypeIsAF32(oe)))
     return none;
   MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
   MlirOperation first = mlirBlockGetFirstOperation(body);
@@ -149,7 +151,7 @@ static MlirOperation epilogue_consumer(MlirOperation mm, bool epilogues) {
       mlirOperationEqual(mlirOperationGetNextInBlock(first), yield) &&
       mlirValueEqual(mlirOperationGetOperand(first, 0), mlirBlockGetArgument(body, 0)) &&
       mlirValueEqual(mlirOperationGetOperand(yield, 0), mlirOperationGetResult(first, 0)) &&
-      mlirTypeIsABF16(oe))
+      (mlirTypeIsABF16(oe) || mlirTypeIsAF16(oe)))
     return g;
   if (!epilogues) return none;
   for (intptr_t i = 0; i < n - 1; ++i) {
@@ -163,7 +165,7 @@ static MlirOperation epilogue_consumer(MlirOperation mm, bool epilogues) {
                mlirShapedTypeHasStaticShape(t) &&
                mlirShapedTypeGetDimSize(t, 0) == mlirShapedTypeGetDimSize(ot, 1);
     if (!mlirTypeIsARankedTensor(t) || !(matrix || row) ||
-        !(mlirTypeIsABF16(e) || mlirTypeIsAF32(e)))
+        !(mlirTypeIsABF16(e) || mlirTypeIsAF16(e) || mlirTypeIsAF32(e)))
       return none;
   }
   MlirValue out_arg = mlirBlockGetArgument(body, n - 1);
@@ -195,7 +197,7 @@ static MlirWalkResult mark_mma(MlirOperation op, void *user) {
   MlirAttribute id = mlirIntegerAttrGet(mlirIntegerTypeGet(t->ctx, 64), t->k_count++);
   mlirOperationSetDiscardableAttributeByName(
       op, mlirStringRefCreateFromCString("kiln.gpu_mma"), id);
-  // Rounded to bf16, or an elementwise epilogue, as the kernel stores
+  // Rounded to bf16 or f16, or an elementwise epilogue, as the kernel stores
   // (kernels/gpu_mma.c folds it in).
   int64_t k = mlirShapedTypeGetDimSize(mlirValueGetType(mlirOperationGetOperand(op, 0)), 1);
   MlirOperation g = epilogue_consumer(op, kiln_kernels_wgmma_applies(t->sm, k));

@@ -713,6 +713,52 @@ static MlirWalkResult allow_contraction(MlirOperation op, void *user) {
   return MlirWalkResultAdvance;
 }
 
+// The outlined kernel modules whose nvgpu.ldmatrix ops read bf16 or f16
+// fragments: kernels/gpu_mma.c's bf16 kernel loads bf16 and gives
+// mma.sync their bits as f16 vectors, its f16 kernel loads f16. Only the
+// former's mma.sync are relabeled bf16 in the PTX; a module with both is
+// refused.
+typedef struct {
+  struct mma_module {
+    char name[128];
+    bool bf16, f16;
+  } *at;
+  int count;
+  bool oom;
+} mma_modules_t;
+
+static MlirWalkResult find_mma_modules(MlirOperation op, void *user) {
+  mma_modules_t *t = user;
+  if (!kiln_gpu_op_named(op, "nvgpu.ldmatrix") || mlirOperationGetNumResults(op) != 1)
+    return MlirWalkResultAdvance;
+  MlirType rt = mlirValueGetType(mlirOperationGetResult(op, 0));
+  MlirType el = mlirShapedTypeGetElementType(rt);
+  MlirOperation mod = mlirOperationGetParentOperation(op);
+  while (!mlirOperationIsNull(mod) && !kiln_gpu_op_named(mod, "gpu.module"))
+    mod = mlirOperationGetParentOperation(mod);
+  if (mlirOperationIsNull(mod)) return MlirWalkResultAdvance;
+  MlirStringRef nm = mlirStringAttrGetValue(mlirOperationGetAttributeByName(
+      mod, mlirStringRefCreateFromCString("sym_name")));
+  int i = 0;
+  while (i < t->count && !(strlen(t->at[i].name) == nm.length &&
+                           memcmp(t->at[i].name, nm.data, nm.length) == 0))
+    ++i;
+  if (i == t->count) {
+    struct mma_module *grown = realloc(t->at, sizeof(*grown) * (size_t)(t->count + 1));
+    if (!grown) {
+      t->oom = true;
+      return MlirWalkResultInterrupt;
+    }
+    t->at = grown;
+    memset(&t->at[i], 0, sizeof(t->at[i]));
+    snprintf(t->at[i].name, sizeof(t->at[i].name), "%.*s", (int)nm.length, nm.data);
+    ++t->count;
+  }
+  t->at[i].bf16 |= mlirTypeIsABF16(el);
+  t->at[i].f16 |= mlirTypeIsAF16(el);
+  return MlirWalkResultAdvance;
+}
+
 // The entry function and every gpu.binary (one per outlined kernel: an
 // optimizer step over a model's parameters has hundreds).
 typedef struct {
@@ -801,6 +847,13 @@ static kiln_status_t wrap_scalar_ops(MlirContext ctx, MlirModule module) {
   return NULL;
 }
 
+static kiln_status_t to_ptx(kiln_mlir_t *m, MlirModule module,
+                            const kiln_pipeline_options_t *o, const char *target,
+                            const char *link, const char *mma_nvvm,
+                            tmap_params_t *tmap_params);
+static kiln_status_t read_ptx(MlirModule module, int mma, const mma_modules_t *mods,
+                              kiln_gpu_program_t *out);
+
 kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
                                     const char *chip,
                                     const kiln_pipeline_options_t *opts,
@@ -883,14 +936,37 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
     KILN_RETURN_IF_ERROR_PLAIN(kiln_mlir_with_diagnostics(
         m, kiln_gpu_fuse_launches(kiln_mlir_context(m), module, &fused)));
   }
+  mma_modules_t mma_mods;
+  memset(&mma_mods, 0, sizeof(mma_mods));
+  mlirOperationWalk(mlirModuleGetOperation(module), find_mma_modules, &mma_mods,
+                    MlirWalkPreOrder);
+  if (mma_mods.oom) {
+    free(mma_mods.at);
+    return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: tensor-core kernels");
+  }
   tmap_params_t tmap_params;
   memset(&tmap_params, 0, sizeof(tmap_params));
   mlirOperationWalk(mlirModuleGetOperation(module), find_tmap_params, &tmap_params,
                     MlirWalkPreOrder);
   if (tmap_params.oom) {
     free(tmap_params.at);
+    free(mma_mods.at);
     return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "cuda: TMA tensor maps");
   }
+  kiln_status_t s = to_ptx(m, module, &o, target, link, mma_nvvm, &tmap_params);
+  free(tmap_params.at);
+  if (!s) s = read_ptx(module, mma, &mma_mods, out);
+  free(mma_mods.at);
+  return s;
+}
+
+// The kernel modules to NVVM (with the tensor maps' parameters marked) and
+// PTX (gpu.binary ops).
+static kiln_status_t to_ptx(kiln_mlir_t *m, MlirModule module,
+                            const kiln_pipeline_options_t *o, const char *target,
+                            const char *link, const char *mma_nvvm,
+                            tmap_params_t *tmap_params) {
+  char pipeline[2048];
   snprintf(pipeline, sizeof(pipeline),
            "builtin.module("
            "nvvm-attach-target{chip=%s features=+ptx80 O=3%s},"
@@ -900,12 +976,11 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
            "convert-gpu-to-nvvm{use-bare-ptr-memref-call-conv=1},canonicalize,"
            "reconcile-unrealized-casts))",
            target, link, mma_nvvm);
-  kiln_status_t ps = kiln_pipeline_run_text(m, module, pipeline, "the CUDA pipeline");
-  if (!ps && tmap_params.count)
-    mlirOperationWalk(mlirModuleGetOperation(module), mark_tmap_params, &tmap_params,
+  KILN_RETURN_IF_ERROR_PLAIN(
+      kiln_pipeline_run_text(m, module, pipeline, "the CUDA pipeline"));
+  if (tmap_params->count)
+    mlirOperationWalk(mlirModuleGetOperation(module), mark_tmap_params, tmap_params,
                       MlirWalkPreOrder);
-  free(tmap_params.at);
-  KILN_RETURN_IF_ERROR_PLAIN(ps);
   // Kernel multiply-adds may contract to fma (as cuBLAS and Inductor's
   // Triton kernels do): without the flag NVPTX emits mul.rn + add.rn,
   // which ptxas must not fuse.
@@ -919,13 +994,22 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   KILN_RETURN_IF_ERROR_PLAIN(kiln_pipeline_run_text(
       m, module, "builtin.module(gpu-module-to-binary{format=isa})",
       "the CUDA pipeline (PTX)"));
-  if (o.dump_dir) {
+  if (o->dump_dir) {
     char *text = NULL;
     if (!kiln_mlir_print(module, &text)) {
-      kiln_pipeline_dump(&o, KILN_STAGE_LLVM, text);
+      kiln_pipeline_dump(o, KILN_STAGE_LLVM, text);
       free(text);
     }
   }
+  return NULL;
+}
+
+// The program from the module's PTX and host function: the PTX of each
+// gpu.binary, bf16 tensor-core kernels' mma.sync relabeled (`mods`; `mma`
+// mma.sync kernels of either type expected), the launches, copies and
+// buffers; on failure `out` is freed.
+static kiln_status_t read_ptx(MlirModule module, int mma, const mma_modules_t *mods,
+                              kiln_gpu_program_t *out) {
   finder_t f;
   memset(&f, 0, sizeof(f));
   mlirOperationWalk(mlirModuleGetOperation(module), find_parts, &f,
@@ -968,15 +1052,29 @@ kiln_status_t kiln_pipeline_run_gpu(kiln_mlir_t *m, MlirModule module,
   }
   // Tensor cores: kernels/gpu_mma.c multiplies bf16 bits as f16 vectors
   // (MLIR 22's nvgpu has no bf16 mma.sync; fragment layouts and registers
-  // are the same), so its f16 mma.sync become bf16 ones here (each name
-  // grows by 2 bytes). Each such kernel must be exactly one module with
-  // mma.sync and no f16 arithmetic or f16 -> f32 conversion; no other module
-  // may have an mma.sync. Otherwise the module is refused (the caller
-  // recompiles with the plain mapping).
+  // are the same), so the f16 mma.sync of a module whose fragments are
+  // bf16 (`mods`) become bf16 ones here (each name grows by 2 bytes); an
+  // f16 kernel's stay. Each tensor-core kernel must be exactly one module
+  // with mma.sync, fragments of one type, and (bf16) no f16 arithmetic or
+  // f16 -> f32 conversion; no other module may have an mma.sync. Otherwise
+  // the module is refused (the caller recompiles with the plain mapping).
   static const char kF16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
   static const char kBf16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
   int mma_modules = 0;
   for (int i = 0; !s && i < out->module_count; ++i) {
+    const struct mma_module *mod = NULL;
+    for (int j = 0; j < mods->count; ++j)
+      if (strcmp(mods->at[j].name, names[i]) == 0) mod = &mods->at[j];
+    if (mod && mod->bf16 && mod->f16) {
+      s = kiln_make_status(KILN_STATUS_INTERNAL,
+                           "cuda: kernel module @%s has bf16 and f16 tensor-core "
+                           "fragments", names[i]);
+      break;
+    }
+    if (!(mod && mod->bf16)) {
+      mma_modules += strstr(out->ptx[i], kF16Mma) != NULL;
+      continue;
+    }
     bool any = false;
     for (char *q = out->ptx[i]; (q = strstr(q, kF16Mma)) != NULL;) {
       // "...f32.f16.f16.f32" -> "...f32.bf16.bf16.f32" is 2 bytes longer.

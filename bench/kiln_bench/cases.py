@@ -244,6 +244,11 @@ def suite(device: str) -> list[Case]:
                               matmul(m, k, n), dt, flops=2.0 * m * n * k,
                               bytes=(m * k + k * n + m * n) * _esize(dt),
                               quick=(m == mm_sizes[0][0] and (dt is f32 or big))))
+    if big:
+        # f16 on the GPU's tensor cores, as bf16 (the CPU has no f16 kernel).
+        m = k = n = 4096
+        cases.append(Case("matmul_4096_f16", "kernels", matmul(m, k, n), torch.float16,
+                          flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 2))
     m, k, n = (4096, 4096, 4096) if big else (512, 512, 1024)
     cases.append(Case("matmul_bias_gelu", "kernels", linear_gelu(m, k, n), f32,
                       flops=2.0 * m * n * k, bytes=(m * k + k * n + m * n) * 4))

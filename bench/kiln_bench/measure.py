@@ -109,7 +109,10 @@ def roofline(device, quick):
     bw = 2 * n * 4 / t / 1e9
     m = 8192 if device == "cuda" else 1024
     peaks = {}
-    for dt in (torch.float32, torch.bfloat16):
+    dtypes = (torch.float32, torch.bfloat16)
+    if device == "cuda":
+        dtypes += (torch.float16,)  # the GPU suite's f16 matmul
+    for dt in dtypes:
         a = torch.randn(m, m, device=device, dtype=dt)
         b = torch.randn(m, m, device=device, dtype=dt)
         t = median_time(lambda: torch.mm(a, b), device, min_iters=3, max_iters=20,

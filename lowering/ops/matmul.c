@@ -2175,12 +2175,14 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
           kiln_kernels_sgemm_applies(at_src->type.dims[1], b->type.dims[1],
                                      at_src->type.dims[0])))
       at_src = NULL;
-    // A bf16 x @ W^T for the CUDA warpgroup-MMA kernel: W read in place.
+    // A bf16 or f16 x @ W^T for the CUDA warpgroup-MMA kernel: W read in
+    // place.
     const kiln_tv_t *w_src = NULL;
     if (!at_src && e->options.cuda && n->op != KILN_OP_BMM && acc == KILN_F32 &&
-        a->type.dtype == KILN_BF16 && kiln_type_is_static(&a->type)) {
+        (a->type.dtype == KILN_BF16 || a->type.dtype == KILN_F16) &&
+        kiln_type_is_static(&a->type)) {
       w_src = transposed_source(e, n->operands[base + 1].value);
-      if (w_src && !(w_src->type.dtype == KILN_BF16 && kiln_type_is_static(&w_src->type) &&
+      if (w_src && !(w_src->type.dtype == a->type.dtype && kiln_type_is_static(&w_src->type) &&
                      a->type.dims[0] % 128 == 0 && w_src->type.dims[0] % 128 == 0 &&
                      kiln_kernels_wgmma_applies(e->options.cuda_sm, a->type.dims[1])))
         w_src = NULL;

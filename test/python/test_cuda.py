@@ -52,18 +52,24 @@ def test_bf16_matmul_with_epilogue_on_tensor_cores_matches_eager():
     torch.testing.assert_close(mm(a2, b2), torch.mm(a2, b2), **TOL[torch.bfloat16])
 
 
-def test_bf16_linear_reads_its_weight_in_place_and_matches_eager():
-    # nn.Linear in bf16: on sm_90 the wgmma kernel reads the weight [N, K]
-    # as it is (K-major B, no transpose kernel); elsewhere a transpose and
-    # mma.sync. Against eager, on fresh inputs, with GELU after it.
-    model = nn.Sequential(nn.Linear(512, 384), nn.GELU()).cuda().to(torch.bfloat16).eval()
-    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_linear_reads_its_weight_in_place_and_matches_eager(dtype):
+    # nn.Linear in bf16 or f16: on sm_90 the wgmma kernel reads the weight
+    # [N, K] as it is (K-major B, no transpose kernel) with the bias and
+    # GELU folded into its stores; elsewhere a transpose and mma.sync.
+    # Against eager, on fresh inputs; then a plain mm of that type.
+    model = nn.Sequential(nn.Linear(512, 384), nn.GELU()).cuda().to(dtype).eval()
+    x = torch.randn(256, 512, device="cuda", dtype=dtype)
     compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
     with torch.no_grad():
         got = compiled(x)
         want = model(x)
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got, want, **TOL[torch.bfloat16])
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    mm = torch.compile(torch.mm, backend="kiln", options={"fallback": "error"})
+    a = torch.randn(384, 256, device="cuda", dtype=dtype)
+    b = torch.randn(256, 512, device="cuda", dtype=dtype)
+    torch.testing.assert_close(mm(a, b), torch.mm(a, b), **TOL[dtype])
 
 
 def test_elementwise_and_softmax_on_a_side_stream():

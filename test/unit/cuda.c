@@ -99,6 +99,18 @@ static const char *kGraphs[] = {
     "  %s1 = aten._softmax(%x) {dim = 1}\n  %s2 = aten._softmax(%s1) {dim = 0}\n"
     "  %s3 = aten._softmax(%s2) {dim = 1}\n  %s4 = aten._softmax(%s3) {dim = 0}\n"
     "  %y = aten.mm(%s4, %w)\n  return %y\n}\n",
+    // f16 operands on the same kernels (f16 TMA maps and wgmma .f16; with
+    // KILN_GPU_WGMMA=0 mma.sync left f16): a GEMM rounded to f16, a linear
+    // layer with bias + GELU reading W in place, and a bf16 and an f16 GEMM
+    // in one graph (only the bf16 kernel's mma.sync relabeled).
+    "graph @h16(%a: f16[256,512], %b: f16[512,512]) {\n"
+    "  %c = aten.mm(%a, %b)\n  return %c\n}\n",
+    "graph @h16lin(%x: f16[256,512], %w: f16[384,512], %c: f16[384]) {\n"
+    "  %t = aten.permute(%w) {dims = [1, 0]}\n  %d = aten.addmm(%c, %x, %t)\n"
+    "  %g = aten.gelu(%d)\n  return %g\n}\n",
+    "graph @halves(%a: bf16[256,512], %b: bf16[512,384], %x: f16[128,256], "
+    "%y: f16[256,256]) {\n"
+    "  %c = aten.mm(%a, %b)\n  %z = aten.mm(%x, %y)\n  return %c, %z\n}\n",
     // An epilogue folded into the wgmma kernel's stores: bias, ReLU, an
     // f32 residual and the rounding of the sum to bf16 (a bf16 result, so
     // bf16's tolerance: the addmm is rounded to bf16 before the ReLU, and

@@ -5,6 +5,9 @@
 // cache's serialization; entries that would make the launcher read outside
 // the program (a map of a buffer it lacks, an argument naming a map it
 // lacks, a map passed to a copy) are refused when the payload is read.
+// f16 GEMMs take the same kernels: wgmma with f16 tensor maps on sm_90,
+// and on sm_80 mma.sync left f16 while a bf16 GEMM's beside it is
+// relabeled bf16.
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +18,45 @@ static const char *kGraph =
     "graph @mm(%a: bf16[256,512], %b: bf16[512,384]) {\n"
     "  %c = aten.mm(%a, %b)\n"
     "  return %c\n}\n";
+
+static const char *kHalves =
+    "graph @mm2(%a: bf16[256,512], %b: bf16[512,384], %x: f16[128,256], "
+    "%y: f16[256,256]) {\n"
+    "  %c = aten.mm(%a, %b)\n  %z = aten.mm(%x, %y)\n"
+    "  return %c, %z\n}\n";
+
+// `text` lowered as lib/api lowers a graph for the CUDA target of a `chip`
+// device, into `p`.
+static void compile(kiln_mlir_t *m, const char *text, const char *chip,
+                    kiln_gpu_program_t *p) {
+  memset(p, 0, sizeof(*p));
+  kiln_graph_t *g = NULL;
+  CHECK_OK(kiln_graph_parse_text(text, strlen(text), "g", &g));
+  kiln_lower_options_t lo = {.collapse_reductions = true,
+                             .lhs_transpose_map = true,
+                             .cuda = true,
+                             .cuda_sm = atoi(chip + 3)};
+  char *linalg = NULL;
+  if (g) CHECK_OK(kiln_lower_to_linalg(g, NULL, &lo, &linalg));
+  MlirModule module = {NULL};
+  if (linalg) CHECK_OK(kiln_mlir_parse(m, linalg, &module));
+  kiln_pipeline_options_t o;
+  memset(&o, 0, sizeof(o));
+  o.vectorize = 1;
+  if (!mlirModuleIsNull(module)) {
+    CHECK_OK(kiln_pipeline_run_gpu(m, module, chip, &o, p));
+    mlirModuleDestroy(module);
+  }
+  free(linalg);
+  kiln_graph_free(g);
+}
+
+// The number of the program's modules whose PTX has `needle`.
+static int modules_with(const kiln_gpu_program_t *p, const char *needle) {
+  int n = 0;
+  for (int i = 0; i < p->module_count; ++i) n += strstr(p->ptx[i], needle) != NULL;
+  return n;
+}
 
 // The launch of the tensor-core kernel (the program's only one).
 static const kiln_gpu_launch_t *gemm_launch(const kiln_gpu_program_t *p) {
@@ -136,6 +178,23 @@ int main(void) {
   ln = gemm_launch(&c);
   CHECK(c.tmap_count == 0 && ln && ln->args[0] == 0 && ln->args[1] == 1);
   unsetenv("KILN_GPU_TMA");
+  kiln_gpu_program_free(&c);
+
+  // sm_90: the f16 GEMM is a wgmma kernel on f16 tensor maps.
+  compile(m, kHalves, "sm_90", &c);
+  CHECK(c.tmap_count == 4 && c.tmaps[0].dtype == KILN_BF16 && c.tmaps[2].dtype == KILN_F16 &&
+        c.tmaps[2].dims[0] == 256 && c.tmaps[2].dims[1] == 128);
+  CHECK(modules_with(&c, "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16") == 1 &&
+        modules_with(&c, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 1);
+  kiln_gpu_program_free(&c);
+  // sm_80: mma.sync for both; only the bf16 kernel's is relabeled.
+  compile(m, kHalves, "sm_80", &c);
+  CHECK(c.tmap_count == 0);
+  CHECK(modules_with(&c, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 1 &&
+        modules_with(&c, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") == 1 &&
+        modules_with(&c, "cvt.rn.f16x2.f32") == 1 && modules_with(&c, "cvt.rn.bf16x2.f32") == 1);
+  for (int i = 0; i < c.module_count; ++i)
+    if (strstr(c.ptx[i], "f32.f16.f16.f32")) CHECK(strstr(c.ptx[i], "cvt.rn.f16x2.f32"));
   kiln_gpu_program_free(&c);
   kiln_gpu_program_free(&p);
   if (!mlirModuleIsNull(module)) mlirModuleDestroy(module);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make gpu-check` on the GPU machine (after `make gpu-pack` here, with
 # carry [".device"]): unpacks Debian's LLVM/MLIR runtime, then runs the
-# CUDA-target C tests on the GPU, the C API checks, the IR check of the
-# CUDA pipeline for this device, and the pytest suite on the machine's
-# PyTorch. Prints one summary line per suite; exits non-zero on a failure.
+# CUDA-target C tests on the GPU, the C API checks, the CUDA target's lit
+# tests (test/lit/pipeline/cuda*, with this device's kiln-opt), and the
+# pytest suite on the machine's PyTorch. Prints one summary line per suite;
+# exits non-zero on a failure.
 set -u
 # Run from the repository root (make gpu-check does).
 mkdir -p /tmp/llvm
@@ -32,6 +33,18 @@ if [ "${KILN_GPU_CHECK_C:-1}" = 1 ]; then
   .device/bin/ops_numeric matmul 2>&1 | tail -1
   printf 'graph @ew(%%x: f32[1000], %%y: f32[1000]) {\n  %%s = aten.add(%%x, %%y)\n  return %%s\n}\n' > /tmp/ew.kiln
   .device/bin/kiln-opt --target=cuda --emit=llvm /tmp/ew.kiln | grep -o '\.target sm_[0-9a-z]*' | head -1
+  # The CUDA target's lit tests; kiln-opt targets this device's
+  # architecture (their CHECK lines are sm_90's: on other GPUs some differ).
+  if [ -d .device/lit ]; then
+    mkdir -p /tmp/kiln-lit/tools
+    cp .device/bin/kiln-opt .device/bin/kiln-run /tmp/kiln-lit/tools/
+    out=$(PYTHONPATH=$PWD/.device/lit/lit python3 -c "from lit.main import main; main()" \
+          -q --param build_dir=/tmp/kiln-lit \
+          --param llvm_bin=$PWD/.device/lit/bin --filter 'pipeline/cuda' test/lit 2>&1); rc=$?
+    echo "$out" | tail -6
+    echo "[gpu-check] lit (cuda): rc=$rc"
+    [ $rc -eq 0 ] || fail=1
+  fi
 fi
 if [ "${KILN_GPU_CHECK_PYTEST:-1}" = 1 ] && [ -d .device/wheel ]; then
   bash .device/run-python-tests.sh 2>&1 | tail -4
