@@ -2,9 +2,7 @@
 # On the GPU machine (after tools/device/pack.sh here, with carry [".device"]):
 # kiln-bench --quick on the GPU (and on that machine's CPU), results to $OUT.
 set -u
-mkdir -p /tmp/llvm
-for f in .device/debs/*.deb; do dpkg -x "$f" /tmp/llvm; done
-export LD_LIBRARY_PATH=/tmp/llvm/usr/lib/llvm-22/lib:/tmp/llvm/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+source .device/unpack.sh
 python3 -m pip install -q --break-system-packages --no-deps --force-reinstall .device/wheel/kiln-*.whl 2>&1 | grep -v WARNING
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 OUT=${OUT:-/tmp/out}

@@ -7,9 +7,8 @@
 # exits non-zero on a failure.
 set -u
 # Run from the repository root (make gpu-check does).
-mkdir -p /tmp/llvm
-for f in .device/debs/*.deb; do dpkg -x "$f" /tmp/llvm; done
-export LD_LIBRARY_PATH=$PWD/.device/bin:/tmp/llvm/usr/lib/llvm-22/lib:/tmp/llvm/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+source .device/unpack.sh
+export LD_LIBRARY_PATH=$PWD/.device/bin:$LD_LIBRARY_PATH
 export KILN_CACHE_DIR=/tmp/kiln-gpu-check-cache
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader
 fail=0

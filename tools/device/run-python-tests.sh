@@ -3,9 +3,7 @@
 # unpack Debian's LLVM/MLIR runtime, install the kiln
 # wheel built here, run the pytest suite against the machine's PyTorch.
 set -u
-mkdir -p /tmp/llvm
-for f in .device/debs/*.deb; do dpkg -x "$f" /tmp/llvm; done
-export LD_LIBRARY_PATH=/tmp/llvm/usr/lib/llvm-22/lib:/tmp/llvm/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+source .device/unpack.sh
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
 python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q --break-system-packages --no-index --find-links .device/wheel pytest
 python3 -m pip install -q --break-system-packages --no-deps --force-reinstall .device/wheel/kiln-*.whl 2>&1 | grep -v WARNING
