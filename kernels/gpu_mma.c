@@ -1003,12 +1003,20 @@ static void gpu_mma_tiles(const kiln_kernel_tiling_t *tiling, int64_t m, int64_t
   kd.transpose_dim = -1;
   kd.elem_bytes = 2;
   kd.wgmma = wgmma;
-  char id[160];
-  snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s%s%s",
+  char id[224];
+  // An epilogue's types where f16 is among them (ids without f16 stay as
+  // they were).
+  char ept[64] = "";
+  bool ep16 = ep && strcmp(ep->out, "f16") == 0;
+  for (int i = 0; ep && i < ep->n_in; ++i) ep16 |= i != ep->c_pos && !strcmp(ep->elt[i], "f16");
+  for (int i = 0, at = 0; ep16 && i <= ep->n_in && at < (int)sizeof(ept); ++i)
+    at += snprintf(ept + at, sizeof(ept) - (size_t)at, "%s%s", i ? "," : " epi_types=",
+                   i == ep->n_in ? ep->out : i == ep->c_pos ? "acc" : ep->elt[i]);
+  snprintf(id, sizeof(id), "gpu_mma m=%lld n=%lld k=%lld wgmma=%d out=%s epi=%d%s%s%s%s",
            (long long)m, (long long)n, (long long)k, wgmma, round ? round : "f32",
            ep ? ep->n_in : -1, bt ? " bt" : "",
            wgmma && kiln_kernels_tma_applies() ? " tma" : "",
-           strcmp(el, "f16") == 0 ? " f16" : "");
+           strcmp(el, "f16") == 0 ? " f16" : "", ept);
   kiln_cpu_target_t none = {0, 0, 1, 0, 0};
   kiln_kernel_tiles(tiling, &none, id, &kd, out);
 }

@@ -1054,10 +1054,12 @@ static kiln_status_t read_ptx(MlirModule module, int mma, const mma_modules_t *m
   // (MLIR 22's nvgpu has no bf16 mma.sync; fragment layouts and registers
   // are the same), so the f16 mma.sync of a module whose fragments are
   // bf16 (`mods`) become bf16 ones here (each name grows by 2 bytes); an
-  // f16 kernel's stay. Each tensor-core kernel must be exactly one module
-  // with mma.sync, fragments of one type, and (bf16) no f16 arithmetic or
-  // f16 -> f32 conversion; no other module may have an mma.sync. Otherwise
-  // the module is refused (the caller recompiles with the plain mapping).
+  // f16 kernel's stay. A module with an mma.sync must be one of `mods`
+  // (kiln's kernels: no other code makes one) with fragments of one type,
+  // and (bf16) no f16 arithmetic or f16 -> f32 conversion; there are 1 to
+  // `mma` such modules (hfuse may have merged several kernels into one).
+  // Otherwise the module is refused (the caller recompiles with the plain
+  // mapping).
   static const char kF16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
   static const char kBf16Mma[] = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
   int mma_modules = 0;
@@ -1065,14 +1067,16 @@ static kiln_status_t read_ptx(MlirModule module, int mma, const mma_modules_t *m
     const struct mma_module *mod = NULL;
     for (int j = 0; j < mods->count; ++j)
       if (strcmp(mods->at[j].name, names[i]) == 0) mod = &mods->at[j];
-    if (mod && mod->bf16 && mod->f16) {
+    if (!strstr(out->ptx[i], kF16Mma)) continue;
+    if (!mod || mod->bf16 == mod->f16) {
       s = kiln_make_status(KILN_STATUS_INTERNAL,
-                           "cuda: kernel module @%s has bf16 and f16 tensor-core "
-                           "fragments", names[i]);
+                           "cuda: kernel module @%s has mma.sync with %s fragments",
+                           names[i], !mod ? "no ldmatrix" : mod->bf16 ? "bf16 and f16"
+                                                                      : "neither bf16 nor f16");
       break;
     }
-    if (!(mod && mod->bf16)) {
-      mma_modules += strstr(out->ptx[i], kF16Mma) != NULL;
+    if (mod->f16) {
+      ++mma_modules;
       continue;
     }
     bool any = false;
@@ -1099,7 +1103,7 @@ static kiln_status_t read_ptx(MlirModule module, int mma, const mma_modules_t *m
         s = kiln_make_status(KILN_STATUS_INTERNAL, "cuda: a tensor-core kernel "
                              "with f16 arithmetic (%s)", kF16Math[k]);
   }
-  if (!s && mma_modules != mma)
+  if (!s && (mma_modules > mma || (mma > 0 && mma_modules == 0)))
     s = kiln_make_status(KILN_STATUS_INTERNAL,
                          "cuda: %d tensor-core matmuls, %d kernels with "
                          "mma.sync", mma, mma_modules);

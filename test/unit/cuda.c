@@ -87,7 +87,7 @@ static const char *kGraphs[] = {
     "graph @wg2(%a: bf16[384,64], %b: bf16[64,768], %r: bf16[384,768]) {\n"
     "  %c = aten.mm(%a, %b)\n  %d = aten.add(%c, %r)\n  return %d\n}\n",
     // Several GEMMs in one graph: independent ones with their roundings
-    // folded, a chain (the first's rounded result allocated before its
+    // folded (one merged mma.sync kernel with KILN_GPU_WGMMA=0), a chain (the first's rounded result allocated before its
     // kernel), and a GEMM after softmaxes that horizontal fusion must not
     // move before the one writing its operand (its TMA maps stand for it).
     "graph @three(%a: bf16[256,256], %b: bf16[256,256], %c: bf16[256,256]) {\n"
@@ -111,6 +111,11 @@ static const char *kGraphs[] = {
     "graph @halves(%a: bf16[256,512], %b: bf16[512,384], %x: f16[128,256], "
     "%y: f16[256,256]) {\n"
     "  %c = aten.mm(%a, %b)\n  %z = aten.mm(%x, %y)\n  return %c, %z\n}\n",
+    // Two f16 GEMMs: with KILN_GPU_WGMMA=0 horizontal fusion merges their
+    // mma.sync kernels into one (as @three's bf16 ones), which the program
+    // takes.
+    "graph @two16(%a: f16[256,256], %b: f16[256,256], %c: f16[256,256]) {\n"
+    "  %x = aten.mm(%a, %b)\n  %y = aten.mm(%b, %c)\n  return %x, %y\n}\n",
     // An epilogue folded into the wgmma kernel's stores: bias, ReLU, an
     // f32 residual and the rounding of the sum to bf16 (a bf16 result, so
     // bf16's tolerance: the addmm is rounded to bf16 before the ReLU, and
