@@ -716,8 +716,8 @@ static MlirWalkResult allow_contraction(MlirOperation op, void *user) {
 // The outlined kernel modules whose nvgpu.ldmatrix ops read bf16 or f16
 // fragments: kernels/gpu_mma.c's bf16 kernel loads bf16 and gives
 // mma.sync their bits as f16 vectors, its f16 kernel loads f16. Only the
-// former's mma.sync are relabeled bf16 in the PTX; a module with both is
-// refused.
+// former's mma.sync are relabeled bf16 in the PTX; a module with both, or
+// with an mma.sync and no entry here, is refused.
 typedef struct {
   struct mma_module {
     char name[128];
@@ -1005,9 +1005,9 @@ static kiln_status_t to_ptx(kiln_mlir_t *m, MlirModule module,
 }
 
 // The program from the module's PTX and host function: the PTX of each
-// gpu.binary, bf16 tensor-core kernels' mma.sync relabeled (`mods`; `mma`
-// mma.sync kernels of either type expected), the launches, copies and
-// buffers; on failure `out` is freed.
+// gpu.binary, bf16 tensor-core kernels' mma.sync relabeled (`mods`; the
+// mma.sync kernels of either type, `mma` of them, in 1 to `mma` modules),
+// the launches, copies and buffers; on failure `out` is freed.
 static kiln_status_t read_ptx(MlirModule module, int mma, const mma_modules_t *mods,
                               kiln_gpu_program_t *out) {
   finder_t f;
