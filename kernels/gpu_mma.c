@@ -228,6 +228,26 @@ static void store_pair(emitter_t *e, int v, const char *round, const char *dest,
                      e->indent, v, dest, row, col, type);
 }
 
+// %<p><v> (vector<4x2xf16>) = an ldmatrix x4 of `tile` (`ts`) at [st, r,
+// col], transposed for B; bf16 fragments are loaded as bf16 into
+// %<p><v>r and bitcast (mma.sync takes f16 vectors; lowering/gpu.c
+// relabels the PTX).
+static void ldmatrix(emitter_t *e, char p, int v, const char *tile, const char *st,
+                     const char *r, const char *col, const char *ts, bool transpose,
+                     const char *el) {
+  bool bits = strcmp(el, "bf16") == 0;
+  kiln_sbuf_printf(e->out,
+                   "%s%%%c%d%s = nvgpu.ldmatrix %s[%s, %s, %s] {numTiles = 4 : i32, "
+                   "transpose = %s} : %s -> vector<4x2x%s>\n",
+                   e->indent, p, v, bits ? "r" : "", tile, st, r, col,
+                   transpose ? "true" : "false", ts, el);
+  if (bits)
+    kiln_sbuf_printf(e->out,
+                     "%s%%%c%d = vector.bitcast %%%c%dr : vector<4x2xbf16> to "
+                     "vector<4x2xf16>\n",
+                     e->indent, p, v, p, v);
+}
+
 // The kernel as a function @kiln_mma(%A, %B, %C) holding one gpu.launch;
 // with `round` C is of that type ("bf16" or "f16"), the accumulators
 // rounded as they are stored, else f32. f16 operands go to mma.sync as
@@ -242,7 +262,6 @@ static char *kernel_text(const mma_shape_t *s, const char *round) {
   const char *ws = "#gpu.address_space<workgroup>";
   char ta[96], tb[96], tc[96], tsa[128], tsb[128];
   const char *el = s->el;
-  bool bits = strcmp(el, "bf16") == 0;  // bf16 fragments bitcast to f16
   snprintf(ta, sizeof(ta), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->k, el);
   snprintf(tb, sizeof(tb), "memref<%lldx%lldx%s>", (long long)s->k, (long long)s->n, el);
   snprintf(tc, sizeof(tc), "memref<%lldx%lldx%s>", (long long)s->m, (long long)s->n,
@@ -312,15 +331,7 @@ static char *kernel_text(const mma_shape_t *s, const char *round) {
       name_t col = keep(mulc(e, sw.s, 8));
       int v = e->next++;
       snprintf(afr[mi].s, 16, "%%a%d", v);
-      kiln_sbuf_printf(&b,
-                       "%s%%a%d%s = nvgpu.ldmatrix %%sA[%s, %s, %s] {numTiles = 4 : i32, "
-                       "transpose = false} : %s -> vector<4x2x%s>\n",
-                       e->indent, v, bits ? "r" : "", st.s, r.s, col.s, tsa, el);
-      if (bits)
-        kiln_sbuf_printf(&b,
-                         "%s%s = vector.bitcast %%a%dr : vector<4x2xbf16> to "
-                         "vector<4x2xf16>\n",
-                         e->indent, afr[mi].s, v);
+      ldmatrix(e, 'a', v, "%sA", st.s, r.s, col.s, tsa, false, el);
     }
     for (int nj = 0; nj < ni_n / 2 && nj < 8; ++nj) {
       name_t r = keep(addc(e, lane16.s, (int64_t)kk * 16));
@@ -329,15 +340,7 @@ static char *kernel_text(const mma_shape_t *s, const char *round) {
       name_t sw = swz(e, r.s, ch.s, s->bn / 8);
       name_t col = keep(mulc(e, sw.s, 8));
       int v = e->next++;
-      kiln_sbuf_printf(&b,
-                       "%s%%b%d%s = nvgpu.ldmatrix %%sB[%s, %s, %s] {numTiles = 4 : i32, "
-                       "transpose = true} : %s -> vector<4x2x%s>\n",
-                       e->indent, v, bits ? "r" : "", st.s, r.s, col.s, tsb, el);
-      if (bits)
-        kiln_sbuf_printf(&b,
-                         "%s%%b%d = vector.bitcast %%b%dr : vector<4x2xbf16> to "
-                         "vector<4x2xf16>\n",
-                         e->indent, v, v);
+      ldmatrix(e, 'b', v, "%sB", st.s, r.s, col.s, tsb, true, el);
       snprintf(bfr[2 * nj].s, 16, "%%b%dl", v);
       snprintf(bfr[2 * nj + 1].s, 16, "%%b%dh", v);
       kiln_sbuf_printf(&b,
