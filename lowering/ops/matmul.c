@@ -646,11 +646,13 @@ typedef struct f32_dot {
   // are stored (kiln_emit_lanes_op), or NULL.
   const kiln_node_t *epi;
   kiln_emitter_t *e;
-  // Inline packing (plain B, at most two row blocks): each task packs its
-  // group's panels of the current K block from B (`b`, typed `b_ty`) into
-  // a [PG, kc, 32] tensor (`bp` / `bpty` then name it) just before the
-  // tiles read it, instead of one pass over all of B ahead of the kernel.
-  bool inline_pack;
+  // Inline packing (plain B, at most two row blocks; W, one row block):
+  // each task packs its group's panels of the current K block from B (`b`,
+  // typed `b_ty`), or from W's rows where B = W^T (`pack_from_w`: `b`
+  // names W), into a [PG, kc, 32] tensor (`bp` / `bpty` then name it) just
+  // before the tiles read it, instead of one pass over all of B ahead of
+  // the kernel.
+  bool inline_pack, pack_from_w;
   const char *b, *b_ty;
   long long PG;
   // A packed inside the kernel (plain A; M a multiple of the row block,
@@ -782,7 +784,29 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
   f32_dot_t dk = *dd;
   const f32_dot_t *d = &dk;
   char lp[32], lpty[96];
-  if (dd->inline_pack && NF) {
+  if (dd->inline_pack && dd->pack_from_w && NF) {
+    // B = W^T: this K block of the group's panels is W's rows %col0 ..
+    // %col0 + PG * 32, columns kb .. kb + kc, viewed as [PG, 32, kc] and
+    // transposed into [PG, kc, 32] (the vectorizer's 8 x 8 shuffles). The
+    // last group may have fewer whole panels: its slice starts PG * 32 rows
+    // before %fhi instead (panels it recomputes, never stored twice: the
+    // tiles read panel %pl = (%j - %col0) / 32 from %lpo).
+    snprintf(lp, sizeof(lp), "%%lp_%s", res);
+    snprintf(lpty, sizeof(lpty), "tensor<%lldx%lldx32xf32>", dd->PG, dd->kc);
+    kiln_sbuf_printf(o,
+        "      %%lpx_%s = tensor.extract_slice %s[%%wr0, %s] [%lld, %lld] [1, 1] : %s to "
+        "tensor<%lldx%lldxf32>\n"
+        "      %%lpv_%s = tensor.expand_shape %%lpx_%s [[0, 1], [2]] output_shape "
+        "[%lld, 32, %lld] : tensor<%lldx%lldxf32> into tensor<%lldx32x%lldxf32>\n"
+        "      %%lpe_%s = tensor.empty() : %s\n"
+        "      %s = linalg.transpose ins(%%lpv_%s : tensor<%lldx32x%lldxf32>) "
+        "outs(%%lpe_%s : %s) permutation = [0, 2, 1]\n",
+        res, dd->b, kb, dd->PG * 32, dd->kc, dd->b_ty, dd->PG * 32, dd->kc,
+        res, res, dd->PG, dd->kc, dd->PG * 32, dd->kc, dd->PG, dd->kc,
+        res, lpty, lp, res, dd->PG, dd->kc, res, lpty);
+    dk.bp = lp;
+    dk.bpty = lpty;
+  } else if (dd->inline_pack && NF) {
     // This K block of the group's whole panels: rows kb .. ke of B's
     // columns %col0 .. %fhi, two 64-byte runs per row and panel.
     snprintf(lp, sizeof(lp), "%%lp_%s", res);
@@ -845,8 +869,10 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
         "          %%jl = arith.subi %%j, %%col0 : index\n"
         "          %%jl16 = arith.addi %%jl, %%c16 : index\n"
         "          %%p0 = arith.divui %%j, %%c32 : index\n"
-        "          %%pl = arith.divui %%jl, %%c32 : index\n",
-        res, panel, panel ? "%cnf" : "%col0", panel ? "%phi" : "%fhi", cur, d->bty);
+        "          %%jw = arith.subi %%j, %s : index\n"
+        "          %%pl = arith.divui %%jw, %%c32 : index\n",
+        res, panel, panel ? "%cnf" : "%col0", panel ? "%phi" : "%fhi", cur, d->bty,
+        d->pack_from_w ? "%wr0" : "%col0");
     if (d->bias && !from_c)
       for (int h = 0; h < 2; ++h) {
         if (!cols[h]) {
@@ -977,10 +1003,23 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   // ahead of the kernel wrote the packed panels out and read them back
   // (kiln-run: 512^3 0.88-0.92 -> 0.84-0.87 ms, [256,2048]x[2048,1000]
   // 3.54-3.62 -> 3.32-3.50; 1024^3, four row blocks packing B four times,
-  // the same either way). A linear's W^T keeps the pass: transposing
-  // 16 x 16 blocks of W inside the kernel measured slower (a
-  // [128,256] x W^T[256,1024] 0.21 -> 0.23 ms).
-  d.inline_pack = NF && !w && !KILN_IS_SYM(a->type.dims[0]) && a->type.dims[0] <= 512;
+  // the same either way). A linear's W^T is packed inside the kernel too
+  // where one row block reads it (each task transposes its panels' rows
+  // of W per K block, emit_f32_kblock): the bench's MLP block (256 rows,
+  // 256 -> 1024 -> 256) 0.93-0.99 -> 0.87-0.93 ms in kiln-run, alternated
+  // over six runs; its first parallel region, layer norm and the two
+  // packs, went from 0.10 to 0.015 ms and the GEMMs took 0.02-0.04 ms
+  // each of it back. With two row blocks both would transpose every
+  // panel (the transformer layer's 512-row linears: no gain), so those
+  // keep the pass.
+  d.inline_pack = NF && !KILN_IS_SYM(a->type.dims[0]) && a->type.dims[0] <= 512;
+  if (w && d.inline_pack) {
+    // (The pack's slice needs PG whole panels in every group.)
+    long long pg = tc.forall[1] ? tc.forall[1] / 32 : NF / 32;
+    if (pg < 1 || pg * 32 > NF) d.inline_pack = false;
+    if (tc.forall[0] && tc.forall[0] < a->type.dims[0]) d.inline_pack = false;
+  }
+  d.pack_from_w = d.inline_pack && w;
   if (NF && !d.inline_pack) emit_f32_pack(e, w ? w : b, w != NULL, K, NF, 32, bp);
   d.bp = bp;
   if (W && w) {
@@ -1035,6 +1074,10 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   kiln_mlir_tensor_type(&b->type, b_ty, sizeof(b_ty));
   d.b = b->ssa;
   d.b_ty = b_ty;
+  if (w) {
+    kiln_mlir_tensor_type(&w->type, b_ty, sizeof(b_ty));
+    d.b = w->ssa;
+  }
   d.PG = PG;
   if (PG) NG = (PF + PG - 1) / PG;
   if (NG < 1) NG = 1;
@@ -1103,6 +1146,9 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
       "      %%ke0 = arith.constant %lld : index\n",
       res, id, NG, init, oty, d.rm, id, mv, id, NF, N, N32, NG - 1, PG * 32,
       PG * 32, PG * 32, oty, bty, kc0);
+  if (d.pack_from_w)
+    kiln_sbuf_printf(o, "      %%wr0 = affine.apply affine_map<(d0) -> (d0 - %lld)>(%%fhi)\n",
+                     PG * 32);
   for (int r = 0; (d.a_packed || d.a_local) && r < d.rm; ++r)
     kiln_sbuf_printf(o, "      %%far%d = arith.constant %d : index\n", r, r);
   char blk[24];
