@@ -785,12 +785,12 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
   const f32_dot_t *d = &dk;
   char lp[32], lpty[96];
   if (dd->inline_pack && dd->pack_from_w && NF) {
-    // B = W^T: this K block of the group's panels is W's rows %col0 ..
-    // %col0 + PG * 32, columns kb .. kb + kc, viewed as [PG, 32, kc] and
-    // transposed into [PG, kc, 32] (the vectorizer's 8 x 8 shuffles). The
-    // last group may have fewer whole panels: its slice starts PG * 32 rows
-    // before %fhi instead (panels it recomputes, never stored twice: the
-    // tiles read panel %pl = (%j - %col0) / 32 from %lpo).
+    // B = W^T: this K block of the group's panels is W's rows %wr0 ..
+    // %fhi (PG * 32 rows ending at the group's last whole panel), columns
+    // kb .. kb + kc, viewed as [PG, 32, kc] and transposed into [PG, kc,
+    // 32] (the vectorizer's 8 x 8 shuffles). %wr0 is %col0 but in a last
+    // group of fewer panels, which packs some of the group before it too;
+    // the tiles read panel %pl = (%j - %wr0) / 32.
     snprintf(lp, sizeof(lp), "%%lp_%s", res);
     snprintf(lpty, sizeof(lpty), "tensor<%lldx%lldx32xf32>", dd->PG, dd->kc);
     kiln_sbuf_printf(o,
@@ -1014,9 +1014,11 @@ static void emit_f32_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *xt,
   // keep the pass.
   d.inline_pack = NF && !KILN_IS_SYM(a->type.dims[0]) && a->type.dims[0] <= 512;
   if (w && d.inline_pack) {
-    // (The pack's slice needs PG whole panels in every group.)
+    // (The pack's slice, one static shape, needs PG whole panels in every
+    // group and K blocks of one size: a shorter last one would read past
+    // W's rows.)
     long long pg = tc.forall[1] ? tc.forall[1] / 32 : NF / 32;
-    if (pg < 1 || pg * 32 > NF) d.inline_pack = false;
+    if (pg < 1 || pg * 32 > NF || K % d.kc) d.inline_pack = false;
     if (tc.forall[0] && tc.forall[0] < a->type.dims[0]) d.inline_pack = false;
   }
   d.pack_from_w = d.inline_pack && w;
