@@ -784,6 +784,14 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
   f32_dot_t dk = *dd;
   const f32_dot_t *d = &dk;
   char lp[32], lpty[96];
+  if (dd->inline_pack && NF) {
+    // Either pack below writes the same [PG, kc, 32] tensor, which the
+    // tiles then read instead of a whole packed B.
+    snprintf(lp, sizeof(lp), "%%lp_%s", res);
+    snprintf(lpty, sizeof(lpty), "tensor<%lldx%lldx32xf32>", dd->PG, dd->kc);
+    dk.bp = lp;
+    dk.bpty = lpty;
+  }
   if (dd->inline_pack && dd->pack_from_w && NF) {
     // B = W^T: this K block of the group's panels is W's rows %wr0 ..
     // %fhi (PG * 32 rows ending at the group's last whole panel), columns
@@ -791,8 +799,6 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
     // 32] (the vectorizer's 8 x 8 shuffles). %wr0 is %col0 but in a last
     // group of fewer panels, which packs some of the group before it too;
     // the tiles read panel %pl = (%j - %wr0) / 32.
-    snprintf(lp, sizeof(lp), "%%lp_%s", res);
-    snprintf(lpty, sizeof(lpty), "tensor<%lldx%lldx32xf32>", dd->PG, dd->kc);
     kiln_sbuf_printf(o,
         "      %%lpx_%s = tensor.extract_slice %s[%%wr0, %s] [%lld, %lld] [1, 1] : %s to "
         "tensor<%lldx%lldxf32>\n"
@@ -804,13 +810,9 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
         res, dd->b, kb, dd->PG * 32, dd->kc, dd->b_ty, dd->PG * 32, dd->kc,
         res, res, dd->PG, dd->kc, dd->PG * 32, dd->kc, dd->PG, dd->kc,
         res, lpty, lp, res, dd->PG, dd->kc, res, lpty);
-    dk.bp = lp;
-    dk.bpty = lpty;
   } else if (dd->inline_pack && NF) {
     // This K block of the group's whole panels: rows kb .. ke of B's
     // columns %col0 .. %fhi, two 64-byte runs per row and panel.
-    snprintf(lp, sizeof(lp), "%%lp_%s", res);
-    snprintf(lpty, sizeof(lpty), "tensor<%lldx%lldx32xf32>", dd->PG, dd->kc);
     kiln_sbuf_printf(o,
         "      %%lpe_%s = tensor.empty() : %s\n"
         "      %%lpn_%s = arith.subi %%fhi, %%col0 : index\n"
@@ -835,8 +837,6 @@ static void emit_f32_kblock(kiln_sbuf_t *o, const f32_dot_t *dd, const char *in,
         "        scf.yield %%lk : %s\n"
         "      }\n",
         kb, ke, lpty, kb, dd->b, dd->b_ty, dd->b, dd->b_ty, lpty, lpty, lpty, lpty);
-    dk.bp = lp;
-    dk.bpty = lpty;
   }
   char la[32], laty[96];
   if (dd->a_local) {
