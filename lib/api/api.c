@@ -860,6 +860,39 @@ static kiln_status_t replay_end(tune_state_t *ts, kiln_status_t s, const char *w
   return s;
 }
 
+// Whether output `index` of a max-autotune candidate (`got`, `t` typed)
+// matches the first measurement's (`want`): tiles change how blocks are
+// shaped and ordered, at most the order of a reduction's additions, so
+// floats agree to rounding (within `tol` of the output's largest magnitude,
+// or of 1 where that is smaller; 1e-2 for bf16 and f16) and everything
+// else exactly. A wrong tile (rows stored in the wrong place, a block read
+// twice) misses by the size of the values themselves.
+static kiln_status_t compare_output(int index, const kiln_type_t *t, const void *got,
+                                    const void *want, double tol) {
+  size_t n = (size_t)kiln_type_numel(t), es = kiln_dtype_size(t->dtype);
+  if (!kiln_dtype_is_float(t->dtype)) {
+    if (memcmp(got, want, n * es) == 0) return NULL;
+    return kiln_make_status(KILN_STATUS_INTERNAL, "autotune: output %d of a candidate "
+                            "differs from the first measurement's", index);
+  }
+  if (t->dtype == KILN_BF16 || t->dtype == KILN_F16) tol = 1e-2;
+  double worst = 0, scale = 0;
+  for (size_t j = 0; j < n; ++j) {
+    double a = kiln_ref_load(t->dtype, got, (int64_t)j),
+           b = kiln_ref_load(t->dtype, want, (int64_t)j);
+    if (isnan(a) || isnan(b) || isinf(a) || isinf(b)) {
+      if (!(a == b || (isnan(a) && isnan(b)))) worst = INFINITY;
+      continue;
+    }
+    if (fabs(a - b) > worst) worst = fabs(a - b);
+    if (fabs(b) > scale) scale = fabs(b);
+  }
+  if (worst <= tol * (scale > 1 ? scale : 1)) return NULL;
+  return kiln_make_status(KILN_STATUS_INTERNAL, "autotune: output %d of a candidate differs "
+                          "from the first measurement's (max abs difference %g)", index,
+                          worst);
+}
+
 // One measurement: the variant compiled with a candidate set of tiles, run
 // on random inputs of its real shapes.
 #define KILN_TUNE_MAX_TENSORS 512
@@ -871,7 +904,36 @@ typedef struct tune_run {
   kiln_memref_t refs[KILN_TUNE_MAX_TENSORS];
   int32_t nrefs;
   double compile_seconds;
+  // The first measurement's outputs (the starting tiles'), which every
+  // candidate's must match (check_outputs), unless the graph writes its
+  // inputs (`verify` false: each run then starts from other values).
+  void *want[KILN_TUNE_MAX_TENSORS];
+  bool have_want, verify;
+  bool progress;  // candidates skipped are reported on stderr
 } tune_run_t;
+
+// Whether the outputs now in r->refs match the first measurement's (the
+// starting tiles', which this keeps): compare_output, with 1e-4 for f32
+// and f64 (a K block of another size adds in another order).
+static kiln_status_t check_outputs(tune_run_t *r) {
+  const kiln_graph_t *g = r->v->graph;
+  for (int k = 0; k < g->output_count; ++k) {
+    const kiln_type_t *t = &g->values[g->outputs[k]].type;
+    const kiln_memref_t *m = &r->refs[g->input_count + k];
+    size_t bytes = (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype);
+    if (!r->have_want) {
+      r->want[k] = malloc(bytes ? bytes : 1);
+      if (!r->want[k])
+        return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "autotune: a copy of output "
+                                "%d (%zu bytes)", k, bytes);
+      memcpy(r->want[k], m->aligned, bytes);
+      continue;
+    }
+    KILN_RETURN_IF_ERROR_PLAIN(compare_output(k, t, m->aligned, r->want[k], 1e-4));
+  }
+  r->have_want = true;
+  return NULL;
+}
 
 static kiln_status_t measure_tiles(void *user, const kiln_tile_config_t *configs,
                                    double *out_seconds) {
@@ -891,14 +953,21 @@ static kiln_status_t measure_tiles(void *user, const kiln_tile_config_t *configs
   void *entry = s ? NULL : kiln_jit_lookup(jit, KILN_ENTRY_NAME);
   if (!s && !entry)
     s = kiln_make_status(KILN_STATUS_COMPILE_ERROR, "autotune: no entry point");
-  // One warm-up run, then the fastest of at least 3 runs and 20 ms (at most
-  // 100 runs or 1 s): the minimum is what a quiet machine would show.
+  // One warm-up run, whose outputs must match the starting tiles'
+  // (check_outputs: a candidate that computes something else is no
+  // result), then the fastest of at least 3 runs and 20 ms (at most 100
+  // runs or 1 s): the minimum is what a quiet machine would show.
   double best = 1e30, total = 0;
   for (int run = 0; !s && run <= 100; ++run) {
     double a = now_seconds();
     s = kiln_ffi_call(r->sig, entry, r->refs, r->nrefs);
     double t = now_seconds() - a;
-    if (run == 0) continue;
+    if (run == 0) {
+      if (!s && r->verify) s = check_outputs(r);
+      if (s && r->progress)
+        fprintf(stderr, "[kiln autotune] candidate skipped: %s\n", kiln_status_message(s));
+      continue;
+    }
     total += t;
     if (t < best) best = t;
     if ((run >= 3 && total >= 0.02) || total >= 1.0) break;
@@ -964,6 +1033,8 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
   run.f = f;
   run.v = v;
   run.ts = &ts;
+  run.verify = g->mutation_count == 0;
+  run.progress = log_enabled("autotune") || isatty(2);
   void *buffers[KILN_TUNE_MAX_TENSORS] = {NULL};
   int nbuf = 0;
   kiln_tile_config_t *best = NULL;
@@ -1042,6 +1113,7 @@ static kiln_status_t tune_variant(kiln_function_t *f, kiln_variant_t *v,
   }
   kiln_ffi_sig_destroy(run.sig);
   for (int i = 0; i < nbuf; ++i) free(buffers[i]);
+  for (int i = 0; i < KILN_TUNE_MAX_TENSORS; ++i) free(run.want[i]);
   free(best);
   free(done);
   free(ts.descs);
@@ -1143,9 +1215,9 @@ typedef struct cuda_tune_run {
 } cuda_tune_run_t;
 
 // Whether the outputs now in r->args match the baseline's (the first
-// measurement's, which this keeps): a candidate changes how blocks are
-// shaped and ordered, not what each output sums, so floats agree to
-// rounding and everything else exactly.
+// measurement's, which this keeps): compare_output, with 1e-5 for f32 (a
+// candidate changes how blocks are shaped and ordered, not the order in
+// which each output sums).
 static kiln_status_t cuda_check_outputs(cuda_tune_run_t *r) {
   const kiln_graph_t *g = r->g;
   kiln_status_t s = NULL;
@@ -1160,37 +1232,7 @@ static kiln_status_t cuda_check_outputs(cuda_tune_run_t *r) {
       r->want[i] = got;
       continue;
     }
-    double worst = 0, scale = 0;
-    bool exact = false;
-    for (size_t j = 0; !s && j < n; ++j) {
-      double a, b;
-      if (t->dtype == KILN_F32) {
-        a = ((const float *)got)[j];
-        b = ((const float *)r->want[i])[j];
-      } else if (t->dtype == KILN_BF16) {
-        uint32_t x = (uint32_t)((const uint16_t *)got)[j] << 16,
-                 y = (uint32_t)((const uint16_t *)r->want[i])[j] << 16;
-        float fx, fy;
-        memcpy(&fx, &x, 4);
-        memcpy(&fy, &y, 4);
-        a = fx;
-        b = fy;
-      } else {
-        exact = true;
-        break;
-      }
-      if (isnan(a) || isnan(b)) {
-        if (isnan(a) != isnan(b)) worst = INFINITY;  // NaN in one of the two
-        continue;
-      }
-      if (fabs(a - b) > worst) worst = fabs(a - b);
-      if (fabs(b) > scale) scale = fabs(b);
-    }
-    bool same = exact ? memcmp(got, r->want[i], n * es) == 0
-                      : worst <= (t->dtype == KILN_F32 ? 1e-5 : 1e-2) * (scale > 1 ? scale : 1);
-    if (!s && !same)
-      s = kiln_make_status(KILN_STATUS_INTERNAL, "autotune: output %d of a candidate differs "
-                           "from the heuristic's (max abs difference %g)", i, worst);
+    if (!s) s = compare_output(i, t, got, r->want[i], 1e-5);
     free(got);
   }
   return s;

@@ -243,6 +243,87 @@ static void heuristic_f32_dot(const kiln_kernel_desc_t *d, const kiln_cpu_target
   }
 }
 
+// The convolution microkernel (KILN_KERNEL_CONV_DOT): what
+// lowering/ops/matmul.c chose before it asked. Register tiles of 8
+// filters x 48 pixels (24 accumulators, three vectors of input and a
+// broadcast of a weight: 28 of the 32 AVX-512 registers; fewer filters,
+// dividing F, where the register file is smaller); chunks of the
+// largest multiple of 16 pixels up to 512 dividing P; channels in blocks
+// of about 288 multiply-adds of taps per output (32 channels of a 3x3
+// kernel: a tile's input rows and its filters' weights stay in L1 over
+// the block); the filters split into groups of whole tiles where images x
+// chunks make fewer than 8 tasks (a batch of one through a 14 x 14 layer
+// is one chunk).
+enum { kConvDotTaps = 288, kConvDotMinTasks = 8 };
+
+static void heuristic_conv_dot(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
+                               kiln_tile_config_t *c) {
+  const int64_t N = d->range[0], F = d->range[1], P = d->range[2], C = d->range[3],
+                taps = d->range[4];
+  int64_t rows = (t->vector_registers - 4) / 3;
+  if (rows > 8) rows = 8;
+  while (rows > 1 && F % rows) --rows;
+  c->reg[1] = rows > 0 ? rows : 1;
+  c->reg[2] = 48;
+  int64_t pc = 0;
+  for (int64_t x = 512; x >= 16 && !pc; x -= 16)
+    if (P % x == 0) pc = x;
+  if (!pc) pc = P;
+  c->forall[2] = pc < P ? pc : 0;
+  int64_t nb = (C * taps + kConvDotTaps - 1) / kConvDotTaps, cb = (C + nb - 1) / nb;
+  c->cache[3] = cb < C ? cb : 0;
+  int64_t fg = 1, tiles = F / c->reg[1];
+  while (N * (P / pc) * fg < kConvDotMinTasks && fg < tiles) {
+    int64_t g = fg + 1;
+    while (tiles % g) ++g;
+    fg = g;
+  }
+  c->forall[1] = fg > 1 ? F / fg : 0;
+}
+
+static bool conv_dot_config_valid(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
+                                  const kiln_tile_config_t *c, char *why, size_t why_len) {
+  const int64_t F = d->range[1], P = d->range[2], C = d->range[3];
+  int64_t r = c->reg[1], px = c->reg[2], nv = px / 16;
+  if (d->loop_count != 5 || r < 1 || px < 16 || px % 16 || c->reg[0] || c->reg[3] ||
+      c->reg[4]) {
+    snprintf(why, why_len, "convolution microkernel: register tile %lld filters x %lld "
+             "pixels; expected whole 16-lane vectors of pixels", (long long)r, (long long)px);
+    return false;
+  }
+  if (r * nv + nv + 1 > t->vector_registers) {
+    snprintf(why, why_len, "register tile %lldx%lld needs %lld vector registers, the "
+             "target has %d", (long long)r, (long long)px, (long long)(r * nv + nv + 1),
+             t->vector_registers);
+    return false;
+  }
+  int64_t fp = c->forall[1] ? c->forall[1] : F;
+  if (c->forall[1] < 0 || fp > F || F % fp || fp % r) {
+    snprintf(why, why_len, "convolution microkernel: %lld filters a task of %lld, register "
+             "tile %lld; expected whole tiles dividing the filters", (long long)fp,
+             (long long)F, (long long)r);
+    return false;
+  }
+  int64_t pc = c->forall[2] ? c->forall[2] : P;
+  if (c->forall[2] < 0 || pc > P || pc % 16 || P % pc) {
+    snprintf(why, why_len, "convolution microkernel: chunks of %lld of %lld pixels; "
+             "expected a multiple of 16 dividing them", (long long)pc, (long long)P);
+    return false;
+  }
+  if (c->cache[3] < 0 || c->cache[3] >= C || c->forall[0] || c->forall[3] || c->forall[4] ||
+      c->cache[0] || c->cache[1] || c->cache[2] || c->cache[4]) {
+    snprintf(why, why_len, "convolution microkernel: channel block %lld of %lld; only "
+             "forall[1], forall[2] and cache[3] are blocks", (long long)c->cache[3],
+             (long long)C);
+    return false;
+  }
+  if (c->reduction_dim != -1) {
+    snprintf(why, why_len, "convolution microkernel: no reduction split");
+    return false;
+  }
+  return true;
+}
+
 // The tensor-core GEMM (KILN_KERNEL_GPU_MMA): what kernels/gpu_mma.c chose
 // before it asked: blocks of 128 x 128 (128 x 256 for warpgroup MMA where
 // N allows), 3 stages (4 for warpgroup MMA), groups of up to 8 block rows.
@@ -325,6 +406,9 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
     return;
   case KILN_KERNEL_GPU_MMA:
     heuristic_gpu_mma(d, c);
+    return;
+  case KILN_KERNEL_CONV_DOT:
+    heuristic_conv_dot(d, t, c);
     return;
   case KILN_KERNEL_TRANSPOSE: {
     // Square register blocks: a block's vector transpose is a few shuffles.
@@ -460,6 +544,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
   }
   if (d->kind == KILN_KERNEL_F32_DOT) return f32_dot_config_valid(d, t, c, why, why_len);
   if (d->kind == KILN_KERNEL_GPU_MMA) return gpu_mma_config_valid(d, c, why, why_len);
+  if (d->kind == KILN_KERNEL_CONV_DOT) return conv_dot_config_valid(d, t, c, why, why_len);
   for (int i = 0; i < d->loop_count; ++i) {
     const int64_t *lv[3] = {c->forall, c->cache, c->reg};
     for (int level = 0; level < 3; ++level) {
@@ -520,6 +605,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
 int kiln_autotune_stage_count(const kiln_kernel_desc_t *d) {
   switch (d->kind) {
   case KILN_KERNEL_F32_DOT: return 5;
+  case KILN_KERNEL_CONV_DOT: return 4;
   case KILN_KERNEL_CONTRACTION: return 4;
   case KILN_KERNEL_GPU_MMA: return 3;
   default: return 2;
@@ -740,6 +826,66 @@ static void stages_other(emitter_t *e, int stage) {
   }
 }
 
+// The convolution microkernel's knobs, one per stage: the register tile
+// (filters x vectors of pixels within the register file; the task's
+// filters refitted to whole tiles), the channel block (taps per block),
+// the pixel chunk, the filters of a task.
+static void stages_conv_dot(emitter_t *e, int stage) {
+  const kiln_kernel_desc_t *d = e->d;
+  const int64_t F = d->range[1], P = d->range[2], C = d->range[3], taps = d->range[4];
+  kiln_tile_config_t c;
+  switch (stage) {
+  case 0: {
+    static const int64_t tiles[][2] = {{4, 4}, {4, 6}, {6, 4}, {8, 2}, {8, 3},
+                                       {12, 2}, {14, 2}, {16, 1}};
+    for (size_t i = 0; i < sizeof(tiles) / sizeof(tiles[0]); ++i) {
+      c = *e->base;
+      c.reg[1] = tiles[i][0];
+      c.reg[2] = 16 * tiles[i][1];
+      if (c.forall[1] && c.forall[1] % c.reg[1]) {
+        // The nearest group of whole tiles dividing F, else all filters.
+        int64_t fp = c.forall[1] / c.reg[1] * c.reg[1];
+        while (fp >= c.reg[1] && F % fp) fp -= c.reg[1];
+        c.forall[1] = fp >= c.reg[1] && fp < F ? fp : 0;
+      }
+      emit(e, &c);
+    }
+    return;
+  }
+  case 1: {
+    static const int64_t per_block[] = {72, 144, 288, 576, 1152, 0};
+    for (size_t i = 0; i < sizeof(per_block) / sizeof(per_block[0]); ++i) {
+      c = *e->base;
+      int64_t nb = per_block[i] ? (C * taps + per_block[i] - 1) / per_block[i] : 1,
+              cb = (C + nb - 1) / nb;
+      c.cache[3] = cb < C ? cb : 0;
+      emit(e, &c);
+    }
+    return;
+  }
+  case 2:
+    // The largest chunk up to each cap that divides P.
+    for (int64_t cap = 64; cap <= 2048; cap *= 2) {
+      c = *e->base;
+      int64_t pc = 0;
+      for (int64_t x = cap; x >= 16 && !pc; x -= 16)
+        if (P % x == 0) pc = x;
+      if (!pc) continue;
+      c.forall[2] = pc < P ? pc : 0;
+      emit(e, &c);
+    }
+    return;
+  case 3:
+    for (int64_t g = 1; g <= 16; g *= 2) {
+      c = *e->base;
+      if (F % g) break;
+      c.forall[1] = g > 1 ? F / g : 0;
+      emit(e, &c);
+    }
+    return;
+  }
+}
+
 int kiln_autotune_candidates(const kiln_kernel_desc_t *d,
                              const kiln_cpu_target_t *t,
                              const kiln_tile_config_t *base, int stage,
@@ -751,6 +897,8 @@ int kiln_autotune_candidates(const kiln_kernel_desc_t *d,
     stages_f32_dot(&e, stage);
   else if (d->kind == KILN_KERNEL_GPU_MMA)
     stages_gpu_mma(&e, stage);
+  else if (d->kind == KILN_KERNEL_CONV_DOT)
+    stages_conv_dot(&e, stage);
   else
     stages_other(&e, stage);
   return e.n;
@@ -784,7 +932,8 @@ void kiln_autotune_config_format(const kiln_tile_config_t *c, char *buf,
 void kiln_autotune_desc_format(const kiln_kernel_desc_t *d, char *buf,
                                size_t len) {
   static const char *kinds[] = {"elementwise", "transpose", "row-reduction",
-                                "contraction", "f32-microkernel", "tensor-core-gemm"};
+                                "contraction", "f32-microkernel", "tensor-core-gemm",
+                                "conv-microkernel"};
   int w = snprintf(buf, len, "%s ", kinds[d->kind]);
   for (int i = 0; i < d->loop_count && w >= 0 && (size_t)w < len; ++i) {
     if (is_dynamic(d, i))

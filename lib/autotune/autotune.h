@@ -49,6 +49,18 @@ typedef enum kiln_kernel_kind_e {
   // next column: a power of two dividing M / 128). The target is the GPU,
   // so kiln_cpu_target_t plays no part.
   KILN_KERNEL_GPU_MMA = 5,
+  // The f32 convolution microkernel (lowering/ops/matmul.c, emit_conv_dot),
+  // emitted by lowering/: loops (n, f, p, c, t) over images, filters,
+  // pixels of the flat wide grid, channels and taps (kh, kw as one loop),
+  // c and t reductions; m_dim 1, n_dim 2. Its config reads: reg[1] the
+  // register tile's filters, reg[2] its pixels (whole 16-lane vectors;
+  // the chunk's last pixels go in tiles of one vector); forall[1] the
+  // filters of a task (0: all; a multiple of reg[1] dividing F);
+  // forall[2] the pixels of a task's chunk (0: all of P; a multiple of 16
+  // dividing P); cache[3] the channels of a block, whose taps stay in L1
+  // while a tile goes through them (0: all C; the last block may be
+  // shorter). Images are always tasks of their own.
+  KILN_KERNEL_CONV_DOT = 6,
 } kiln_kernel_kind_t;
 
 // Dynamic shared memory a block may have on sm_90 (227 KB).

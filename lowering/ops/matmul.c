@@ -2433,10 +2433,19 @@ typedef struct {
   const char *aty;
   bool zero_start;
   long long N, C, F, KH, KW, P, dh, dw;  // dh = dilation_h * Wp
-  const char *cty;  // a task's chunk tensor type (emit_conv_dot sets it)
+  // Set by emit_conv_dot from its tiles (conv_dot_tiles): a task's chunk
+  // tensor type, the register tile (`rows` filters x `nv` vectors of
+  // pixels), the pixels of a chunk, the channels of a block, the filters
+  // of a task.
+  const char *cty;
+  int rows, nv;
+  long long pc, cb, fp;
 } conv_dot_t;
 
-enum { kConvDotRows = 8, kConvDotVecs = 3 };
+// The heuristic's register tile (lib/autotune's KILN_KERNEL_CONV_DOT),
+// which also decides which grids the kernel takes (a chunk of at least one
+// tile) before the tiles are asked for: filters a multiple of 8.
+enum { kConvDotRows = 8, kConvDotVecs = 3, kConvDotMaxAcc = 32 };
 
 // Whether the microkernel takes a flat-form convolution of `G` groups,
 // `F` filters per group, input, weight and accumulator dtypes.
@@ -2446,13 +2455,14 @@ static bool conv_dot_applies(const kiln_emitter_t *e, kiln_dtype_t xd, kiln_dtyp
          ad == KILN_F32 && G == 1 && F % kConvDotRows == 0;
 }
 
-// One register tile, `nv` vectors wide, of rows %f .. %f + 7 (filters
-// %f0 + %f ..) and columns %pt .. of the chunk tensor `cur` (typed d->cty:
-// [filters per task, PC/16, 16]); the tensor it yields is named in `next`.
+// One register tile, `nv` vectors wide, of rows %f .. %f + d->rows - 1
+// (filters %f0 + %f ..) and columns %pt .. of the chunk tensor `cur` (typed
+// d->cty: [filters per task, PC/16, 16]); the tensor it yields is named in
+// `next`.
 static void emit_conv_dot_tile(kiln_sbuf_t *o, const conv_dot_t *d, const char *tag, int nv,
                                const char *cur, char next[24]) {
-  const int R = kConvDotRows, K = R * nv;
-  char vt[kConvDotRows * kConvDotVecs * 18 + 1];
+  const int R = d->rows, K = R * nv;
+  char vt[kConvDotMaxAcc * 18 + 1];
   vt[0] = 0;
   for (int t = 0; t < K; ++t) strcat(vt, t ? ", vector<16xf32>" : "vector<16xf32>");
   for (int r = 0; r < R; ++r)
@@ -2541,7 +2551,9 @@ static void emit_conv_dot_tile(kiln_sbuf_t *o, const conv_dot_t *d, const char *
   snprintf(next, 24, "%%st%s", tag);
 }
 
-// Pixels per task: the largest multiple of 16 up to 512 that divides P.
+// The largest multiple of 16 up to 512 that divides P: the heuristic's
+// pixels per task (lib/autotune's heuristic_conv_dot), which decides, before
+// the tiles are asked for, whether a grid has room for the kernel.
 static long long conv_dot_chunk(long long P) {
   for (long long c = 512; c >= 16; c -= 16)
     if (P % c == 0) return c;
@@ -2572,29 +2584,50 @@ static bool conv_dot_grid(int64_t OH, int64_t Wpad, int64_t KW, int64_t dw, int6
   return true;
 }
 
-// The kernel; the result (typed d->aty) is named in `out`.
+// The microkernel's tiles (lib/autotune's KILN_KERNEL_CONV_DOT), asked of
+// the tiling the lowering was given (the heuristic, the tuning database or
+// a measured candidate). Its identity for the tuning database: its sizes
+// and the taps' strides.
+static void conv_dot_tiles(const kiln_emitter_t *e, const conv_dot_t *d,
+                           kiln_tile_config_t *out) {
+  kiln_kernel_desc_t kd;
+  memset(&kd, 0, sizeof(kd));
+  kd.kind = KILN_KERNEL_CONV_DOT;
+  kd.loop_count = 5;
+  int64_t range[5] = {d->N, d->F, d->P, d->C, d->KH * d->KW};
+  memcpy(kd.range, range, sizeof(range));
+  kd.reduction_mask = (1u << 3) | (1u << 4);
+  kd.m_dim = 1;
+  kd.n_dim = 2;
+  kd.transpose_dim = -1;
+  kd.elem_bytes = 4;
+  char id[192];
+  snprintf(id, sizeof(id), "conv_dot n=%lld f=%lld p=%lld c=%lld kh=%lld kw=%lld dh=%lld "
+           "dw=%lld zero=%d", d->N, d->F, d->P, d->C, d->KH, d->KW, d->dh, d->dw,
+           d->zero_start);
+  kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
+  kiln_kernel_tiles(e->options.tiling, &avx512, id, &kd, out);
+}
+
+// The kernel; the result (typed d->aty) is named in `out`. Its tiles
+// (conv_dot_tiles; the heuristic's in lib/autotune says why): tasks of
+// (image, chunk of PC pixels, group of FP filters), channels in blocks of
+// CB, register tiles of `rows` filters x 16 * `nv` pixels, the chunk's
+// last PC % (16 * nv) pixels in tiles of 16.
 static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *dd, char out[24]) {
   kiln_sbuf_t *o = &e->out;
-  long long PC = conv_dot_chunk(dd->P);
-  long long full = PC / (16 * kConvDotVecs) * (16 * kConvDotVecs);
-  // Channel blocks of about 288 multiply-adds per output (32 channels of
-  // a 3x3 kernel), equal but for the last.
-  long long taps = dd->KH * dd->KW, nb = (dd->C * taps + 287) / 288;
-  long long CB = (dd->C + nb - 1) / nb;
-  // Tasks: images x chunks, and groups of filters (whole register tiles)
-  // where that makes fewer than 8 (a batch of one through a 14 x 14 layer
-  // is one chunk: one task ran it on one thread, 2x slower than the
-  // schedule's contraction, which splits filters too).
-  long long FG = 1, tiles = dd->F / kConvDotRows;
-  while (dd->N * (dd->P / PC) * FG < 8 && FG < tiles) {
-    long long g = FG + 1;
-    while (tiles % g) ++g;
-    FG = g;
-  }
-  long long FP = dd->F / FG;  // filters per task
+  kiln_tile_config_t tc;
+  conv_dot_tiles(e, dd, &tc);
+  conv_dot_t dk = *dd;
+  dk.rows = (int)tc.reg[1];
+  dk.nv = (int)(tc.reg[2] / 16);
+  dk.pc = tc.forall[2] ? tc.forall[2] : dd->P;
+  dk.cb = tc.cache[3] ? tc.cache[3] : dd->C;
+  dk.fp = tc.forall[1] ? tc.forall[1] : dd->F;
+  long long PC = dk.pc, CB = dk.cb, FP = dk.fp, FG = dd->F / FP, px = 16LL * dk.nv;
+  long long full = PC / px * px;
   char cty[64];
   snprintf(cty, sizeof(cty), "tensor<%lldx%lldx16xf32>", FP, PC / 16);
-  conv_dot_t dk = *dd;
   dk.cty = cty;
   const conv_dot_t *d = &dk;
   kiln_emit_fresh(e, out);
@@ -2603,9 +2636,9 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *dd, char out[24])
       "(%s) {\n"
       "      %%c0 = arith.constant 0 : index\n"
       "      %%c1 = arith.constant 1 : index\n"
-      "      %%c8 = arith.constant 8 : index\n"
+      "      %%crt = arith.constant %d : index\n"
       "      %%c16 = arith.constant 16 : index\n"
-      "      %%c48 = arith.constant 48 : index\n"
+      "      %%cpt = arith.constant %lld : index\n"
       "      %%cC = arith.constant %lld : index\n"
       "      %%cCB = arith.constant %lld : index\n"
       "      %%cF = arith.constant %lld : index\n"
@@ -2615,7 +2648,8 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *dd, char out[24])
       "      %%ckw = arith.constant %lld : index\n"
       "      %%padf = arith.constant 0.0 : f32\n"
       "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n",
-      out, d->N, d->P / PC, FG, d->acc, d->aty, d->C, CB, FP, full, PC, d->KH, d->KW);
+      out, d->N, d->P / PC, FG, d->acc, d->aty, d->rows, px, d->C, CB, FP, full, PC, d->KH,
+      d->KW);
   // The task's block of the accumulator, viewed as [FP, PC/16, 16].
   kiln_sbuf_printf(o,
       "      %%p0 = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%cq)\n"
@@ -2629,13 +2663,13 @@ static void emit_conv_dot(kiln_emitter_t *e, const conv_dot_t *dd, char out[24])
       "      %%rb = scf.for %%cb = %%c0 to %%cC step %%cCB iter_args(%%cdt0 = %%blk) -> (%s) {\n"
       "        %%ce = affine.min affine_map<(d0) -> (d0 + %lld, %lld)>(%%cb)\n"
       "        %%first = arith.cmpi eq, %%cb, %%c0 : index\n"
-      "        %%rf = scf.for %%f = %%c0 to %%cF step %%c8 iter_args(%%cdt1 = %%cdt0) -> (%s) {\n",
+      "        %%rf = scf.for %%f = %%c0 to %%cF step %%crt iter_args(%%cdt1 = %%cdt0) -> (%s) {\n",
       cty, CB, d->C, cty);
   char next[24] = "%cdt1";
   if (full) {
-    kiln_sbuf_printf(o, "          %%rp = scf.for %%pt = %%c0 to %%cfull step %%c48 "
+    kiln_sbuf_printf(o, "          %%rp = scf.for %%pt = %%c0 to %%cfull step %%cpt "
                         "iter_args(%%cdt2 = %%cdt1) -> (%s) {\n", cty);
-    emit_conv_dot_tile(o, d, "", kConvDotVecs, "%cdt2", next);
+    emit_conv_dot_tile(o, d, "", d->nv, "%cdt2", next);
     kiln_sbuf_printf(o, "            scf.yield %s : %s\n          }\n", next, cty);
     snprintf(next, sizeof(next), "%%rp");
   }

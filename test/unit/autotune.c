@@ -304,6 +304,120 @@ static void test_f32_microkernel(void) {
   CHECK(kiln_autotune_candidates(&d, &kAvx512x2, &c, 0, none, 16) == 0);
 }
 
+// The convolution microkernel's descriptor (lowering/ops/matmul.c,
+// conv_dot_tiles): n images, f filters, p pixels, c channels, t taps.
+static kiln_kernel_desc_t conv_dot(int64_t n, int64_t f, int64_t p, int64_t c, int64_t t) {
+  kiln_kernel_desc_t d;
+  memset(&d, 0, sizeof(d));
+  d.kind = KILN_KERNEL_CONV_DOT;
+  d.loop_count = 5;
+  int64_t r[5] = {n, f, p, c, t};
+  memcpy(d.range, r, sizeof(r));
+  d.reduction_mask = (1u << 3) | (1u << 4);
+  d.m_dim = 1, d.n_dim = 2;
+  d.transpose_dim = -1;
+  d.elem_bytes = 4;
+  return d;
+}
+
+// KILN_KERNEL_CONV_DOT: the heuristic is what emit_conv_dot had fixed, valid
+// for every shape and target with a search space of valid, distinct
+// configs, and the validity check's refusals.
+static void test_conv_microkernel(void) {
+  const int64_t ns[] = {1, 2, 8}, fs[] = {8, 24, 64, 256}, ps[] = {48, 64, 224, 896, 3248},
+                cs[] = {3, 45, 64, 512}, ts[] = {1, 9, 25};
+  const kiln_cpu_target_t *targets[] = {&kAvx512x2, &kAvx2x8, &kSse1};
+  int checked = 0;
+  for (int ti = 0; ti < 3; ++ti)
+    for (int a = 0; a < 3; ++a)
+      for (int b = 0; b < 4; ++b)
+        for (int p = 0; p < 5; ++p)
+          for (int k = 0; k < 4; ++k)
+            for (int t = 0; t < 3; ++t) {
+              kiln_kernel_desc_t d = conv_dot(ns[a], fs[b], ps[p], cs[k], ts[t]);
+              kiln_tile_config_t c, cand[64];
+              kiln_autotune_heuristic(&d, targets[ti], &c);
+              check_valid(&d, targets[ti], &c);
+              for (int st = 0; st < kiln_autotune_stage_count(&d); ++st) {
+                int n = kiln_autotune_candidates(&d, targets[ti], &c, st, cand, 64);
+                for (int i = 0; i < n; ++i) {
+                  check_valid(&d, targets[ti], &cand[i]);
+                  CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
+                  for (int j = 0; j < i; ++j)
+                    CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
+                }
+                checked += n;
+              }
+            }
+  printf("conv microkernel: heuristic and %d candidates valid\n", checked);
+  // 3x3, 64 -> 64 channels, 2 x 28 x 28 (P = 28 x 32): 8 x 48 tiles,
+  // chunks of 448 pixels, blocks of 32 channels (288 taps), 2 x 2 tasks
+  // too few, so the filters split in two groups of 32.
+  kiln_kernel_desc_t d = conv_dot(2, 64, 896, 64, 9);
+  kiln_tile_config_t c;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[1] == 8 && c.reg[2] == 48 && c.forall[2] == 448 && c.cache[3] == 32);
+  CHECK(c.forall[1] == 32 && c.forall[0] == 0);
+  // A batch of one through a 14 x 14 layer, 256 channels: one chunk of
+  // 224 pixels (all of P), 8 channel blocks of 32, 8 groups of 32 filters.
+  d = conv_dot(1, 256, 224, 256, 9);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[2] == 0 && c.cache[3] == 32 && c.forall[1] == 32);
+  // Eight images make tasks enough: one group of filters. Sixteen
+  // registers: 4-filter tiles.
+  d = conv_dot(8, 64, 3248, 64, 9);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[1] == 0 && c.forall[2] == 464);
+  kiln_autotune_heuristic(&d, &kAvx2x8, &c);
+  CHECK(c.reg[1] == 4 && c.reg[2] == 48);
+  // The register tile stage keeps a task's filters whole tiles: 12-filter
+  // tiles divide no group of 64 filters and are not offered; 16 x 16 is.
+  d = conv_dot(2, 64, 896, 64, 9);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  kiln_tile_config_t cand[64];
+  int n = kiln_autotune_candidates(&d, &kAvx512x2, &c, 0, cand, 64);
+  int sixteen = 0;
+  for (int i = 0; i < n; ++i) {
+    CHECK(cand[i].reg[1] != 12 && cand[i].reg[1] != 6);
+    sixteen += cand[i].reg[1] == 16 && cand[i].reg[2] == 16;
+  }
+  CHECK(sixteen == 1);
+  // Refusals.
+  char why[256];
+  kiln_tile_config_t bad = c;
+  bad.reg[1] = 16, bad.reg[2] = 32;  // 32 accumulators + 3
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "vector registers") != NULL);
+  bad = c;
+  bad.reg[2] = 40;  // whole vectors of pixels
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "register tile") != NULL);
+  bad = c;
+  bad.forall[1] = 24;  // does not divide 64 filters
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "filters a task") != NULL);
+  bad = c;
+  bad.reg[1] = 6, bad.reg[2] = 64;  // 6-filter tiles in a group of 32
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.forall[2] = 100;  // not whole vectors
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "chunks") != NULL);
+  bad = c;
+  bad.forall[2] = 384;  // does not divide 896
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.cache[3] = 64;  // a block of all channels is 0
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "channel block") != NULL);
+  bad = c;
+  bad.forall[0] = 1;  // images are always tasks
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.reduction_dim = 3, bad.reduction_tile = 16;
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+}
+
 // The tensor-core GEMM of the CUDA target (KILN_KERNEL_GPU_MMA): the
 // heuristic is the shape kernels/gpu_mma.c had fixed, the candidates stay
 // within the block's shared memory, and bad shapes are refused.
@@ -563,6 +677,7 @@ int main(void) {
   test_heuristic_valid_everywhere();
   test_heuristic_matmul();
   test_f32_microkernel();
+  test_conv_microkernel();
   test_gpu_mma();
   test_validity_rejects();
   test_symbolic_loops();
