@@ -281,6 +281,65 @@ static void heuristic_conv_dot(const kiln_kernel_desc_t *d, const kiln_cpu_targe
   c->forall[1] = fg > 1 ? F / fg : 0;
 }
 
+// The bf16 microkernel (KILN_KERNEL_BF16_DOT): what lowering/ops/matmul.c
+// chose before it asked. Register tiles of 8 rows (4 or 2 where M has no
+// factor 8; fewer where the register file is smaller), blocks of rows
+// halved up to twice while the halves keep whole tiles (32-row AMX tiles
+// with AMX): four blocks where M allows.
+static void heuristic_bf16_dot(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
+                               kiln_tile_config_t *c) {
+  const int64_t M = d->range[0];
+  bool sym = is_dynamic(d, 0);
+  int64_t rm = sym || M % 8 == 0 ? 8 : M % 4 == 0 ? 4 : 2;
+  while (rm > 2 && 2 * rm + 3 > t->vector_registers) rm /= 2;
+  c->reg[0] = rm;
+  c->reg[1] = 32;
+  c->reg[2] = 2;
+  if (sym) return;
+  int64_t tile = d->amx ? 32 : rm, mb = M;
+  for (int split = 0; split < 2 && mb % 2 == 0 && (mb / 2) % tile == 0; ++split) mb /= 2;
+  c->forall[0] = mb < M ? mb : 0;
+}
+
+static bool bf16_dot_config_valid(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
+                                  const kiln_tile_config_t *c, char *why, size_t why_len) {
+  const int64_t M = d->range[0], N = d->range[1];
+  int64_t rm = c->reg[0];
+  if (d->loop_count != 3 || c->reg[1] != 32 || c->reg[2] != 2 || rm < 1 || rm > 16 ||
+      2 * rm + 3 > t->vector_registers) {
+    snprintf(why, why_len, "bf16 microkernel: register tile %lldx%lldx%lld; expected rows "
+             "x 32 x 2 within %d vector registers", (long long)rm, (long long)c->reg[1],
+             (long long)c->reg[2], t->vector_registers);
+    return false;
+  }
+  // (A partial last panel's masked tiles: at most 8 rows, as the f32
+  // microkernel's, for compile time.)
+  if (rm > 8 && N % 32) {
+    snprintf(why, why_len, "bf16 microkernel: %lld-row tiles with a partial last panel "
+             "(N = %lld)", (long long)rm, (long long)N);
+    return false;
+  }
+  int64_t mb = c->forall[0] ? c->forall[0] : M;
+  // A static block runs whole register tiles (after its 32-row AMX tiles).
+  if (c->forall[0] < 0 || (c->forall[0] && (is_dynamic(d, 0) || c->forall[0] >= M)) ||
+      (!is_dynamic(d, 0) && (M % mb || (d->amx ? mb % 32 : mb) % rm))) {
+    snprintf(why, why_len, "bf16 microkernel: row block %lld (rows %lld, register tile "
+             "%lld%s)", (long long)c->forall[0], (long long)M, (long long)rm,
+             d->amx ? ", after 32-row AMX tiles" : "");
+    return false;
+  }
+  for (int i = 0; i < 3; ++i)
+    if ((i && c->forall[i]) || c->cache[i]) {
+      snprintf(why, why_len, "bf16 microkernel: only reg[0] and forall[0] are knobs");
+      return false;
+    }
+  if (c->reduction_dim != -1) {
+    snprintf(why, why_len, "bf16 microkernel: no reduction split");
+    return false;
+  }
+  return true;
+}
+
 static bool conv_dot_config_valid(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
                                   const kiln_tile_config_t *c, char *why, size_t why_len) {
   const int64_t F = d->range[1], P = d->range[2], C = d->range[3];
@@ -409,6 +468,9 @@ void kiln_autotune_heuristic(const kiln_kernel_desc_t *d,
     return;
   case KILN_KERNEL_CONV_DOT:
     heuristic_conv_dot(d, t, c);
+    return;
+  case KILN_KERNEL_BF16_DOT:
+    heuristic_bf16_dot(d, t, c);
     return;
   case KILN_KERNEL_TRANSPOSE: {
     // Square register blocks: a block's vector transpose is a few shuffles.
@@ -545,6 +607,7 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
   if (d->kind == KILN_KERNEL_F32_DOT) return f32_dot_config_valid(d, t, c, why, why_len);
   if (d->kind == KILN_KERNEL_GPU_MMA) return gpu_mma_config_valid(d, c, why, why_len);
   if (d->kind == KILN_KERNEL_CONV_DOT) return conv_dot_config_valid(d, t, c, why, why_len);
+  if (d->kind == KILN_KERNEL_BF16_DOT) return bf16_dot_config_valid(d, t, c, why, why_len);
   for (int i = 0; i < d->loop_count; ++i) {
     const int64_t *lv[3] = {c->forall, c->cache, c->reg};
     for (int level = 0; level < 3; ++level) {
@@ -606,6 +669,7 @@ int kiln_autotune_stage_count(const kiln_kernel_desc_t *d) {
   switch (d->kind) {
   case KILN_KERNEL_F32_DOT: return 5;
   case KILN_KERNEL_CONV_DOT: return 4;
+  case KILN_KERNEL_BF16_DOT: return 2;
   case KILN_KERNEL_CONTRACTION: return 4;
   case KILN_KERNEL_GPU_MMA: return 3;
   default: return 2;
@@ -886,6 +950,51 @@ static void stages_conv_dot(emitter_t *e, int stage) {
   }
 }
 
+// The bf16 microkernel's knobs, one per stage: register tile rows (the
+// row block refitted to whole tiles), rows of a thread's block.
+static void stages_bf16_dot(emitter_t *e, int stage) {
+  const kiln_kernel_desc_t *d = e->d;
+  const int64_t M = d->range[0];
+  kiln_tile_config_t c;
+  if (stage == 0) {
+    // With AMX and blocks of whole 32-row tiles no row is left to the
+    // register tiles: nothing to vary.
+    int64_t mb = e->base->forall[0] ? e->base->forall[0] : M;
+    if (d->amx && !is_dynamic(d, 0) && mb % 32 == 0) return;
+    for (int64_t rm = 2; rm <= 16; rm += 2) {
+      c = *e->base;
+      c.reg[0] = rm;
+      // The nearest block that divides M and keeps whole tiles, else all.
+      int64_t unit = d->amx ? 32 : rm;
+      if (c.forall[0] && (d->amx ? c.forall[0] % 32 : c.forall[0]) % rm) {
+        int64_t mb = c.forall[0] / unit * unit;
+        while (mb >= unit && (M % mb || (d->amx ? mb % 32 : mb) % rm)) mb -= unit;
+        c.forall[0] = mb >= unit && mb < M ? mb : 0;
+      }
+      emit(e, &c);
+    }
+    return;
+  }
+  if (is_dynamic(d, 0)) return;
+  // Blocks of M / 2^j rows, and the largest multiple of 16 rows up to a
+  // few sizes that divides M.
+  for (int64_t parts = 1; parts <= 32; parts *= 2) {
+    if (M % parts) break;
+    c = *e->base;
+    c.forall[0] = parts > 1 ? M / parts : 0;
+    emit(e, &c);
+  }
+  for (int64_t cap = 32; cap <= 512; cap *= 2) {
+    c = *e->base;
+    for (int64_t mb = cap; mb >= 16; mb -= 16)
+      if (M % mb == 0) {
+        c.forall[0] = mb < M ? mb : 0;
+        emit(e, &c);
+        break;
+      }
+  }
+}
+
 int kiln_autotune_candidates(const kiln_kernel_desc_t *d,
                              const kiln_cpu_target_t *t,
                              const kiln_tile_config_t *base, int stage,
@@ -899,6 +1008,8 @@ int kiln_autotune_candidates(const kiln_kernel_desc_t *d,
     stages_gpu_mma(&e, stage);
   else if (d->kind == KILN_KERNEL_CONV_DOT)
     stages_conv_dot(&e, stage);
+  else if (d->kind == KILN_KERNEL_BF16_DOT)
+    stages_bf16_dot(&e, stage);
   else
     stages_other(&e, stage);
   return e.n;
@@ -933,7 +1044,7 @@ void kiln_autotune_desc_format(const kiln_kernel_desc_t *d, char *buf,
                                size_t len) {
   static const char *kinds[] = {"elementwise", "transpose", "row-reduction",
                                 "contraction", "f32-microkernel", "tensor-core-gemm",
-                                "conv-microkernel"};
+                                "conv-microkernel", "bf16-microkernel"};
   int w = snprintf(buf, len, "%s ", kinds[d->kind]);
   for (int i = 0; i < d->loop_count && w >= 0 && (size_t)w < len; ++i) {
     if (is_dynamic(d, i))

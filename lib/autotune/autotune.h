@@ -61,6 +61,14 @@ typedef enum kiln_kernel_kind_e {
   // while a tile goes through them (0: all C; the last block may be
   // shorter). Images are always tasks of their own.
   KILN_KERNEL_CONV_DOT = 6,
+  // The bf16 GEMM microkernel (lowering/ops/matmul.c, emit_bf16_dot):
+  // loops (m, n, k), k a reduction, the whole of K in registers. Its
+  // config reads: reg[0] the register tile's rows (its columns are two
+  // vectors, reg[1] = 32; reg[2] = 2, a vdpbf16ps pair of k); forall[0]
+  // the rows of a thread's block (0: all of M, or quarters of a symbolic
+  // M at run time). With AMX (`amx`) a block's rows run as 32-row tiles on
+  // the tile unit first and its last rows % 32 as register tiles.
+  KILN_KERNEL_BF16_DOT = 7,
 } kiln_kernel_kind_t;
 
 // Dynamic shared memory a block may have on sm_90 (227 KB).
@@ -104,6 +112,8 @@ typedef struct kiln_kernel_desc {
   bool fixed_rows;
   // KILN_KERNEL_GPU_MMA: the warpgroup-MMA form (sm_90), else mma.sync.
   bool wgmma;
+  // KILN_KERNEL_BF16_DOT: rows run on AMX tiles first.
+  bool amx;
   kiln_hash128_t hash; // the op's identity (its printed form, shapes included)
 } kiln_kernel_desc_t;
 

@@ -361,6 +361,34 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
 // `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
 // are rounded as they are stored (a plain mm: no f32 C written and re-read).
 // `bt` (or NULL): B's untransposed source W when B = W^T, packed from W.
+// The microkernel's tiles (lib/autotune's KILN_KERNEL_BF16_DOT), asked of
+// the tiling the lowering was given. Its identity for the tuning
+// database: its sizes and form (AMX, B given transposed, bf16 stores).
+static void bf16_dot_tiles(const kiln_emitter_t *e, const kiln_tv_t *a, long long N,
+                           long long K, bool amx, bool bt, bool store_bf16,
+                           kiln_tile_config_t *out) {
+  kiln_kernel_desc_t kd;
+  memset(&kd, 0, sizeof(kd));
+  bool sym_m = KILN_IS_SYM(a->type.dims[0]);
+  kd.kind = KILN_KERNEL_BF16_DOT;
+  kd.loop_count = 3;
+  kd.range[0] = sym_m ? KILN_DYNAMIC_RANGE_STANDIN : a->type.dims[0];
+  kd.range[1] = N;
+  kd.range[2] = K;
+  kd.reduction_mask = 1u << 2;
+  kd.dynamic_mask = sym_m ? 1u : 0u;
+  kd.m_dim = 0;
+  kd.n_dim = 1;
+  kd.transpose_dim = -1;
+  kd.elem_bytes = 2;
+  kd.amx = amx;
+  char id[160];
+  snprintf(id, sizeof(id), "bf16_dot m=%lld n=%lld k=%lld amx=%d bt=%d store=%d",
+           sym_m ? -1LL : (long long)a->type.dims[0], N, K, amx, bt, store_bf16);
+  kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
+  kiln_kernel_tiles(e->options.tiling, &avx512, id, &kd, out);
+}
+
 static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
                           const kiln_tv_t *bt, const char *init, const char *oty,
                           bool store_bf16, char out[24]) {
@@ -369,19 +397,19 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   int64_t m = a->type.dims[0], k = a->type.dims[1], nn = b->type.dims[1];
   bool sym_m = KILN_IS_SYM(m);
   int64_t k2 = k / 2;
-  int rm = sym_m || m % 8 == 0 ? 8 : m % 4 == 0 ? 4 : 2;
-  // Row blocks for threads: four (fewer when M is small), whole register
-  // tiles each. Inside a block the 32-column panel of Bp (K x 64 bytes) is
-  // the outer loop, so it stays in L1/L2 while the block's rows go by.
-  // AMX (32-row tiles, 32 k a step) reads A in place: K a multiple of 32
-  // and A's rows contiguous. Its blocks keep whole 32-row tiles: split
+  // Row blocks for threads, whole register tiles each (the tiles'
+  // forall[0]; the heuristic's: four where M allows, heuristic_bf16_dot).
+  // Inside a block the 32-column panel of Bp (K x 64 bytes) is the outer
+  // loop, so it stays in L1/L2 while the block's rows go by. AMX (32-row
+  // tiles, 32 k a step) reads A in place: K a multiple of 32 and A's rows
+  // contiguous. The heuristic's blocks keep whole 32-row tiles: split
   // into 16-row blocks, 64 rows ran on the vector kernel (0.40 ms for
   // 64 x 768 x 768 against 0.1 on the tile unit).
   bool amx = e->options.x86_amx && k % 32 == 0 && unit_inner_stride(e, a_value);
-  int tile = amx ? 32 : rm;
-  int64_t mb = sym_m ? 0 : m;
-  for (int split = 0; !sym_m && split < 2 && mb % 2 == 0 && (mb / 2) % tile == 0; ++split)
-    mb /= 2;
+  kiln_tile_config_t tc;
+  bf16_dot_tiles(e, a, nn, k, amx, bt != NULL, store_bf16, &tc);
+  int rm = (int)tc.reg[0];
+  int64_t mb = sym_m ? 0 : tc.forall[0] ? tc.forall[0] : m;
   char ae[24], be[24], bpt[24], bp[24], res[24];
   kiln_emit_fresh(e, bpt);
   kiln_emit_fresh(e, ae);

@@ -418,6 +418,123 @@ static void test_conv_microkernel(void) {
   CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
 }
 
+// The bf16 microkernel's descriptor (lowering/ops/matmul.c,
+// bf16_dot_tiles): m x n x k, m symbolic where `m` is negative.
+static kiln_kernel_desc_t bf16_dot(int64_t m, int64_t n, int64_t k, bool amx) {
+  kiln_kernel_desc_t d = f32_dot(m, n, k);
+  d.kind = KILN_KERNEL_BF16_DOT;
+  d.elem_bytes = 2;
+  d.amx = amx;
+  return d;
+}
+
+// KILN_KERNEL_BF16_DOT: the heuristic is what emit_bf16_dot had fixed,
+// valid for every shape and target with a search space of valid, distinct
+// configs, and the validity check's refusals.
+static void test_bf16_microkernel(void) {
+  const int64_t sizes[] = {-1, 2, 6, 32, 64, 96, 256, 500, 512, 1024};
+  const kiln_cpu_target_t *targets[] = {&kAvx512x2, &kAvx2x8, &kSse1};
+  int checked = 0;
+  for (int ti = 0; ti < 3; ++ti)
+    for (int a = 0; a < 10; ++a)
+      for (int b = 1; b < 10; ++b)
+        for (int amx = 0; amx < 2; ++amx) {
+          kiln_kernel_desc_t d = bf16_dot(sizes[a], sizes[b], 768, amx);
+          kiln_tile_config_t c, cand[64];
+          kiln_autotune_heuristic(&d, targets[ti], &c);
+          check_valid(&d, targets[ti], &c);
+          for (int st = 0; st < kiln_autotune_stage_count(&d); ++st) {
+            int n = kiln_autotune_candidates(&d, targets[ti], &c, st, cand, 64);
+            for (int i = 0; i < n; ++i) {
+              check_valid(&d, targets[ti], &cand[i]);
+              CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
+              for (int j = 0; j < i; ++j) CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
+            }
+            checked += n;
+          }
+        }
+  printf("bf16 microkernel: heuristic and %d candidates valid\n", checked);
+  // 512 rows: 8-row tiles, four blocks of 128; with AMX too (32-row
+  // tiles). 64 rows with AMX: two blocks of 32 (16-row blocks would run
+  // on the vector kernel); without, four of 16. 6 rows: 2-row tiles.
+  kiln_kernel_desc_t d = bf16_dot(512, 512, 512, false);
+  kiln_tile_config_t c;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 8 && c.reg[1] == 32 && c.reg[2] == 2 && c.forall[0] == 128);
+  d.amx = true;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[0] == 128);
+  d = bf16_dot(64, 768, 768, true);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[0] == 32);
+  d.amx = false;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.forall[0] == 16);
+  d = bf16_dot(6, 512, 512, false);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 2 && c.forall[0] == 0);
+  d = bf16_dot(-1, 512, 512, true);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[0] == 8 && c.forall[0] == 0);
+  // The tile stage refits the block to whole tiles that divide M: 512
+  // rows take no 12-row tiles (no block of them divides 512) and 6-row
+  // ones neither; 4-row tiles keep blocks of 128. With AMX blocks of 128
+  // rows are 32-row tiles only: no register tile is offered; 96 rows in
+  // blocks of 48 leave 16 to them.
+  d = bf16_dot(512, 512, 512, false);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  kiln_tile_config_t cand[64];
+  int n = kiln_autotune_candidates(&d, &kAvx512x2, &c, 0, cand, 64);
+  int four = 0;
+  for (int i = 0; i < n; ++i) {
+    CHECK(cand[i].reg[0] != 12 && cand[i].reg[0] != 6);
+    four += cand[i].reg[0] == 4 && cand[i].forall[0] == 128;
+  }
+  CHECK(four == 1);
+  d.amx = true;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(kiln_autotune_candidates(&d, &kAvx512x2, &c, 0, cand, 64) == 0);
+  kiln_kernel_desc_t e96 = bf16_dot(96, 512, 512, true);
+  kiln_tile_config_t c96;
+  kiln_autotune_heuristic(&e96, &kAvx512x2, &c96);
+  CHECK(c96.forall[0] == 0);
+  c96.forall[0] = 48;
+  n = kiln_autotune_candidates(&e96, &kAvx512x2, &c96, 0, cand, 64);
+  int kept = 0;  // tiles that divide the 16 rows keep the block
+  for (int i = 0; i < n; ++i)
+    if (cand[i].forall[0] == 48) kept += cand[i].reg[0] == 2 || cand[i].reg[0] == 4 ? 1 : 100;
+  CHECK(kept == 2);
+  d.amx = false;
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  // Refusals.
+  char why[256];
+  kiln_tile_config_t bad = c;
+  bad.reg[0] = 16;  // 32 accumulators + 3
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "vector registers") != NULL);
+  bad = c;
+  bad.forall[0] = 100;  // does not divide 512
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "row block") != NULL);
+  bad = c;
+  bad.reg[0] = 6;  // blocks of 128 rows are no whole 6-row tiles
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  bad = c;
+  bad.cache[2] = 256;  // no K blocks: the whole of K stays in registers
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  d = bf16_dot(512, 500, 512, false);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  bad = c;
+  bad.reg[0] = 10, bad.forall[0] = 0;
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+  CHECK(strstr(why, "partial last panel") != NULL);
+  d = bf16_dot(-1, 512, 512, false);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  bad = c;
+  bad.forall[0] = 64;  // symbolic rows take no static block
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, why, sizeof(why)));
+}
+
 // The tensor-core GEMM of the CUDA target (KILN_KERNEL_GPU_MMA): the
 // heuristic is the shape kernels/gpu_mma.c had fixed, the candidates stay
 // within the block's shared memory, and bad shapes are refused.
@@ -678,6 +795,7 @@ int main(void) {
   test_heuristic_matmul();
   test_f32_microkernel();
   test_conv_microkernel();
+  test_bf16_microkernel();
   test_gpu_mma();
   test_validity_rejects();
   test_symbolic_loops();
