@@ -796,8 +796,16 @@ def _sdpa_cpu(e, n):
                           "expected [B, H, L, E] each")
     B, H, L, E = (_static_int(d, "an attention size") for d in qv.shape)
     S, Ev = _static_int(kv.shape[2], "key length"), _static_int(vv.shape[3], "value size")
+    fused = _fused_attention_takes(qv, kv, vv, S, Ev, E)
+    if qv.dtype in (torch.bfloat16, torch.float16) and not fused:
+        # Op by op (batched matmuls off kiln's bf16 microkernels, the scores
+        # written out) it ran 1.7-5.5x slower than PyTorch's flash kernel
+        # (AMX for bf16) at every size measured, 2 x 16 heads of 256 x 64
+        # bf16: 3.35 against 0.91 ms.
+        raise Unsupported(f"{DTYPES[qv.dtype]} attention: kiln's fused kernel takes "
+                          "f32; PyTorch's flash kernel is faster than kiln's op-by-op form")
     score_bytes = B * H * L * S * qv.element_size()
-    if score_bytes > _SDPA_SCORES_BYTES and not _fused_attention_takes(qv, kv, vv, S, Ev, E):
+    if score_bytes > _SDPA_SCORES_BYTES and not fused:
         raise Unsupported(f"its [{B * H}, {L}, {S}] scores ({score_bytes >> 20} MiB) would be "
                           "written out: kiln's fused attention kernel does not take this "
                           "call, PyTorch's flash kernel never writes them")

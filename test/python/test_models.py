@@ -172,7 +172,6 @@ ATTENTION = [
     ("causal", dict(causal=True), torch.float32),
     ("float_mask", dict(mask=torch.randn(7, 5)), torch.float32),
     ("scale", dict(scale=0.3), torch.float32),
-    ("bf16", dict(), torch.bfloat16),
 ]
 
 
@@ -189,6 +188,24 @@ def test_attention_inference_runs_in_kiln(name, kw, dtype):
     compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
     with torch.no_grad():
         check_close(compiled(q, k, v), model(q, k, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_half_attention_stays_pytorchs_flash_kernel(capfd, monkeypatch, dtype):
+    """bf16 and f16 attention, which kiln's fused kernel does not take,
+    stays PyTorch's flash kernel (faster than kiln's op-by-op form) and the
+    ops around it kiln's; the result matches eager."""
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 7, 8, dtype=dtype)
+    k, v = torch.randn(2, 3, 5, 8, dtype=dtype), torch.randn(2, 3, 5, 8, dtype=dtype)
+    model = Attention()
+    with torch.no_grad():
+        check_close(torch.compile(model, backend="kiln")(q, k, v), model(q, k, v))
+    err = capfd.readouterr().err
+    name = "bf16" if dtype is torch.bfloat16 else "f16"
+    assert f"{name} attention: kiln's fused kernel takes f32" in err, err
+    assert "mul runs in PyTorch" not in err, err  # the scaling after it is kiln's
 
 
 def test_attention_training_compiles_math_form(capfd, monkeypatch):
