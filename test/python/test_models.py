@@ -155,6 +155,49 @@ def test_transformer_layer_with_dynamic_shapes():
             torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
 
 
+ENCODER_LAYERS = [
+    ("relu_post_norm", dict()),
+    ("gelu_pre_norm", dict(activation="gelu", norm_first=True)),
+]
+
+
+@pytest.mark.parametrize("name,kw", ENCODER_LAYERS, ids=[c[0] for c in ENCODER_LAYERS])
+def test_encoder_layer_fast_path_runs_in_kiln(name, kw):
+    """nn.TransformerEncoderLayer in eval mode without gradients takes
+    PyTorch's fast path, one op for the whole layer
+    (aten._transformer_encoder_layer_fwd); kiln decomposes it into the
+    layer's math (backend._encoder_layer_fwd) and compiles all of it
+    (fallback="error"); fresh random inputs, two batch sizes (static: a
+    symbolic batch makes views of products of sizes, which kiln leaves to
+    PyTorch)."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, **kw).eval()
+    compiled = torch.compile(layer, backend="kiln", dynamic=False,
+                             options={"fallback": "error"})
+    with torch.no_grad():
+        for b, t in ((2, 16), (3, 16)):
+            x = torch.randn(b, t, 32)
+            torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
+
+
+def test_encoder_layer_fast_path_with_mask_stays_pytorchs(capfd, monkeypatch):
+    """A padding mask on the fast path keeps the op whole (its merged mask's
+    conventions are not decomposed): it runs in PyTorch, reported, and
+    matches eager."""
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 16, 32)
+    pad = torch.zeros(2, 16, dtype=torch.bool)
+    pad[1, 12:] = True
+    compiled = torch.compile(lambda x, m: layer(x, src_key_padding_mask=m), backend="kiln")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, pad), layer(x, src_key_padding_mask=pad),
+                                   **TOL[torch.float32])
+    err = capfd.readouterr().err
+    assert "_transformer_encoder_layer_fwd runs in PyTorch" in err, err
+
+
 class Attention(nn.Module):
     """SDPA as models call it; on the CPU it dispatches to the flash op."""
 
