@@ -663,24 +663,33 @@ def _encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_wei
     packed input projection, attention, the output projection, the
     feed-forward block (ReLU, or exact GELU where `use_gelu`) and the two
     layer norms with their residuals, before (`norm_first`) or after them.
-    Batch-first [B, L, E] CPU tensors without a mask; a masked call (the
-    merged mask's conventions differ by `mask_type`) and other devices keep
-    the op, and so do bf16 and f16 layers: their attention stays PyTorch's
+    Batch-first [B, L, E] f32 CPU tensors. The layer hands its masks over
+    as float masks added to the scores (F._canonical_mask turned boolean
+    ones into 0 / -inf), through MultiheadAttention.merge_masks: a key
+    padding mask [B, L] (`mask_type` 1) or an attention mask expanded to
+    [B, H, L, L] (2); other masks and devices
+    keep the op, and so do bf16 and f16 layers: their attention stays PyTorch's
     flash kernel (translate's _sdpa_cpu), which split the layer in two
     partitions, and PyTorch's fused layer was faster (2 x 512 tokens of 512
     bf16: 8.3 ms against kiln's 9.1; f32: 4.7 against 2.9 for 4 x 128 x
     256)."""
-    if (mask is not None or src.dim() != 3 or src.device.type != "cpu" or
-            src.dtype != torch.float32 or embed_dim % num_heads):
+    if (src.dim() != 3 or src.device.type != "cpu" or src.dtype != torch.float32 or
+            embed_dim % num_heads):
         return NotImplemented
     F = torch.nn.functional
     B, L, E = src.shape
     hd = E // num_heads
+    if mask is not None:
+        if not mask.is_floating_point() or mask_type not in (1, 2):
+            return NotImplemented
+        mask = mask.view(B, 1, 1, L) if mask_type == 1 else mask
+        if mask.dim() != 4:
+            return NotImplemented
 
     def attention(x):
         qkv = F.linear(x, qkv_weight, qkv_bias).view(B, L, 3, num_heads, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return F.linear(o.transpose(1, 2).reshape(B, L, E), proj_weight, proj_bias)
 
     def ffn(x):

@@ -180,22 +180,26 @@ def test_encoder_layer_fast_path_runs_in_kiln(name, kw):
             torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
 
 
-def test_encoder_layer_fast_path_with_mask_stays_pytorchs(capfd, monkeypatch):
-    """A padding mask on the fast path keeps the op whole (its merged mask's
-    conventions are not decomposed): it runs in PyTorch, reported, and
-    matches eager."""
-    monkeypatch.setenv("KILN_LOG", "fallbacks")
+MASKS = ["padding", "causal"]
+
+
+@pytest.mark.parametrize("which", MASKS)
+def test_encoder_layer_fast_path_with_masks_runs_in_kiln(which):
+    """The fast path with a key padding mask (a padded sequence: PyTorch
+    passes it as a [B, L] float mask, mask_type 1) or a causal src_mask
+    (expanded to [B, H, L, L], mask_type 2): kiln's, all of it, and equal
+    to eager."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 16, 32)
     pad = torch.zeros(2, 16, dtype=torch.bool)
     pad[1, 12:] = True
-    compiled = torch.compile(lambda x, m: layer(x, src_key_padding_mask=m), backend="kiln")
+    causal = nn.Transformer.generate_square_subsequent_mask(16)
+    kw = {"padding": dict(src_key_padding_mask=pad), "causal": dict(src_mask=causal)}[which]
+    compiled = torch.compile(lambda x: layer(x, **kw), backend="kiln",
+                             options={"fallback": "error"})
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x, pad), layer(x, src_key_padding_mask=pad),
-                                   **TOL[torch.float32])
-    err = capfd.readouterr().err
-    assert "_transformer_encoder_layer_fwd runs in PyTorch" in err, err
+        torch.testing.assert_close(compiled(x), layer(x, **kw), **TOL[torch.float32])
 
 
 class Attention(nn.Module):
