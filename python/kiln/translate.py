@@ -796,6 +796,12 @@ def _sdpa_cpu(e, n):
                           "expected [B, H, L, E] each")
     B, H, L, E = (_static_int(d, "an attention size") for d in qv.shape)
     S, Ev = _static_int(kv.shape[2], "key length"), _static_int(vv.shape[3], "value size")
+    # Grouped-query attention (SDPA's enable_gqa: fewer key and value heads,
+    # each serving H / Hkv query heads in turn, as repeat_interleave over
+    # heads gives them) as keys and values expanded over the heads.
+    Hkv = _static_int(kv.shape[1], "key heads")
+    if Hkv != H and (H % Hkv or vv.shape[1] != Hkv):
+        raise Unsupported(f"{H} query heads over {Hkv} key and {vv.shape[1]} value heads")
     fused = _fused_attention_takes(qv, kv, vv, S, Ev, E)
     if qv.dtype in (torch.bfloat16, torch.float16) and not fused:
         # Op by op (batched matmuls off kiln's bf16 microkernels, the scores
@@ -816,7 +822,14 @@ def _sdpa_cpu(e, n):
     def view(x, shape):
         return e.op("aten.view", [x], {"shape": _int_list(shape, "shape")})
 
-    kt = e.op("aten.transpose", [view(e.operand(k), [bh, S, E])], {"dim0": "1", "dim1": "2"})
+    def heads(x, D):  # [B, Hkv, S, D] as [B * H, S, D]
+        if Hkv == H:
+            return view(x, [bh, S, D])
+        g = e.op("aten.expand", [view(x, [B, Hkv, 1, S, D])],
+                 {"shape": _int_list([B, Hkv, H // Hkv, S, D], "shape")})
+        return e.op("aten.reshape", [g], {"shape": _int_list([bh, S, D], "shape")})
+
+    kt = e.op("aten.transpose", [heads(e.operand(k), E)], {"dim0": "1", "dim1": "2"})
     s = e.op("aten.bmm", [view(e.operand(q), [bh, L, E]), kt])
     s = e.op("aten.mul", [s, _scalar(float(scale))])
     if mask is not None or causal:
@@ -835,7 +848,7 @@ def _sdpa_cpu(e, n):
             s4 = e.op("aten.where", [keep, s4, "-inf"])
         s = view(s4, [bh, L, S])
     p = e.op("aten._softmax", [s], {"dim": "-1", "half_to_float": "false"})
-    o = view(e.op("aten.bmm", [p, view(e.operand(v), [bh, S, Ev])]), [B, H, L, Ev])
+    o = view(e.op("aten.bmm", [p, heads(e.operand(v), Ev)]), [B, H, L, Ev])
     e.lines[-1] += " : " + tensor_type(out_val)
     return [o, None]
 

@@ -237,6 +237,24 @@ def test_attention_inference_runs_in_kiln(name, kw, dtype):
         check_close(compiled(q, k, v), model(q, k, v))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_grouped_query_attention_runs_in_kiln(causal):
+    """SDPA with enable_gqa (6 query heads over 2 key and value heads, as
+    Llama-style models call it): kiln's (keys and values expanded over
+    their query heads), equal to eager."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 6, 16, 8)
+    k, v = torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8)
+
+    def fn(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=True)
+
+    compiled = torch.compile(fn, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        check_close(compiled(q, k, v), fn(q, k, v))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 def test_half_attention_stays_pytorchs_flash_kernel(capfd, monkeypatch, dtype):
     """bf16 and f16 attention, which kiln's fused kernel does not take,
