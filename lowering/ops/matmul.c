@@ -38,6 +38,14 @@ static const kiln_tv_t *transposed_source(kiln_emitter_t *e, int value);
 
 static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
                              const kiln_tv_t *b) {
+  // A batched matmul: static, whole 32-column panels, one batch size (the
+  // kernel's batched form packs B per batch in one transpose).
+  if (e->options.x86_bf16_dot && a->type.rank == 3 && b->type.rank == 3 &&
+      a->type.dtype == KILN_BF16 && b->type.dtype == KILN_BF16 &&
+      kiln_type_is_static(&a->type) && kiln_type_is_static(&b->type))
+    return a->type.dims[0] == b->type.dims[0] && a->type.dims[0] >= 1 &&
+           a->type.dims[2] % 2 == 0 && a->type.dims[2] >= 2 && a->type.dims[1] % 2 == 0 &&
+           b->type.dims[2] % 32 == 0;
   if (!e->options.x86_bf16_dot || a->type.dtype != KILN_BF16 ||
       b->type.dtype != KILN_BF16 || a->type.rank != 2 || b->type.rank != 2 ||
       !kiln_type_is_static(&b->type) || KILN_IS_SYM(a->type.dims[1]))
@@ -364,15 +372,15 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
 // The microkernel's tiles (lib/autotune's KILN_KERNEL_BF16_DOT), asked of
 // the tiling the lowering was given. Its identity for the tuning
 // database: its sizes and form (AMX, B given transposed, bf16 stores).
-static void bf16_dot_tiles(const kiln_emitter_t *e, const kiln_tv_t *a, long long N,
+static void bf16_dot_tiles(const kiln_emitter_t *e, int64_t M, long long NB, long long N,
                            long long K, bool amx, bool bt, bool store_bf16,
                            kiln_tile_config_t *out) {
   kiln_kernel_desc_t kd;
   memset(&kd, 0, sizeof(kd));
-  bool sym_m = KILN_IS_SYM(a->type.dims[0]);
+  bool sym_m = KILN_IS_SYM(M);
   kd.kind = KILN_KERNEL_BF16_DOT;
   kd.loop_count = 3;
-  kd.range[0] = sym_m ? KILN_DYNAMIC_RANGE_STANDIN : a->type.dims[0];
+  kd.range[0] = sym_m ? KILN_DYNAMIC_RANGE_STANDIN : M;
   kd.range[1] = N;
   kd.range[2] = K;
   kd.reduction_mask = 1u << 2;
@@ -383,8 +391,8 @@ static void bf16_dot_tiles(const kiln_emitter_t *e, const kiln_tv_t *a, long lon
   kd.elem_bytes = 2;
   kd.amx = amx;
   char id[160];
-  snprintf(id, sizeof(id), "bf16_dot m=%lld n=%lld k=%lld amx=%d bt=%d store=%d",
-           sym_m ? -1LL : (long long)a->type.dims[0], N, K, amx, bt, store_bf16);
+  snprintf(id, sizeof(id), "bf16_dot b=%lld m=%lld n=%lld k=%lld amx=%d bt=%d store=%d", NB,
+           sym_m ? -1LL : (long long)M, N, K, amx, bt, store_bf16);
   kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
   kiln_kernel_tiles(e->options.tiling, &avx512, id, &kd, out);
 }
@@ -394,7 +402,12 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
                           bool store_bf16, char out[24]) {
   const kiln_tv_t *a = &e->values[a_value];
   const char *el = store_bf16 ? "bf16" : "f32";
-  int64_t m = a->type.dims[0], k = a->type.dims[1], nn = b->type.dims[1];
+  // A batched matmul (A [NB, M, K], B [NB, K, N]; static, N whole panels,
+  // B not given transposed: bf16_dot_applies) runs one forall over
+  // (batch, row block), each task on its batch's slices.
+  const int ra = a->type.rank;
+  const long long NB = ra == 3 ? (long long)a->type.dims[0] : 0;
+  int64_t m = a->type.dims[ra - 2], k = a->type.dims[ra - 1], nn = b->type.dims[ra - 1];
   bool sym_m = KILN_IS_SYM(m);
   int64_t k2 = k / 2;
   // Row blocks for threads, whole register tiles each (the tiles'
@@ -407,7 +420,7 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   // 64 x 768 x 768 against 0.1 on the tile unit).
   bool amx = e->options.x86_amx && k % 32 == 0 && unit_inner_stride(e, a_value);
   kiln_tile_config_t tc;
-  bf16_dot_tiles(e, a, nn, k, amx, bt != NULL, store_bf16, &tc);
+  bf16_dot_tiles(e, m, NB, nn, k, amx, bt != NULL, store_bf16, &tc);
   int rm = (int)tc.reg[0];
   int64_t mb = sym_m ? 0 : tc.forall[0] ? tc.forall[0] : m;
   char ae[24], be[24], bpt[24], bp[24], res[24];
@@ -420,15 +433,26 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   long long K = k, N = nn, K2 = k2, MB = mb, N32 = (nn + 31) / 32 * 32;
   // M as text (a number, or the symbol's index value) and in types.
   char msz[24], mty[24];
-  kiln_emit_size_operand(e, &a->type, 0, msz);
+  kiln_emit_size_operand(e, &a->type, ra - 2, msz);
   snprintf(mty, sizeof(mty), "%s", sym_m ? "?" : msz);
-  char aty[96], ae_ty[96], bty[96];
-  snprintf(aty, sizeof(aty), "tensor<%sx%lldxbf16>", mty, K);
+  // Types of one batch's A and packed B (what the tiles read), and, where
+  // batched, of the whole tensors (a `NBx` prefix).
+  char aty[96], ae_ty[96], bty[96], bpe_ty[96], nbx[32] = "";
+  if (NB) snprintf(nbx, sizeof(nbx), "%lldx", NB);
+  snprintf(aty, sizeof(aty), "tensor<%s%sx%lldxbf16>", nbx, mty, K);
   snprintf(ae_ty, sizeof(ae_ty), "tensor<%sx%lldx2xbf16>", mty, K2);
-  kiln_sbuf_printf(o,
-      "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%s, %lld, 2] "
-      ": %s into %s\n",
-      ae, a->ssa, msz, K2, aty, ae_ty);
+  char ae_all_ty[96];
+  snprintf(ae_all_ty, sizeof(ae_all_ty), "tensor<%s%sx%lldx2xbf16>", nbx, mty, K2);
+  if (NB)
+    kiln_sbuf_printf(o,
+        "    %s = tensor.expand_shape %s [[0], [1], [2, 3]] output_shape [%lld, %s, %lld, 2] "
+        ": %s into %s\n",
+        ae, a->ssa, NB, msz, K2, aty, ae_all_ty);
+  else
+    kiln_sbuf_printf(o,
+        "    %s = tensor.expand_shape %s [[0], [1, 2]] output_shape [%s, %lld, 2] "
+        ": %s into %s\n",
+        ae, a->ssa, msz, K2, aty, ae_all_ty);
   // Packed B is [N32/16, K/2, 32]: per group of 16 columns, row pair kk
   // holds B[2kk, n], B[2kk+1, n] for its 16 columns, so a group's rows are
   // contiguous (an AMX tile, 16 row pairs, is one 1 KiB block; a vector
@@ -437,7 +461,23 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   // rows of a tile in one L1 set. Columns past N (to whole 32-column
   // panels) are zeros.
   long long G = N32 / 16;
-  if (bt && K2 % 8 == 0 && N % 8 == 0) {
+  snprintf(bpe_ty, sizeof(bpe_ty), "tensor<%lldx%lldx32xbf16>", G, K2);
+  if (NB) {
+    // Per batch as below: B [NB, K, N] as [NB, K/2, 2, G, 16], transposed
+    // to [NB, G, K/2, 16, 2].
+    char tinit[24];
+    kiln_emit_fresh(e, tinit);
+    kiln_sbuf_printf(o,
+        "    %s = tensor.expand_shape %s [[0], [1, 2], [3, 4]] output_shape [%lld, %lld, 2, "
+        "%lld, 16] : tensor<%lldx%lldx%lldxbf16> into tensor<%lldx%lldx2x%lldx16xbf16>\n"
+        "    %s = tensor.empty() : tensor<%lldx%lldx%lldx16x2xbf16>\n"
+        "    %s = linalg.transpose ins(%s : tensor<%lldx%lldx2x%lldx16xbf16>) outs(%s : "
+        "tensor<%lldx%lldx%lldx16x2xbf16>) permutation = [0, 3, 1, 4, 2]\n"
+        "    %s = tensor.collapse_shape %s [[0], [1], [2], [3, 4]] : "
+        "tensor<%lldx%lldx%lldx16x2xbf16> into tensor<%lldx%lldx%lldx32xbf16>\n",
+        be, b->ssa, NB, K2, G, NB, K, N, NB, K2, G, tinit, NB, G, K2, bpt, be, NB, K2, G,
+        tinit, NB, G, K2, bp, bpt, NB, G, K2, NB, G, K2);
+  } else if (bt && K2 % 8 == 0 && N % 8 == 0) {
     char bpinit[24];
     if (N32 != N) {
       kiln_type_t zt = {.dtype = KILN_BF16, .rank = 3, .dims = {G, K2, 32}};
@@ -478,6 +518,8 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
         be, src, K2, G, K, N32, K2, G, tinit, G, K2, bpt, be, K2, G, tinit, G, K2, bp, bpt,
         G, K2, G, K2);
   }
+  // A and packed B as memrefs for AMX's tile loads: one batch's (amty,
+  // bpmty: what emit_amx_rows reads), subviews of the whole (batched).
   char am[24], bpm[24], amty[160], bpmty[160];
   if (amx) {
     kiln_emit_fresh(e, am);
@@ -485,10 +527,18 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
     snprintf(amty, sizeof(amty), "memref<%sx%lldxbf16, strided<[?, 1], offset: ?>>", mty, K);
     snprintf(bpmty, sizeof(bpmty), "memref<%lldx%lldx32xbf16, strided<[?, ?, 1], offset: ?>>",
              G, K2);
-    kiln_sbuf_printf(o,
-        "    %s = bufferization.to_buffer %s read_only : %s to %s\n"
-        "    %s = bufferization.to_buffer %s read_only : tensor<%lldx%lldx32xbf16> to %s\n",
-        am, a->ssa, aty, amty, bpm, bp, G, K2, bpmty);
+    if (NB)
+      kiln_sbuf_printf(o,
+          "    %s = bufferization.to_buffer %s read_only : %s to memref<%lldx%sx%lldxbf16, "
+          "strided<[?, ?, 1], offset: ?>>\n"
+          "    %s = bufferization.to_buffer %s read_only : tensor<%lldx%lldx%lldx32xbf16> to "
+          "memref<%lldx%lldx%lldx32xbf16, strided<[?, ?, ?, 1], offset: ?>>\n",
+          am, a->ssa, aty, NB, mty, K, bpm, bp, NB, G, K2, NB, G, K2);
+    else
+      kiln_sbuf_printf(o,
+          "    %s = bufferization.to_buffer %s read_only : %s to %s\n"
+          "    %s = bufferization.to_buffer %s read_only : tensor<%lldx%lldx32xbf16> to %s\n",
+          am, a->ssa, aty, amty, bpm, bp, G, K2, bpmty);
   }
   // Blocks: MB rows each, or with a symbolic M a quarter of the rows
   // rounded up to whole register tiles (at least one), computed here.
@@ -518,7 +568,13 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   // outside the parallel loop (an alloca inside it is wrapped in an
   // alloca_scope, whose lowering the loops inside it do not survive).
   char scr[24] = "";
-  if (amx) {
+  if (amx && NB) {
+    // One scratch per task (batch, block), on the heap: a batch's blocks
+    // run on any thread.
+    kiln_emit_fresh(e, scr);
+    kiln_sbuf_printf(o, "    %s = memref.alloc() {alignment = 64 : i64} : "
+                        "memref<%lldx32x32xf32>\n", scr, NB * (m / MB));
+  } else if (amx) {
     kiln_emit_fresh(e, scr);
     if (sym_m)
       kiln_sbuf_printf(o, "    %s = memref.alloca(%s) {alignment = 64 : i64} : "
@@ -528,8 +584,10 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
                           "memref<%sx32x32xf32>\n", scr, nblk);
   }
   // Constants live inside the forall body so it stays isolated-friendly.
+  char nbt[40] = "";
+  if (NB) snprintf(nbt, sizeof(nbt), "%lld, ", NB);
   kiln_sbuf_printf(o,
-      "    %s = scf.forall (%%blk) in (%s) shared_outs(%%cout = %s) -> (%s) {\n"
+      "    %s = scf.forall (%s%%blk) in (%s%s) shared_outs(%%cout = %s) -> (%s) {\n"
       "      %%c0 = arith.constant 0 : index\n"
       "      %%c1 = arith.constant 1 : index\n"
       "      %%c16 = arith.constant 16 : index\n"
@@ -539,7 +597,36 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
       "      %%padb = arith.constant 0.0 : bf16\n"
       "      %%padf = arith.constant 0.0 : f32\n"
       "      %%zero = arith.constant dense<0.0> : vector<16xf32>\n",
-      res, nblk, init, oty, rm, K2);
+      res, NB ? "%bi, " : "", nbt, nblk, init, oty, rm, K2);
+  // The tiles read `aeb` (A as [M, K/2, 2]) and `bpb` (packed B), AMX's
+  // tile loads `amb` and `bpmb`: the whole tensors, or this task's batch.
+  char aeb[24], bpb[24], amb[24], bpmb[24], cbatch[24] = "", cone[8] = "";
+  snprintf(aeb, sizeof(aeb), "%s", ae);
+  snprintf(bpb, sizeof(bpb), "%s", bp);
+  snprintf(amb, sizeof(amb), "%s", am);
+  snprintf(bpmb, sizeof(bpmb), "%s", bpm);
+  if (NB) {
+    snprintf(aeb, sizeof(aeb), "%%aeb");
+    snprintf(bpb, sizeof(bpb), "%%bpb");
+    snprintf(cbatch, sizeof(cbatch), "%%bi, ");
+    snprintf(cone, sizeof(cone), "1, ");
+    kiln_sbuf_printf(o,
+        "      %%aeb = tensor.extract_slice %s[%%bi, 0, 0, 0] [1, %s, %lld, 2] [1, 1, 1, 1] : "
+        "%s to %s\n"
+        "      %%bpb = tensor.extract_slice %s[%%bi, 0, 0, 0] [1, %lld, %lld, 32] [1, 1, 1, 1] : "
+        "tensor<%lldx%lldx%lldx32xbf16> to %s\n",
+        ae, msz, K2, ae_all_ty, ae_ty, bp, G, K2, NB, G, K2, bpe_ty);
+    if (amx) {
+      snprintf(amb, sizeof(amb), "%%amb");
+      snprintf(bpmb, sizeof(bpmb), "%%bpmb");
+      kiln_sbuf_printf(o,
+          "      %%amb = memref.subview %s[%%bi, 0, 0] [1, %s, %lld] [1, 1, 1] : "
+          "memref<%lldx%sx%lldxbf16, strided<[?, ?, 1], offset: ?>> to %s\n"
+          "      %%bpmb = memref.subview %s[%%bi, 0, 0, 0] [1, %lld, %lld, 32] [1, 1, 1, 1] : "
+          "memref<%lldx%lldx%lldx32xbf16, strided<[?, ?, ?, 1], offset: ?>> to %s\n",
+          am, msz, K, NB, mty, K, amty, bpm, G, K2, NB, G, K2, bpmty);
+    }
+  }
   if (sym_m)
     kiln_sbuf_printf(o,
         "      %%row0 = arith.muli %%blk, %s : index\n"
@@ -555,15 +642,21 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
         "      %%cmb = arith.constant %lld : index\n"
         "      %%full = arith.constant %lld : index\n"
         "      %%row0 = arith.muli %%blk, %%cmb : index\n"
-        "      %%cblk = tensor.extract_slice %%cout[%%row0, 0] [%lld, %lld] [1, 1] : "
+        "      %%cblk = tensor.extract_slice %%cout[%s%%row0, 0] [%s%lld, %lld] [%s1, 1] : "
         "%s to %s\n",
-        MB, MB, MB, N, oty, bty);
+        MB, MB, cbatch, cone, MB, N, cone, oty, bty);
   if (amx && sym_m)
     kiln_sbuf_puts(o, "      %fxr = arith.remui %full, %c32 : index\n"
                       "      %fx = arith.subi %full, %fxr : index\n");
   else if (amx)
     kiln_sbuf_printf(o, "      %%fx = arith.constant %lld : index\n", MB / 32 * 32);
-  if (amx)
+  if (amx && NB)
+    kiln_sbuf_printf(o,
+        "      %%sbi = affine.apply affine_map<(d0, d1) -> (d0 * %s + d1)>(%%bi, %%blk)\n"
+        "      %%scr = memref.subview %s[%%sbi, 0, 0] [1, 32, 32] [1, 1, 1] : "
+        "memref<%lldx32x32xf32> to memref<32x32xf32, strided<[32, 1], offset: ?>>\n",
+        nblk, scr, NB * (m / MB));
+  else if (amx)
     kiln_sbuf_printf(o,
         "      %%scr = memref.subview %s[%%blk, 0, 0] [1, 32, 32] [1, 1, 1] : "
         "memref<%sx32x32xf32> to memref<32x32xf32, strided<[32, 1], offset: ?>>\n",
@@ -587,12 +680,12 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
         "          %%p1 = arith.addi %%p0, %%c1 : index\n",
         panel, lo, panel, hi, panel, panel, panel, blk_in, bty);
     char next[24];
-    if (amx) emit_amx_rows(o, bty, el, store_bf16, cols, am, amty, bpm, bpmty, next);
+    if (amx) emit_amx_rows(o, bty, el, store_bf16, cols, amb, amty, bpmb, bpmty, next);
     kiln_sbuf_printf(o,
         "        %%r2 = scf.for %%i = %s to %%full step %%crm iter_args(%%c2t = %s) "
         "-> (%s) {\n",
         amx ? "%fx" : "%c0", amx ? "%rx" : "%c1t", bty);
-    emit_bf16_tile(o, rm, "", "%c2t", bty, el, store_bf16, false, cols, ae, ae_ty, bp, K2,
+    emit_bf16_tile(o, rm, "", "%c2t", bty, el, store_bf16, false, cols, aeb, ae_ty, bpb, K2,
                    N32, next);
     kiln_sbuf_printf(o, "          scf.yield %s : %s\n        }\n", next, bty);
     const char *done = "%r2";
@@ -604,7 +697,7 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
           "        %%r3 = scf.if %%hastail -> (%s) {\n"
           "          %%it = arith.addi %%full, %%c0 : index\n",
           bty);
-      emit_bf16_tile(o, rm, "t", "%r2", bty, el, store_bf16, true, cols, ae, ae_ty, bp, K2,
+      emit_bf16_tile(o, rm, "t", "%r2", bty, el, store_bf16, true, cols, aeb, ae_ty, bpb, K2,
                      N32, next);
       kiln_sbuf_printf(o, "          scf.yield %s : %s\n        } else {\n"
                           "          scf.yield %%r2 : %s\n        }\n", next, bty, bty);
@@ -615,11 +708,11 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   }
   kiln_sbuf_printf(o,
       "      scf.forall.in_parallel {\n"
-      "        tensor.parallel_insert_slice %s into %%cout[%%row0, 0] [%s, %lld] "
-      "[1, 1] : %s into %s\n"
+      "        tensor.parallel_insert_slice %s into %%cout[%s%%row0, 0] [%s%s, %lld] "
+      "[%s1, 1] : %s into %s\n"
       "      }\n"
       "    }\n",
-      blk_in, sym_m ? "%rows" : mbs, N, bty, oty);
+      blk_in, cbatch, cone, sym_m ? "%rows" : mbs, N, cone, bty, oty);
   snprintf(out, 24, "%s", res);
 }
 
@@ -2098,8 +2191,8 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   // (A symbolic bf16 M with the microkernel for the large branch: see
   // rd_bf16 below.)
   if (rd_sym && rd_w->type.dtype == KILN_BF16 && !bf16_dot_applies(e, a, b)) rd_w = NULL;
-  if ((!rd_w || rd_sym) && n->op == KILN_OP_MM && rt->dtype == KILN_BF16 &&
-      bf16_dot_applies(e, a, b)) {
+  if ((!rd_w || rd_sym) && (n->op == KILN_OP_MM || n->op == KILN_OP_BMM) &&
+      rt->dtype == KILN_BF16 && bf16_dot_applies(e, a, b)) {
     // A plain bf16 mm: the kernel rounds as it stores; nothing else to do.
     // (A symbolic M: under rowdot_rows the row dot products' f32 sums,
     // rounded by a pass of their own.)
@@ -2119,8 +2212,12 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
       KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_convert(e, &r, KILN_BF16, &sums));
       emit_yield(e, sums.ssa, rty, false);
     }
-    emit_bf16_dot(e, n->operands[base].value, b, bf16_dot_bt(e, n->operands[base + 1].value),
-                  init.ssa, rty, true, rd_w ? r1 : out.ssa);
+    // (A batched B is packed from itself: its transposed source, K of an
+    // attention's q @ k^T, is materialized by the transpose first.)
+    const kiln_tv_t *bt =
+        n->op == KILN_OP_BMM ? NULL : bf16_dot_bt(e, n->operands[base + 1].value);
+    emit_bf16_dot(e, n->operands[base].value, b, bt, init.ssa, rty, true,
+                  rd_w ? r1 : out.ssa);
     if (rd_w) emit_yield(e, r1, rty, true);
     out.type = *rt;
     kiln_emit_set_result(e, n, 0, &out);

@@ -255,6 +255,18 @@ def test_grouped_query_attention_runs_in_kiln(causal):
         check_close(compiled(q, k, v), fn(q, k, v))
 
 
+def test_bf16_batched_matmuls_run_in_kiln():
+    """The bench's attention block in bf16 (q @ k^T, softmax and @ v as
+    written out, not SDPA): its batched matmuls take the bf16 microkernel's
+    batched form; all of it is kiln's and matches eager."""
+    torch.manual_seed(0)
+    model = BenchAttention(64, 2).to(torch.bfloat16).eval()
+    x = torch.randn(2, 32, 64, dtype=torch.bfloat16)
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        check_close(compiled(x), model(x))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 def test_half_attention_stays_pytorchs_flash_kernel(capfd, monkeypatch, dtype):
     """bf16 and f16 attention, which kiln's fused kernel does not take,
