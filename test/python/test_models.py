@@ -545,6 +545,23 @@ class ConvGrads(nn.Module):
         return self.e(self.d(y))
 
 
+def test_bf16_convolutions_stay_pytorchs(capfd, monkeypatch):
+    """bf16 convolutions stay PyTorch's (kiln's convolution kernel is f32):
+    reported, the batch norms and activations around them kiln's, the
+    result equal to eager."""
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                          nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(8)).to(torch.bfloat16).eval()
+    x = torch.randn(2, 8, 12, 12, dtype=torch.bfloat16)
+    with torch.no_grad():
+        check_close(torch.compile(model, backend="kiln")(x), model(x))
+    err = capfd.readouterr().err
+    assert err.count("bf16 convolution: kiln's convolution kernel is f32") == 2, err
+    assert "relu runs in PyTorch" not in err, err
+
+
 def test_conv_input_gradients_as_convolutions(monkeypatch):
     """The backward graph kiln is given holds the three stride-1 input
     gradients as convolutions (the strided and grouped ones stay PyTorch's
