@@ -912,6 +912,16 @@ typedef struct tune_run {
   bool progress;  // candidates skipped are reported on stderr
 } tune_run_t;
 
+// Every byte of the outputs 0xff (NaN floats, -1 integers).
+static void poison_outputs(tune_run_t *r) {
+  const kiln_graph_t *g = r->v->graph;
+  for (int k = 0; k < g->output_count; ++k) {
+    const kiln_type_t *t = &g->values[g->outputs[k]].type;
+    memset(r->refs[g->input_count + k].aligned, 0xff,
+           (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype));
+  }
+}
+
 // Whether the outputs now in r->refs match the first measurement's (the
 // starting tiles', which this keeps): compare_output, with 1e-4 for f32
 // and f64 (a K block of another size adds in another order).
@@ -956,7 +966,11 @@ static kiln_status_t measure_tiles(void *user, const kiln_tile_config_t *configs
   // One warm-up run, whose outputs must match the starting tiles'
   // (check_outputs: a candidate that computes something else is no
   // result), then the fastest of at least 3 runs and 20 ms (at most 100
-  // runs or 1 s): the minimum is what a quiet machine would show.
+  // runs or 1 s): the minimum is what a quiet machine would show. The
+  // outputs are poisoned (all bytes 0xff: NaN floats) first, so a
+  // candidate that leaves part of them unwritten cannot pass on the
+  // previous one's values.
+  if (!s && r->verify) poison_outputs(r);
   double best = 1e30, total = 0;
   for (int run = 0; !s && run <= 100; ++run) {
     double a = now_seconds();

@@ -45,7 +45,7 @@ static bool bf16_dot_applies(const kiln_emitter_t *e, const kiln_tv_t *a,
       kiln_type_is_static(&a->type) && kiln_type_is_static(&b->type))
     return a->type.dims[0] == b->type.dims[0] && a->type.dims[0] >= 1 &&
            a->type.dims[2] % 2 == 0 && a->type.dims[2] >= 2 && a->type.dims[1] % 2 == 0 &&
-           b->type.dims[2] % 32 == 0;
+           a->type.dims[1] >= 2 && b->type.dims[2] % 32 == 0 && b->type.dims[2] >= 32;
   if (!e->options.x86_bf16_dot || a->type.dtype != KILN_BF16 ||
       b->type.dtype != KILN_BF16 || a->type.rank != 2 || b->type.rank != 2 ||
       !kiln_type_is_static(&b->type) || KILN_IS_SYM(a->type.dims[1]))
@@ -528,7 +528,7 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   }
   // A and packed B as memrefs for AMX's tile loads: one batch's (amty,
   // bpmty: what emit_amx_rows reads), subviews of the whole (batched).
-  char am[24], bpm[24], amty[160], bpmty[160];
+  char am[24] = "", bpm[24] = "", amty[160], bpmty[160];
   if (amx) {
     kiln_emit_fresh(e, am);
     kiln_emit_fresh(e, bpm);
@@ -601,12 +601,16 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
                         "memref<%lldx32x32xf32>\n", scr, NB * (m / MB));
   } else if (amx) {
     kiln_emit_fresh(e, scr);
+    // On the stack for the few blocks the heuristic makes (a symbolic M's
+    // quarters); on the heap where tiles from a search make many (blocks
+    // of 16 rows of 65536: 8 MiB of stack).
+    bool heap = !sym_m && m / MB > 16;
     if (sym_m && !ragged)
       kiln_sbuf_printf(o, "    %s = memref.alloca(%s) {alignment = 64 : i64} : "
                           "memref<?x32x32xf32>\n", scr, nblk);
     else
-      kiln_sbuf_printf(o, "    %s = memref.alloca() {alignment = 64 : i64} : "
-                          "memref<%sx32x32xf32>\n", scr, nblk);
+      kiln_sbuf_printf(o, "    %s = memref.%s() {alignment = 64 : i64} : "
+                          "memref<%sx32x32xf32>\n", scr, heap ? "alloc" : "alloca", nblk);
   }
   // Constants live inside the forall body so it stays isolated-friendly.
   char nbt[40] = "";

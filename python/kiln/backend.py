@@ -667,7 +667,8 @@ def _encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_wei
     as float masks added to the scores (F._canonical_mask turned boolean
     ones into 0 / -inf), through MultiheadAttention.merge_masks: a key
     padding mask [B, L] (`mask_type` 1) or an attention mask expanded to
-    [B, H, L, L] (2); other masks and devices
+    [B, H, L, L] (2), which the op applies as masks (a nonzero entry
+    hides its key); other masks and devices
     keep the op, and so do bf16 and f16 layers: their attention stays PyTorch's
     flash kernel (translate's _sdpa_cpu), which split the layer in two
     partitions, and PyTorch's fused layer was faster (2 x 512 tokens of 512
@@ -682,9 +683,13 @@ def _encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_wei
     if mask is not None:
         if not mask.is_floating_point() or mask_type not in (1, 2):
             return NotImplemented
-        mask = mask.view(B, 1, 1, L) if mask_type == 1 else mask
+        mask = mask.reshape(B, 1, 1, L) if mask_type == 1 else mask
         if mask.dim() != 4:
             return NotImplemented
+        # The fused op masks where the float mask is nonzero (it converts
+        # it to bool), rather than adding it: the same for the layer's
+        # 0 / -inf masks, not for other values.
+        mask = torch.zeros_like(mask).masked_fill(mask != 0, float("-inf"))
 
     def attention(x):
         qkv = F.linear(x, qkv_weight, qkv_bias).view(B, L, 3, num_heads, hd)

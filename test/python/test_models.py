@@ -180,22 +180,26 @@ def test_encoder_layer_fast_path_runs_in_kiln(name, kw):
             torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
 
 
-MASKS = ["padding", "causal"]
+MASKS = ["padding", "causal", "finite"]
 
 
 @pytest.mark.parametrize("which", MASKS)
 def test_encoder_layer_fast_path_with_masks_runs_in_kiln(which):
     """The fast path with a key padding mask (a padded sequence: PyTorch
     passes it as a [B, L] float mask, mask_type 1) or a causal src_mask
-    (expanded to [B, H, L, L], mask_type 2): kiln's, all of it, and equal
-    to eager."""
+    (expanded to [B, H, L, L], mask_type 2), or a float src_mask of
+    finite values, which the fused op applies as a mask (nonzero hides
+    the key; added to the scores it differed by 0.77): kiln's, all of it,
+    and equal to eager."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 16, 32)
     pad = torch.zeros(2, 16, dtype=torch.bool)
     pad[1, 12:] = True
     causal = nn.Transformer.generate_square_subsequent_mask(16)
-    kw = {"padding": dict(src_key_padding_mask=pad), "causal": dict(src_mask=causal)}[which]
+    finite = torch.triu(torch.full((16, 16), -0.5), 1)
+    kw = {"padding": dict(src_key_padding_mask=pad), "causal": dict(src_mask=causal),
+          "finite": dict(src_mask=finite)}[which]
     compiled = torch.compile(lambda x: layer(x, **kw), backend="kiln",
                              options={"fallback": "error"})
     with torch.no_grad():
