@@ -49,7 +49,8 @@
   X(cuCtxSynchronize, CUresult, (void))                                       \
   X(cuMemsetD32Async, CUresult, (CUdeviceptr, unsigned int, size_t, CUstream)) \
   X(cuMemsetD16Async, CUresult,                                               \
-    (CUdeviceptr, unsigned short, size_t, CUstream))
+    (CUdeviceptr, unsigned short, size_t, CUstream))                          \
+  X(cuMemsetD8Async, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))
 
 static struct {
 #define X(name, ret, args) ret(*name) args;
@@ -386,6 +387,12 @@ kiln_status_t kiln_cuda_stream_synchronize(void *stream) {
   return NULL;
 }
 
+kiln_status_t kiln_cuda_memset(void *dst, unsigned char byte, size_t bytes, void *stream) {
+  CU_CHECK(cu.cuMemsetD8Async((CUdeviceptr)(uintptr_t)dst, byte, bytes, (CUstream)stream),
+           "cuMemsetD8Async");
+  return NULL;
+}
+
 kiln_status_t kiln_cuda_alloc_static(size_t bytes, void **out_ptr) {
   CU_READY();
   CUdeviceptr p = 0;
@@ -713,6 +720,9 @@ kiln_status_t kiln_cuda_memcpy(void *d, const void *s, size_t n, void *st) {
   KILN_NO_CUDA;
 }
 kiln_status_t kiln_cuda_stream_synchronize(void *s) { KILN_NO_CUDA; }
+kiln_status_t kiln_cuda_memset(void *d, unsigned char b, size_t n, void *s) {
+  KILN_NO_CUDA;
+}
 kiln_status_t kiln_cuda_alloc_static(size_t n, void **p) { KILN_NO_CUDA; }
 void kiln_cuda_free_static(void *p) {}
 kiln_status_t kiln_cuda_upload(void *d, const void *s, size_t n) { KILN_NO_CUDA; }

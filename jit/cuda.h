@@ -74,6 +74,8 @@ void kiln_cuda_free(void *ptr, void *stream);
 kiln_status_t kiln_cuda_memcpy(void *dst, const void *src, size_t bytes,
                                void *stream);
 kiln_status_t kiln_cuda_stream_synchronize(void *stream);
+// Stream-ordered: every byte of dst[0, bytes) set to `byte`.
+kiln_status_t kiln_cuda_memset(void *dst, unsigned char byte, size_t bytes, void *stream);
 // Device memory that outlives streams (a CUDA graph's temporaries):
 // cuMemAlloc / cuMemFree.
 kiln_status_t kiln_cuda_alloc_static(size_t bytes, void **out_ptr);

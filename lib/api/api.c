@@ -1290,7 +1290,14 @@ static kiln_status_t measure_cuda(void *user, const kiln_tile_config_t *configs,
   }
   // One warm-up call, then rounds of five calls back to back timed on the
   // host up to the stream's end: the fastest round's mean, after at least
-  // 3 rounds and 20 ms (at most 50 rounds).
+  // 3 rounds and 20 ms (at most 50 rounds). The outputs are poisoned
+  // (0xff bytes) first, as on the CPU (measure_tiles), so a candidate that
+  // leaves part of them unwritten cannot pass on the previous one's values.
+  for (int i = 0; !s && i < r->g->output_count; ++i) {
+    const kiln_type_t *t = &r->g->values[r->g->outputs[i]].type;
+    s = kiln_cuda_memset(r->args[r->g->input_count + i], 0xff,
+                         (size_t)kiln_type_numel(t) * kiln_dtype_size(t->dtype), NULL);
+  }
   if (!s) s = queue_program(f, &tv, ptrs, NULL);
   if (!s) s = kiln_cuda_stream_synchronize(NULL);
   double best = 1e30, total = 0;
