@@ -409,11 +409,17 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   const long long NB = ra == 3 ? (long long)a->type.dims[0] : 0;
   int64_t m = a->type.dims[ra - 2], k = a->type.dims[ra - 1], nn = b->type.dims[ra - 1];
   bool sym_m = KILN_IS_SYM(m);
+  bool amx = e->options.x86_amx && k % 32 == 0 && unit_inner_stride(e, a_value);
   // An odd static M (197 tokens: a ViT's) has no register tile dividing it:
   // its blocks and last masked tile are computed at run time as for a
   // symbolic M (the 2-row tiles that divided nothing else, and the
-  // generic contraction before that, were 9x slower than eager).
-  const bool ragged = !sym_m && !NB && m % 2;
+  // generic contraction before that, were 9x slower than eager). So does
+  // a static M whose halves are no whole tiles of the heuristic's
+  // (heuristic_bf16_dot: 32-row AMX tiles, else 8, 4 or 2 rows dividing
+  // M): it made one block, run on one thread (196 rows).
+  int unit0 = amx ? 32 : m % 8 == 0 ? 8 : m % 4 == 0 ? 4 : 2;
+  const bool ragged = !sym_m && !NB &&
+                      (m % 2 || (m >= 2 * unit0 && (m / 2) % unit0 != 0));
   int64_t k2 = k / 2;
   // Row blocks for threads, whole register tiles each (the tiles'
   // forall[0]; the heuristic's: four where M allows, heuristic_bf16_dot).
@@ -423,7 +429,6 @@ static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
   // contiguous. The heuristic's blocks keep whole 32-row tiles: split
   // into 16-row blocks, 64 rows ran on the vector kernel (0.40 ms for
   // 64 x 768 x 768 against 0.1 on the tile unit).
-  bool amx = e->options.x86_amx && k % 32 == 0 && unit_inner_stride(e, a_value);
   kiln_tile_config_t tc;
   bf16_dot_tiles(e, ragged ? KILN_SYM(0) : m, NB, nn, k, amx, bt != NULL, store_bf16, &tc);
   int rm = (int)tc.reg[0];
