@@ -366,36 +366,54 @@ static void emit_bf16_pack_transposed(kiln_emitter_t *e, const kiln_tv_t *bt,
       slice, N32 / 16, K2);
 }
 
-// `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
-// are rounded as they are stored (a plain mm: no f32 C written and re-read).
-// `bt` (or NULL): B's untransposed source W when B = W^T, packed from W.
-// The microkernel's tiles (lib/autotune's KILN_KERNEL_BF16_DOT), asked of
-// the tiling the lowering was given. Its identity for the tuning
-// database: its sizes and form (AMX, B given transposed, bf16 stores).
+// The descriptor lib/autotune gets for a GEMM microkernel of `kind`: loops
+// (m, n, k), k the reduction, M symbolic (planned with the stand-in
+// range) where it is a symbol.
+static void gemm_desc(kiln_kernel_kind_t kind, int64_t M, long long N, long long K,
+                      int elem_bytes, kiln_kernel_desc_t *kd) {
+  memset(kd, 0, sizeof(*kd));
+  bool sym_m = KILN_IS_SYM(M);
+  kd->kind = kind;
+  kd->loop_count = 3;
+  kd->range[0] = sym_m ? KILN_DYNAMIC_RANGE_STANDIN : M;
+  kd->range[1] = N;
+  kd->range[2] = K;
+  kd->reduction_mask = 1u << 2;
+  kd->dynamic_mask = sym_m ? 1u : 0u;
+  kd->m_dim = 0;
+  kd->n_dim = 1;
+  kd->transpose_dim = -1;
+  kd->elem_bytes = elem_bytes;
+}
+
+// A CPU microkernel's tiles: asked of the tiling the lowering was given
+// (the heuristic, the tuning database or a measured candidate), else the
+// heuristic's for an AVX-512 target (the microkernels are emitted only
+// there). `id` names the kernel in the tuning database: its sizes and form.
+static void microkernel_tiles(const kiln_emitter_t *e, const char *id, kiln_kernel_desc_t *kd,
+                              kiln_tile_config_t *out) {
+  kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
+  kiln_kernel_tiles(e->options.tiling, &avx512, id, kd, out);
+}
+
+// The microkernel's tiles (lib/autotune's KILN_KERNEL_BF16_DOT). Its
+// identity for the tuning database: its sizes and form (AMX, B given
+// transposed, bf16 stores).
 static void bf16_dot_tiles(const kiln_emitter_t *e, int64_t M, long long NB, long long N,
                            long long K, bool amx, bool bt, bool store_bf16,
                            kiln_tile_config_t *out) {
   kiln_kernel_desc_t kd;
-  memset(&kd, 0, sizeof(kd));
-  bool sym_m = KILN_IS_SYM(M);
-  kd.kind = KILN_KERNEL_BF16_DOT;
-  kd.loop_count = 3;
-  kd.range[0] = sym_m ? KILN_DYNAMIC_RANGE_STANDIN : M;
-  kd.range[1] = N;
-  kd.range[2] = K;
-  kd.reduction_mask = 1u << 2;
-  kd.dynamic_mask = sym_m ? 1u : 0u;
-  kd.m_dim = 0;
-  kd.n_dim = 1;
-  kd.transpose_dim = -1;
-  kd.elem_bytes = 2;
+  gemm_desc(KILN_KERNEL_BF16_DOT, M, N, K, 2, &kd);
   kd.amx = amx;
   char id[160];
   snprintf(id, sizeof(id), "bf16_dot b=%lld m=%lld n=%lld k=%lld amx=%d bt=%d store=%d", NB,
-           sym_m ? -1LL : (long long)M, N, K, amx, bt, store_bf16);
-  kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
-  kiln_kernel_tiles(e->options.tiling, &avx512, id, &kd, out);
+           KILN_IS_SYM(M) ? -1LL : (long long)M, N, K, amx, bt, store_bf16);
+  microkernel_tiles(e, id, &kd, out);
 }
+
+// `init`/`oty` is the output tensor: f32, or bf16 when the accumulators
+// are rounded as they are stored (a plain mm: no f32 C written and re-read).
+// `bt` (or NULL): B's untransposed source W when B = W^T, packed from W.
 
 static void emit_bf16_dot(kiln_emitter_t *e, int a_value, const kiln_tv_t *b,
                           const kiln_tv_t *bt, const char *init, const char *oty,
@@ -1098,35 +1116,22 @@ static void emit_f32_pack(kiln_emitter_t *e, const kiln_tv_t *src, bool from_w,
 }
 
 // The microkernel's tiles for C[M, N] = A[M, K] @ B (lib/autotune's
-// KILN_KERNEL_F32_DOT): asked of the tiling the lowering was given (the
-// heuristic, the tuning database or a measured candidate), else the
-// heuristic's. The kernel's identity for the tuning database is its sizes
-// and form (A transposed, B from a weight, bias, epilogue op).
+// KILN_KERNEL_F32_DOT, microkernel_tiles). The kernel's identity for the
+// tuning database is its sizes and form (A transposed, B from a weight,
+// bias, epilogue op).
 static void f32_dot_tiles(const kiln_emitter_t *e, const kiln_tv_t *a, long long N,
                           long long K, bool a_t, bool from_w, bool bias,
                           const kiln_node_t *epi, kiln_tile_config_t *out) {
   kiln_kernel_desc_t kd;
-  memset(&kd, 0, sizeof(kd));
   bool sym_m = KILN_IS_SYM(a->type.dims[0]);
-  kd.kind = KILN_KERNEL_F32_DOT;
-  kd.loop_count = 3;
-  kd.range[0] = sym_m ? KILN_DYNAMIC_RANGE_STANDIN : a->type.dims[0];
-  kd.range[1] = N;
-  kd.range[2] = K;
-  kd.reduction_mask = 1u << 2;
-  kd.dynamic_mask = sym_m ? 1u : 0u;
-  kd.m_dim = 0;
-  kd.n_dim = 1;
-  kd.transpose_dim = -1;
-  kd.elem_bytes = 4;
+  gemm_desc(KILN_KERNEL_F32_DOT, a->type.dims[0], N, K, 4, &kd);
   kd.fixed_rows = a_t;
   char id[192];
   snprintf(id, sizeof(id), "f32_dot m=%lld n=%lld k=%lld a_t=%d w=%d bias=%d epi=%s/%s",
            sym_m ? -1LL : (long long)a->type.dims[0], N, K, a_t, from_w, bias,
            epi ? kiln_op_name(epi->op) : "-",
            epi ? kiln_node_attr_str(epi, "approximate", "-") : "-");
-  kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
-  kiln_kernel_tiles(e->options.tiling, &avx512, id, &kd, out);
+  microkernel_tiles(e, id, &kd, out);
 }
 
 // C (`init`, typed `oty`, every element written) = epi(A @ B (+ bias)), A the
@@ -2743,10 +2748,9 @@ static bool conv_dot_grid(int64_t OH, int64_t Wpad, int64_t KW, int64_t dw, int6
   return true;
 }
 
-// The microkernel's tiles (lib/autotune's KILN_KERNEL_CONV_DOT), asked of
-// the tiling the lowering was given (the heuristic, the tuning database or
-// a measured candidate). Its identity for the tuning database: its sizes
-// and the taps' strides.
+// The microkernel's tiles (lib/autotune's KILN_KERNEL_CONV_DOT,
+// microkernel_tiles). Its identity for the tuning database: its sizes and
+// the taps' strides.
 static void conv_dot_tiles(const kiln_emitter_t *e, const conv_dot_t *d,
                            kiln_tile_config_t *out) {
   kiln_kernel_desc_t kd;
@@ -2764,8 +2768,7 @@ static void conv_dot_tiles(const kiln_emitter_t *e, const conv_dot_t *d,
   snprintf(id, sizeof(id), "conv_dot n=%lld f=%lld p=%lld c=%lld kh=%lld kw=%lld dh=%lld "
            "dw=%lld zero=%d", d->N, d->F, d->P, d->C, d->KH, d->KW, d->dh, d->dw,
            d->zero_start);
-  kiln_cpu_target_t avx512 = {64, 32, 1, 48 << 10, 2 << 20};
-  kiln_kernel_tiles(e->options.tiling, &avx512, id, &kd, out);
+  microkernel_tiles(e, id, &kd, out);
 }
 
 // The kernel; the result (typed d->aty) is named in `out`. Its tiles

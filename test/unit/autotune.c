@@ -83,6 +83,26 @@ static void check_valid(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t,
   }
 }
 
+// The heuristic's config for `d` on `t` and every candidate of its search
+// space are valid, and the candidates distinct from it and each other;
+// returns how many candidates there were.
+static int check_space(const kiln_kernel_desc_t *d, const kiln_cpu_target_t *t) {
+  kiln_tile_config_t c, cand[64];
+  kiln_autotune_heuristic(d, t, &c);
+  check_valid(d, t, &c);
+  int checked = 0;
+  for (int st = 0; st < kiln_autotune_stage_count(d); ++st) {
+    int n = kiln_autotune_candidates(d, t, &c, st, cand, 64);
+    for (int i = 0; i < n; ++i) {
+      check_valid(d, t, &cand[i]);
+      CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
+      for (int j = 0; j < i; ++j) CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
+    }
+    checked += n;
+  }
+  return checked;
+}
+
 // The heuristic is valid for every shape, including primes and 1s, on
 // every target; the search space of each holds only valid configs.
 static void test_heuristic_valid_everywhere(void) {
@@ -179,18 +199,7 @@ static void test_f32_microkernel(void) {
         for (int k = 1; k < 11; k += 3) {
           kiln_kernel_desc_t d = f32_dot(sizes[a], sizes[b], sizes[k]);
           d.fixed_rows = (a + b) % 2 == 0;
-          kiln_tile_config_t c, cand[64];
-          kiln_autotune_heuristic(&d, targets[ti], &c);
-          check_valid(&d, targets[ti], &c);
-          for (int st = 0; st < kiln_autotune_stage_count(&d); ++st) {
-            int n = kiln_autotune_candidates(&d, targets[ti], &c, st, cand, 64);
-            for (int i = 0; i < n; ++i) {
-              check_valid(&d, targets[ti], &cand[i]);
-              CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
-              for (int j = 0; j < i; ++j) CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
-            }
-            checked += n;
-          }
+          checked += check_space(&d, targets[ti]);
         }
   printf("f32 microkernel: heuristic and %d candidates valid\n", checked);
   // 1024^3: 8 x 32 tiles, K blocks of 256, four blocks of 256 rows, one
@@ -335,19 +344,7 @@ static void test_conv_microkernel(void) {
           for (int k = 0; k < 4; ++k)
             for (int t = 0; t < 3; ++t) {
               kiln_kernel_desc_t d = conv_dot(ns[a], fs[b], ps[p], cs[k], ts[t]);
-              kiln_tile_config_t c, cand[64];
-              kiln_autotune_heuristic(&d, targets[ti], &c);
-              check_valid(&d, targets[ti], &c);
-              for (int st = 0; st < kiln_autotune_stage_count(&d); ++st) {
-                int n = kiln_autotune_candidates(&d, targets[ti], &c, st, cand, 64);
-                for (int i = 0; i < n; ++i) {
-                  check_valid(&d, targets[ti], &cand[i]);
-                  CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
-                  for (int j = 0; j < i; ++j)
-                    CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
-                }
-                checked += n;
-              }
+              checked += check_space(&d, targets[ti]);
             }
   printf("conv microkernel: heuristic and %d candidates valid\n", checked);
   // 3x3, 64 -> 64 channels, 2 x 28 x 28 (P = 28 x 32): 8 x 48 tiles,
@@ -440,18 +437,7 @@ static void test_bf16_microkernel(void) {
       for (int b = 1; b < 10; ++b)
         for (int amx = 0; amx < 2; ++amx) {
           kiln_kernel_desc_t d = bf16_dot(sizes[a], sizes[b], 768, amx);
-          kiln_tile_config_t c, cand[64];
-          kiln_autotune_heuristic(&d, targets[ti], &c);
-          check_valid(&d, targets[ti], &c);
-          for (int st = 0; st < kiln_autotune_stage_count(&d); ++st) {
-            int n = kiln_autotune_candidates(&d, targets[ti], &c, st, cand, 64);
-            for (int i = 0; i < n; ++i) {
-              check_valid(&d, targets[ti], &cand[i]);
-              CHECK(memcmp(&cand[i], &c, sizeof(c)) != 0);
-              for (int j = 0; j < i; ++j) CHECK(memcmp(&cand[i], &cand[j], sizeof(c)) != 0);
-            }
-            checked += n;
-          }
+          checked += check_space(&d, targets[ti]);
         }
   printf("bf16 microkernel: heuristic and %d candidates valid\n", checked);
   // 512 rows: 8-row tiles, four blocks of 128; with AMX too (32-row
