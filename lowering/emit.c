@@ -1056,6 +1056,112 @@ static bool emit_unit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
   return true;
 }
 
+// Splits a reshape into groups of consecutive dims with equal products
+// ([s0, 128, 3, 256] into [128*s0, 768]: {s0, 128} -> {128*s0} and
+// {3, 256} -> {768}), compared as monomials so that symbolic sizes match:
+// src_group[i] / dst_group[j] is the group of each dim. Unit dims past the
+// last match join the last group. False when no such split exists.
+static bool product_groups(const kiln_graph_t *g, const kiln_type_t *src,
+                           const kiln_type_t *dst, int *src_group,
+                           int *dst_group, int *ngroups) {
+  int i = 0, j = 0, n = 0;
+  while (i < src->rank && j < dst->rank) {
+    kiln_monomial_t ms, mt, q;
+    kiln_dim_monomial(g, src->dims[i], &ms);
+    kiln_dim_monomial(g, dst->dims[j], &mt);
+    src_group[i++] = n;
+    dst_group[j++] = n;
+    while (!kiln_monomial_equal(&ms, &mt)) {
+      // Grow the side whose product the other's divides.
+      if (kiln_monomial_div(&ms, &mt, &q) && j < dst->rank) {
+        if (!kiln_monomial_mul_dim(g, &mt, dst->dims[j])) return false;
+        dst_group[j++] = n;
+      } else if (kiln_monomial_div(&mt, &ms, &q) && i < src->rank) {
+        if (!kiln_monomial_mul_dim(g, &ms, src->dims[i])) return false;
+        src_group[i++] = n;
+      } else {
+        return false;
+      }
+    }
+    n++;
+  }
+  if (n == 0) return false;
+  for (; i < src->rank; ++i) {
+    if (src->dims[i] != 1) return false;
+    src_group[i] = n - 1;
+  }
+  for (; j < dst->rank; ++j) {
+    if (dst->dims[j] != 1) return false;
+    dst_group[j] = n - 1;
+  }
+  *ngroups = n;
+  return true;
+}
+
+// A reshape with several symbolic sizes as a collapse to one dim per group
+// of product_groups, then an expand: each group holds one symbolic size at
+// most, which MLIR's expand-strided-metadata handles. False when the
+// shapes have no such groups.
+static bool emit_grouped_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
+                                 const kiln_type_t *target, kiln_tv_t *out) {
+  int sg[KILN_MAX_RANK], tg[KILN_MAX_RANK], n = 0;
+  if (!product_groups(e->g, &x->type, target, sg, tg, &n)) return false;
+  for (int k = 0; k < n; ++k) {
+    int src_syms = 0, dst_syms = 0;
+    for (int j = 0; j < target->rank; ++j) dst_syms += tg[j] == k && KILN_IS_SYM(target->dims[j]);
+    for (int i = 0; i < x->type.rank; ++i) src_syms += sg[i] == k && KILN_IS_SYM(x->type.dims[i]);
+    if (src_syms > 1 || dst_syms > 1) return false;
+  }
+  // The middle shape: one dim per group, the group's target product.
+  kiln_type_t mid;
+  memset(&mid, 0, sizeof(mid));
+  mid.dtype = x->type.dtype;
+  mid.rank = n;
+  for (int k = 0; k < n; ++k) {
+    int64_t stat = 1;
+    bool sym = false;
+    for (int j = 0; j < target->rank; ++j)
+      if (tg[j] == k) {
+        if (KILN_IS_SYM(target->dims[j])) sym = true;
+        else stat *= target->dims[j];
+      }
+    mid.dims[k] = sym ? KILN_SYM(0) : stat;  // only '?' is printed for it
+  }
+  kiln_sbuf_t *b = &e->out;
+  char sty[256], mty[256], tty[256], cur[24];
+  kiln_mlir_tensor_type(&x->type, sty, sizeof(sty));
+  kiln_mlir_tensor_type(&mid, mty, sizeof(mty));
+  kiln_mlir_tensor_type(target, tty, sizeof(tty));
+  snprintf(cur, sizeof(cur), "%s", x->ssa);
+  if (x->type.rank != n) {
+    kiln_emit_fresh(e, cur);
+    kiln_sbuf_printf(b, "    %s = tensor.collapse_shape %s ", cur, x->ssa);
+    put_reassociation(b, sg, x->type.rank);
+    kiln_sbuf_printf(b, " : %s into %s\n", sty, mty);
+  } else if (strcmp(sty, mty) != 0) {
+    // Same rank, static and symbolic sizes traded: a cast.
+    kiln_emit_fresh(e, cur);
+    kiln_sbuf_printf(b, "    %s = tensor.cast %s : %s to %s\n", cur, x->ssa, sty, mty);
+  }
+  out->type = *target;
+  if (target->rank == n) {
+    if (strcmp(mty, tty) == 0) {
+      snprintf(out->ssa, sizeof(out->ssa), "%s", cur);
+    } else {
+      kiln_emit_fresh(e, out->ssa);
+      kiln_sbuf_printf(b, "    %s = tensor.cast %s : %s to %s\n", out->ssa, cur, mty, tty);
+    }
+    return true;
+  }
+  kiln_emit_fresh(e, out->ssa);
+  kiln_sbuf_printf(b, "    %s = tensor.expand_shape %s ", out->ssa, cur);
+  put_reassociation(b, tg, target->rank);
+  kiln_sbuf_puts(b, " output_shape [");
+  kiln_emit_size_list(e, target);
+  kiln_sbuf_printf(b, "] : %s into %s\n", mty, tty);
+  return true;
+}
+
 void kiln_emit_view(kiln_emitter_t *e, const kiln_tv_t *x,
                     const kiln_type_t *to, kiln_tv_t *out) {
   char shape[24], xty[256], oty[256];
@@ -1187,13 +1293,42 @@ kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,
   if (emit_unit_reshape(e, x, &target, out)) return NULL;
   // The general path expands from rank 1 in one group: with two symbolic
   // sizes in it, MLIR 22.1 crashes lowering it (expand-strided-metadata).
-  int symbolic = 0;
+  int symbolic = 0, src_symbolic = 0;
   for (int i = 0; i < target.rank; ++i) symbolic += KILN_IS_SYM(target.dims[i]);
-  if (symbolic > 1)
-    return kiln_emit_error(e, KILN_STATUS_UNSUPPORTED,
-                           "a reshape to %d dims with %d symbolic sizes (only "
-                           "unit dims may be added or removed)", target.rank,
-                           symbolic);
+  for (int i = 0; i < x->type.rank; ++i) src_symbolic += KILN_IS_SYM(x->type.dims[i]);
+  if ((symbolic > 1 || src_symbolic > 1) && emit_grouped_reshape(e, x, &target, out))
+    return NULL;
+  if (symbolic > 1 || src_symbolic > 1) {
+    // Two symbolic sizes in one group ([s0*s1, 256] into [s0, s1, 256]): a
+    // tensor.reshape to a shape built from the sizes. A collapse_shape or
+    // expand_shape of such a group is where MLIR 22.1's
+    // expand-strided-metadata crashes (a null stride building the
+    // reinterpret_cast), and linalg's reshape propagation would carry one
+    // onto the operands of the ops around it; it leaves tensor.reshape be.
+    kiln_sbuf_t *b = &e->out;
+    char sizes[KILN_MAX_RANK][24], shape[24], xty[256], oty[256];
+    for (int i = 0; i < target.rank; ++i) {
+      if (KILN_IS_SYM(target.dims[i])) {
+        snprintf(sizes[i], 24, "%s", e->sym_ssa[KILN_SYM_ID(target.dims[i])]);
+      } else {
+        kiln_emit_fresh(e, sizes[i]);
+        kiln_sbuf_printf(b, "    %s = arith.constant %lld : index\n", sizes[i],
+                         (long long)target.dims[i]);
+      }
+    }
+    kiln_emit_fresh(e, shape);
+    kiln_sbuf_printf(b, "    %s = tensor.from_elements ", shape);
+    for (int i = 0; i < target.rank; ++i)
+      kiln_sbuf_printf(b, "%s%s", i ? ", " : "", sizes[i]);
+    kiln_sbuf_printf(b, " : tensor<%dxindex>\n", target.rank);
+    kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
+    kiln_mlir_tensor_type(&target, oty, sizeof(oty));
+    kiln_emit_fresh(e, out->ssa);
+    kiln_sbuf_printf(b, "    %s = tensor.reshape %s(%s) : (%s, tensor<%dxindex>) -> %s\n",
+                     out->ssa, x->ssa, shape, xty, target.rank, oty);
+    out->type = target;
+    return NULL;
+  }
   kiln_sbuf_t *b = &e->out;
   // The flat size: static when every dim is, else "?".
   kiln_type_t flat;

@@ -140,14 +140,28 @@ int main(int argc, char **argv) {
     for (int k = 0; k < t.rank; ++k) {
       const char *sym = kiln_graph_input_dim_symbol(g, i, k);
       if (!sym) continue;
-      int d = 0;
-      while (d < ndims && strcmp(dim_names[d], sym) != 0) d++;
-      if (d == ndims) {
-        fprintf(stderr, "kiln-run: input %zu has symbolic size '%s'; give it "
-                        "with --dim %s=SIZE\n", i, sym, sym);
-        return 2;
+      // A size is a symbol or a product ("128*s0"): each name from --dim.
+      int64_t size = 1;
+      for (const char *p = sym; *p;) {
+        size_t n = strcspn(p, "*");
+        if (p[0] >= '0' && p[0] <= '9') {
+          size *= strtoll(p, NULL, 10);
+        } else {
+          int d = 0;
+          while (d < ndims && (strlen(dim_names[d]) != n ||
+                               strncmp(dim_names[d], p, n) != 0))
+            d++;
+          if (d == ndims) {
+            fprintf(stderr, "kiln-run: input %zu has symbolic size '%s'; give "
+                            "%.*s with --dim %.*s=SIZE\n",
+                    i, sym, (int)n, p, (int)n, p);
+            return 2;
+          }
+          size *= dim_values[d];
+        }
+        p += n + (p[n] == '*');
       }
-      t.shape[k] = dim_values[d];
+      t.shape[k] = size;
     }
     if (!kt_alloc(&in[i], &t, strided && !ninput_files)) {
       fprintf(stderr, "kiln-run: out of memory\n");

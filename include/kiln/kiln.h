@@ -194,9 +194,9 @@ KILN_API kiln_status_t kiln_graph_output_type(const kiln_graph_t *graph,
 // way. 0 for an out-of-range index.
 KILN_API int kiln_graph_input_mutated(const kiln_graph_t *graph, size_t i);
 
-// The name of the symbolic size in dim `dim` of input `i` ("s0"), borrowed
-// from the graph; NULL when that size is static or the indices are out of
-// range.
+// The name of the symbolic size in dim `dim` of input `i` ("s0", or a
+// product such as "128*s0": a constant times symbols), borrowed from the
+// graph; NULL when that size is static or the indices are out of range.
 KILN_API const char *kiln_graph_input_dim_symbol(const kiln_graph_t *graph,
                                                  size_t i, int32_t dim);
 

@@ -1562,7 +1562,8 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   }
   if (g->symbol_count)
     memcpy(v->binding, binding, sizeof(int64_t) * (size_t)g->symbol_count);
-  for (int i = 0; i < g->symbol_count; ++i) v->symbolic += v->binding[i] < 0;
+  for (int i = 0; i < g->symbol_count; ++i)
+    v->symbolic += v->binding[i] < 0 && g->symdefs[i].factor_count == 0;
   kiln_stats_t st;
   memset(&st, 0, sizeof(st));
   kiln_status_t s = kiln_graph_specialize(g, v->binding, &v->graph);
@@ -1740,6 +1741,13 @@ kiln_status_t kiln_function_compile(kiln_context_t *context,
                             : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "f");
   if (!s) s = kiln_graph_parse_text(text, strlen(text), graph->name, &f->graph);
   free(text);
+  if (!s && f->graph->symbol_count > 256)
+    s = kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                         "graph @%s: %d sizes (symbols and products of them); "
+                         "at most 256", graph->name, f->graph->symbol_count);
+  // Every size must follow from the inputs' (a graph whose view names a
+  // batch no input has is refused here, where a caller can fall back).
+  if (!s) s = kiln_graph_check_symbols(f->graph);
   // A static graph is compiled now, so errors surface at compile time,
   // for the layouts the caller expects (the CUDA target takes contiguous
   // tensors only).
@@ -1811,6 +1819,9 @@ static kiln_status_t bind_inputs(kiln_function_t *f, const DLTensor *inputs,
     if (!dl_is_contiguous(&inputs[i]))
       *strided_mask |= (uint64_t)1 << mask_bit((int)i);
   }
+  if (g->symbol_count)
+    KILN_RETURN_IF_ERROR(kiln_graph_resolve_binding(g, binding), "graph @%s",
+                         g->name);
   return NULL;
 }
 
@@ -1839,6 +1850,7 @@ static void choose_binding(kiln_function_t *f, const int64_t *binding,
   size_t o = 0;
   why[0] = 0;
   for (int i = 0; i < g->symbol_count; ++i) {
+    if (g->symdefs[i].factor_count) continue;  // derived: below
     if (f->first_seen[i] < 0) f->first_seen[i] = binding[i];
     if (f->first_seen[i] != binding[i] && !f->dynamic[i] &&
         f->options.dynamic == KILN_DYNAMIC_AUTO) {
@@ -1850,6 +1862,7 @@ static void choose_binding(kiln_function_t *f, const int64_t *binding,
     }
     out[i] = (all_symbolic || f->dynamic[i]) ? -1 : binding[i];
   }
+  kiln_graph_derive_binding(g, out);
   if (!why[0])
     snprintf(why, why_len, "%s",
              f->variant_count == 0 ? "first call"
@@ -2550,11 +2563,15 @@ kiln_status_t kiln_graph_interpret(const kiln_graph_t *graph,
   int64_t binding[256];
   if (graph->symbol_count > 256)
     return kiln_make_status(KILN_STATUS_UNSUPPORTED, "more than 256 symbols");
+  KILN_RETURN_IF_ERROR(kiln_graph_check_symbols(graph), "reference interpreter");
   for (int i = 0; i < graph->symbol_count; ++i) binding[i] = -1;
   for (size_t i = 0; i < input_count; ++i)
     KILN_RETURN_IF_ERROR(check_tensor(graph, "input", i, &inputs[i],
                                       &graph->values[graph->inputs[i]].type,
                                       binding, false, kDLCPU),
+                         "reference interpreter, graph @%s", graph->name);
+  if (graph->symbol_count)
+    KILN_RETURN_IF_ERROR(kiln_graph_resolve_binding(graph, binding),
                          "reference interpreter, graph @%s", graph->name);
   kiln_graph_t *spec = NULL;
   if (graph->symbol_count)

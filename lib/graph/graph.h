@@ -42,6 +42,28 @@ DLDataType kiln_dtype_to_dl(kiln_dtype_t t);
 #define KILN_IS_SYM(d) ((d) < 0)
 #define KILN_SYM_ID(d) ((int32_t)(-1 - (d)))
 
+// A symbol is a base size ("s0"), bound from an input's shape at call time,
+// or a derived size: a positive constant times base symbols ("128*s0",
+// "s0*s1"), as Dynamo's size expressions for flattened dims. A derived
+// symbol is interned by its canonical text (the constant, then the factors
+// in name order), so equal products are the same symbol; its factors are
+// always interned before it (lower ids).
+#define KILN_MAX_SYM_FACTORS 4
+typedef struct kiln_symdef {
+  int64_t coef;          // 1 for a base symbol
+  int32_t factor_count;  // 0 for a base symbol
+  int32_t factors[KILN_MAX_SYM_FACTORS];  // base symbol ids, ascending
+} kiln_symdef_t;
+
+// A size as a product: coef * the base symbols in `factors` (with
+// repetition, sorted by id). Static sizes have no factors.
+#define KILN_MAX_MONOMIAL_FACTORS 32
+typedef struct kiln_monomial {
+  int64_t coef;
+  int32_t count;
+  int32_t factors[KILN_MAX_MONOMIAL_FACTORS];
+} kiln_monomial_t;
+
 typedef struct kiln_type {
   kiln_dtype_t dtype;
   int32_t rank;
@@ -105,6 +127,10 @@ typedef struct kiln_attr {
   int32_t count;       // LIST
   bool is_int;         // LIST: all elements integral
   const int64_t *ints;   // LIST (valid when is_int)
+  // LIST: NULL, or per element whether it is a size expression ("s0",
+  // "128*s0"; only in a view's or expand's 'shape'), whose entry in `ints`
+  // is then a KILN_SYM dim.
+  const bool *sym;
   const double *floats;  // LIST
 } kiln_attr_t;
 
@@ -169,7 +195,8 @@ struct kiln_graph {
   kiln_mutation_t *mutations;
   bool *input_written;  // input_count flags: input i is a mutation's target
   int32_t symbol_count;
-  const char **symbols;  // symbolic dim names, e.g. "s0"
+  const char **symbols;  // symbolic dim names, e.g. "s0", "128*s0"
+  kiln_symdef_t *symdefs;  // symbol_count definitions
 };
 
 // Attribute lookup helpers (NULL / default when absent).
@@ -205,6 +232,50 @@ void kiln_graph_free(kiln_graph_t *g);
 // Formats a type as "f32[4,s0]" into `buf`.
 const char *kiln_type_str(const kiln_graph_t *g, const kiln_type_t *t,
                           char *buf, size_t n);
+
+//===--- symbols (lib/graph/symbols.c) ------------------------------------===//
+
+// The id of base symbol `name` (n bytes), interned if new; -1 when out of
+// memory.
+int32_t kiln_graph_intern_symbol(kiln_graph_t *g, const char *name, size_t n);
+// The dim for coef * factors (base symbol ids, any order): a static size when
+// there are no factors, the base symbol itself for 1 * s, else a derived
+// symbol, interned if new. INVALID_ARGUMENT when the product overflows or
+// has more than KILN_MAX_SYM_FACTORS factors.
+kiln_status_t kiln_graph_product_dim(kiln_graph_t *g, int64_t coef,
+                                     const int32_t *factors, int32_t count,
+                                     int64_t *out_dim);
+// `dim` as a monomial.
+void kiln_dim_monomial(const kiln_graph_t *g, int64_t dim, kiln_monomial_t *out);
+// Multiplies `m` by `dim`; false on overflow or too many factors.
+bool kiln_monomial_mul_dim(const kiln_graph_t *g, kiln_monomial_t *m,
+                           int64_t dim);
+bool kiln_monomial_equal(const kiln_monomial_t *a, const kiln_monomial_t *b);
+// "12", "128*s0" into `buf`.
+const char *kiln_monomial_str(const kiln_graph_t *g, const kiln_monomial_t *m,
+                              char *buf, size_t n);
+// num / den when it is a monomial (den's factors among num's, its constant
+// dividing num's); false otherwise.
+bool kiln_monomial_div(const kiln_monomial_t *num, const kiln_monomial_t *den,
+                       kiln_monomial_t *out);
+// The number of elements of `t` as a monomial; false on overflow.
+bool kiln_type_monomial(const kiln_graph_t *g, const kiln_type_t *t,
+                        kiln_monomial_t *out);
+
+// UNSUPPORTED when a size the graph uses (in a value's type or a 'shape'
+// list) is not determined by the input types: no input names it, nor a
+// product it is the one unknown factor of.
+kiln_status_t kiln_graph_check_symbols(const kiln_graph_t *g);
+// Completes a call's binding (symbol id -> size, -1 unbound) once the
+// inputs' sizes are in: derived symbols are computed from their factors, and
+// a factor bound nowhere else is solved from a derived size. INVALID_ARGUMENT
+// when the sizes disagree (an input's 500 rows where 128*s0 is 512). For a
+// graph kiln_graph_check_symbols accepts, every size it uses is bound after.
+kiln_status_t kiln_graph_resolve_binding(const kiln_graph_t *g,
+                                         int64_t *binding);
+// For a binding that fixes some base symbols and leaves others -1: the
+// derived symbols whose factors are all fixed get their values, the others -1.
+void kiln_graph_derive_binding(const kiln_graph_t *g, int64_t *binding);
 
 // A copy of `g` with every symbolic dim replaced by `binding[symbol]` (a
 // negative entry keeps that symbol), re-verified. Used to specialize a

@@ -184,7 +184,7 @@ static void lex(parser_t *ps) {
     t->length = 2;
     return;
   }
-  if (strchr("(){}[],:=", c)) {
+  if (strchr("(){}[],:=*", c)) {
     advance_char(ps);
     t->kind = TOK_PUNCT;
     t->length = 1;
@@ -283,22 +283,39 @@ static kiln_status_t add_value(parser_t *ps, const token_t *name_tok,
   return NULL;
 }
 
-static int32_t intern_symbol(kiln_graph_t *g, const char *s, size_t n) {
-  for (int32_t i = 0; i < g->symbol_count; ++i)
-    if (strlen(g->symbols[i]) == n && memcmp(g->symbols[i], s, n) == 0)
-      return i;
-  const char **syms =
-      kiln_arena_alloc(&g->arena, sizeof(char *) * (size_t)(g->symbol_count + 1));
-  char *copy = kiln_arena_strndup(&g->arena, s, n);
-  if (!syms || !copy) return -1;
-  if (g->symbol_count)
-    memcpy(syms, g->symbols, sizeof(char *) * (size_t)g->symbol_count);
-  syms[g->symbol_count] = copy;
-  g->symbols = syms;
-  return g->symbol_count++;
+// dim := term ('*' term)*   term := int | ident
+// A product with a symbol is a derived symbol ("128*s0"; see graph.h).
+static kiln_status_t parse_dim(parser_t *ps, int64_t *out) {
+  int64_t coef = 1;
+  token_t names[KILN_MAX_SYM_FACTORS];
+  int32_t count = 0;
+  for (;;) {
+    if (ps->tok.kind == TOK_INT && ps->tok.i >= 0) {
+      if (__builtin_mul_overflow(coef, ps->tok.i, &coef))
+        return perr(ps, &ps->tok, "size product overflows");
+    } else if (ps->tok.kind == TOK_IDENT) {
+      if (count == KILN_MAX_SYM_FACTORS)
+        return perr(ps, &ps->tok, "expected at most %d symbols in a size",
+                    KILN_MAX_SYM_FACTORS);
+      names[count++] = ps->tok;
+    } else {
+      return perr(ps, &ps->tok,
+                  "expected a size (non-negative integer, symbol or product)");
+    }
+    lex(ps);
+    if (!is_punct(&ps->tok, '*')) break;
+    lex(ps);
+  }
+  // A zero size names no symbol (none is interned for it).
+  int32_t factors[KILN_MAX_SYM_FACTORS];
+  for (int32_t k = 0; coef != 0 && k < count; ++k) {
+    factors[k] = kiln_graph_intern_symbol(ps->g, names[k].start, names[k].length);
+    if (factors[k] < 0) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "symbols");
+  }
+  return kiln_graph_product_dim(ps->g, coef, factors, coef != 0 ? count : 0, out);
 }
 
-// type := dtype '[' (dim (',' dim)*)? ']'   dim := int | ident
+// type := dtype '[' (dim (',' dim)*)? ']'
 static kiln_status_t parse_type(parser_t *ps, kiln_type_t *out) {
   memset(out, 0, sizeof(*out));
   if (ps->tok.kind != TOK_IDENT ||
@@ -311,18 +328,7 @@ static kiln_status_t parse_type(parser_t *ps, kiln_type_t *out) {
     for (;;) {
       if (out->rank == KILN_MAX_RANK)
         return perr(ps, &ps->tok, "expected at most %d dims", KILN_MAX_RANK);
-      if (ps->tok.kind == TOK_INT && ps->tok.i >= 0) {
-        out->dims[out->rank++] = ps->tok.i;
-      } else if (ps->tok.kind == TOK_IDENT) {
-        int32_t id = intern_symbol(ps->g, ps->tok.start, ps->tok.length);
-        if (id < 0)
-          return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "symbols");
-        out->dims[out->rank++] = KILN_SYM(id);
-      } else {
-        return perr(ps, &ps->tok,
-                    "expected a size (non-negative integer or symbol)");
-      }
-      lex(ps);
+      KILN_RETURN_IF_ERROR_PLAIN(parse_dim(ps, &out->dims[out->rank++]));
       if (is_punct(&ps->tok, ',')) {
         lex(ps);
         continue;
@@ -400,52 +406,80 @@ static kiln_status_t parse_attr_value(parser_t *ps, kiln_attr_t *a) {
   }
   if (is_punct(t, '[')) {
     lex(ps);
+    // Elements: numbers, or in a 'shape' list also size expressions ("s0",
+    // "128*s0") whose dim is kept in `dims` (see kiln_attr_t.sym).
+    bool sizes = strcmp(a->name, "shape") == 0;
     int32_t cap = 16, n = 0;
     double *fs = malloc(sizeof(double) * (size_t)cap);
-    bool all_int = true;
-    if (!fs) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
-    while (!is_punct(&ps->tok, ']')) {
-      if (!scalar_literal(&ps->tok, &kind, &iv, &fv)) {
-        free(fs);
-        return perr(ps, &ps->tok, "expected a number in the list");
-      }
-      if (kind == KILN_ATTR_FLOAT) all_int = false;
+    int64_t *dims = malloc(sizeof(int64_t) * (size_t)cap);
+    bool all_int = true, any_sym = false;
+    kiln_status_t s = NULL;
+    if (!fs || !dims) s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+    while (!s && !is_punct(&ps->tok, ']')) {
       if (n == cap) {
         cap *= 2;
         double *nf = realloc(fs, sizeof(double) * (size_t)cap);
-        if (!nf) {
-          free(fs);
-          return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+        if (nf) fs = nf;
+        int64_t *nd = nf ? realloc(dims, sizeof(int64_t) * (size_t)cap) : NULL;
+        if (nd) dims = nd;
+        if (!nf || !nd) {
+          s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+          break;
         }
-        fs = nf;
       }
-      fs[n++] = fv;
-      lex(ps);
+      bool literal = scalar_literal(&ps->tok, &kind, &iv, &fv);
+      if (sizes && ((ps->tok.kind == TOK_INT && ps->tok.i >= 0) ||
+                    (ps->tok.kind == TOK_IDENT && !literal))) {
+        s = parse_dim(ps, &dims[n]);
+        if (s) break;
+        any_sym |= KILN_IS_SYM(dims[n]);
+        fs[n] = KILN_IS_SYM(dims[n]) ? -1 : (double)dims[n];
+        n++;
+      } else if (literal) {
+        if (kind == KILN_ATTR_FLOAT) all_int = false;
+        dims[n] = 0;
+        fs[n++] = fv;
+        lex(ps);
+      } else {
+        s = perr(ps, &ps->tok, sizes ? "expected a number or a size in the list"
+                                     : "expected a number in the list");
+        break;
+      }
       if (is_punct(&ps->tok, ',')) {
         lex(ps);
       } else if (!is_punct(&ps->tok, ']')) {
-        free(fs);
-        return perr(ps, &ps->tok, "expected ',' or ']' in the list");
+        s = perr(ps, &ps->tok, "expected ',' or ']' in the list");
       }
     }
-    lex(ps);
-    a->kind = KILN_ATTR_LIST;
-    a->count = n;
-    a->is_int = all_int;
-    double *af = kiln_arena_alloc(&g->arena, sizeof(double) * (size_t)(n + 1));
-    int64_t *ai = kiln_arena_alloc(&g->arena, sizeof(int64_t) * (size_t)(n + 1));
-    if (!af || !ai) {
-      free(fs);
-      return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+    if (!s && any_sym && !all_int)
+      s = perr(ps, &ps->tok, "a list of sizes with a float in it");
+    double *af = NULL;
+    int64_t *ai = NULL;
+    bool *as = NULL;
+    if (!s) {
+      lex(ps);
+      af = kiln_arena_alloc(&g->arena, sizeof(double) * (size_t)(n + 1));
+      ai = kiln_arena_alloc(&g->arena, sizeof(int64_t) * (size_t)(n + 1));
+      as = any_sym ? kiln_arena_alloc(&g->arena, sizeof(bool) * (size_t)(n + 1)) : NULL;
+      if (!af || !ai || (any_sym && !as))
+        s = kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
     }
-    for (int32_t k = 0; k < n; ++k) {
-      af[k] = fs[k];
-      ai[k] = (int64_t)fs[k];
+    if (!s) {
+      for (int32_t k = 0; k < n; ++k) {
+        af[k] = fs[k];
+        ai[k] = KILN_IS_SYM(dims[k]) ? dims[k] : (int64_t)fs[k];
+        if (as) as[k] = KILN_IS_SYM(dims[k]);
+      }
+      a->kind = KILN_ATTR_LIST;
+      a->count = n;
+      a->is_int = all_int;
+      a->floats = af;
+      a->ints = ai;
+      a->sym = as;
     }
     free(fs);
-    a->floats = af;
-    a->ints = ai;
-    return NULL;
+    free(dims);
+    return s;
   }
   return perr(ps, t, "expected an attribute value (number, bool, name, "
                      "string or [list])");

@@ -21,13 +21,22 @@ static void print_float(kiln_sbuf_t *b, double f) {
   }
 }
 
+// Written out whole (kiln_type_str's buffer would cut long products short).
 static void print_type(kiln_sbuf_t *b, const kiln_graph_t *g,
                        const kiln_type_t *t) {
-  char buf[200];
-  kiln_sbuf_puts(b, kiln_type_str(g, t, buf, sizeof(buf)));
+  kiln_sbuf_printf(b, "%s[", kiln_dtype_name(t->dtype));
+  for (int i = 0; i < t->rank; ++i) {
+    if (i) kiln_sbuf_puts(b, ",");
+    if (KILN_IS_SYM(t->dims[i]))
+      kiln_sbuf_puts(b, g->symbols[KILN_SYM_ID(t->dims[i])]);
+    else
+      kiln_sbuf_printf(b, "%lld", (long long)t->dims[i]);
+  }
+  kiln_sbuf_puts(b, "]");
 }
 
-static void print_attr(kiln_sbuf_t *b, const kiln_attr_t *a) {
+static void print_attr(kiln_sbuf_t *b, const kiln_graph_t *g,
+                       const kiln_attr_t *a) {
   kiln_sbuf_printf(b, "%s = ", a->name);
   switch (a->kind) {
     case KILN_ATTR_INT: kiln_sbuf_printf(b, "%lld", (long long)a->i); break;
@@ -41,7 +50,9 @@ static void print_attr(kiln_sbuf_t *b, const kiln_attr_t *a) {
       kiln_sbuf_puts(b, "[");
       for (int i = 0; i < a->count; ++i) {
         if (i) kiln_sbuf_puts(b, ", ");
-        if (a->is_int) kiln_sbuf_printf(b, "%lld", (long long)a->ints[i]);
+        if (a->sym && a->sym[i])
+          kiln_sbuf_puts(b, g->symbols[KILN_SYM_ID(a->ints[i])]);
+        else if (a->is_int) kiln_sbuf_printf(b, "%lld", (long long)a->ints[i]);
         else print_float(b, a->floats[i]);
       }
       kiln_sbuf_puts(b, "]");
@@ -84,7 +95,7 @@ kiln_status_t kiln_graph_print_text(const kiln_graph_t *g, char **out_text) {
       kiln_sbuf_puts(&b, " {");
       for (int k = 0; k < n->attr_count; ++k) {
         if (k) kiln_sbuf_puts(&b, ", ");
-        print_attr(&b, &n->attrs[k]);
+        print_attr(&b, g, &n->attrs[k]);
       }
       kiln_sbuf_puts(&b, "}");
     }

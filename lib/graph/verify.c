@@ -92,8 +92,29 @@ static kiln_status_t need_int_list(const vctx_t *c, const char *name,
   }
   if (a->kind != KILN_ATTR_LIST || !a->is_int)
     return verr(c, "attribute '%s': expected a list of integers", name);
+  if (a->sym)
+    for (int i = 0; i < a->count; ++i)
+      if (a->sym[i])
+        return verr(c, "attribute '%s': entry %d is the size %s; expected an "
+                       "integer", name, i, c->g->symbols[KILN_SYM_ID(a->ints[i])]);
   *out = a;
   return NULL;
+}
+
+// A 'shape' attribute: integers and size expressions (symbolic entries).
+static kiln_status_t need_shape_list(const vctx_t *c, const kiln_attr_t **out) {
+  const kiln_attr_t *a = kiln_node_attr(c->node, "shape");
+  *out = NULL;
+  if (a && a->kind == KILN_ATTR_INT)  // shape = 12: a list of one
+    return need_int_list(c, "shape", true, out);
+  if (!a || a->kind != KILN_ATTR_LIST || !a->is_int)
+    return verr(c, "expected attribute 'shape' (a list of sizes)");
+  *out = a;
+  return NULL;
+}
+
+static bool shape_entry_is_sym(const kiln_attr_t *a, int i) {
+  return a->sym && a->sym[i];
 }
 
 // Category of a dtype for promotion: 0 bool, 1 integer, 2 float.
@@ -469,48 +490,58 @@ static kiln_status_t infer_conv(const vctx_t *c, kiln_type_t *res) {
   return NULL;
 }
 
-// Resolves a target shape with at most one -1 against `numel` elements.
+// Resolves a target shape with at most one -1 against `x`'s elements.
+// Symbolic sizes compare as monomials: [s0, 128, 256] views as
+// [128*s0, 256], and a -1 next to 256 is 128*s0.
 static kiln_status_t view_shape(const vctx_t *c, const kiln_type_t *x,
                                 const kiln_attr_t *shape, kiln_type_t *res) {
-  char t[160];
-  if (!kiln_type_is_static(x))
-    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
-                            "%s:%d:%d: %s: symbolic input %s; expected static "
-                            "sizes",
-                            c->filename, c->node->line, c->node->col,
-                            kiln_op_name(c->node->op),
-                            kiln_type_str(c->g, x, t, sizeof(t)));
+  char t[160], t2[160], t3[160];
   if (shape->count > KILN_MAX_RANK)
     return verr(c, "expected at most %d dims in 'shape'", KILN_MAX_RANK);
-  int64_t known = 1;
+  kiln_monomial_t numel, known = {.coef = 1};
+  if (!kiln_type_monomial(c->g, x, &numel))
+    return verr(c, "the size of %s overflows", kiln_type_str(c->g, x, t, sizeof(t)));
   int infer = -1;
   memset(res, 0, sizeof(*res));
   res->dtype = x->dtype;
   res->rank = shape->count;
   for (int i = 0; i < shape->count; ++i) {
     int64_t d = shape->ints[i];
-    if (d == -1) {
+    if (shape_entry_is_sym(shape, i)) {
+      if (!kiln_monomial_mul_dim(c->g, &known, d))
+        return verr(c, "'shape' overflows");
+    } else if (d == -1) {
       if (infer >= 0) return verr(c, "'shape' has more than one -1");
       infer = i;
+      d = 0;
     } else if (d < 0) {
       return verr(c, "'shape' has a negative size %lld", (long long)d);
-    } else {
-      known *= d;
+    } else if (!kiln_monomial_mul_dim(c->g, &known, d)) {
+      return verr(c, "'shape' overflows");
     }
     res->dims[i] = d;
   }
-  int64_t numel = kiln_type_numel(x);
   if (infer >= 0) {
-    if (known == 0 || numel % known)
-      return verr(c, "cannot view %s as a shape with -1: %lld elements do "
-                     "not divide into %lld",
-                  kiln_type_str(c->g, x, t, sizeof(t)), (long long)numel,
-                  (long long)known);
-    res->dims[infer] = numel / known;
-  } else if (known != numel) {
-    char t2[160];
-    return verr(c, "cannot view %s (%lld elements) as %s",
-                kiln_type_str(c->g, x, t, sizeof(t)), (long long)numel,
+    kiln_monomial_t rest;
+    if (!kiln_monomial_div(&numel, &known, &rest))
+      return verr(c, "cannot view %s as a shape with -1: %s elements do not "
+                     "divide into %s",
+                  kiln_type_str(c->g, x, t, sizeof(t)),
+                  kiln_monomial_str(c->g, &numel, t2, sizeof(t2)),
+                  kiln_monomial_str(c->g, &known, t3, sizeof(t3)));
+    if (rest.count > KILN_MAX_SYM_FACTORS)
+      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                              "%s:%d:%d: %s: the -1 of 'shape' is a product of "
+                              "%d symbols (%s); at most %d",
+                              c->filename, c->node->line, c->node->col,
+                              kiln_op_name(c->node->op), (int)rest.count,
+                              kiln_monomial_str(c->g, &rest, t3, sizeof(t3)),
+                              KILN_MAX_SYM_FACTORS);
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_product_dim(
+        c->g, rest.coef, rest.factors, rest.count, &res->dims[infer]));
+  } else if (!kiln_monomial_equal(&known, &numel)) {
+    return verr(c, "cannot view %s as %s: the element counts differ",
+                kiln_type_str(c->g, x, t, sizeof(t)),
                 kiln_type_str(c->g, res, t2, sizeof(t2)));
   }
   return NULL;
@@ -586,10 +617,10 @@ static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
     }
     case KILN_OP_VIEW:
     case KILN_OP_RESHAPE:
-      KILN_RETURN_IF_ERROR_PLAIN(need_int_list(c, "shape", true, &a));
+      KILN_RETURN_IF_ERROR_PLAIN(need_shape_list(c, &a));
       return view_shape(c, x, a, res);
     case KILN_OP_EXPAND: {
-      KILN_RETURN_IF_ERROR_PLAIN(need_int_list(c, "shape", true, &a));
+      KILN_RETURN_IF_ERROR_PLAIN(need_shape_list(c, &a));
       if (a->count < x->rank || a->count > KILN_MAX_RANK)
         return verr(c, "'shape' has %d dims; expected %d to %d for %s",
                     a->count, x->rank, KILN_MAX_RANK,
@@ -599,7 +630,13 @@ static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
       for (int i = 0; i < a->count; ++i) {
         int64_t want = a->ints[i];
         int64_t have = i >= off ? x->dims[i - off] : 1;
-        if (want == -1) {
+        if (shape_entry_is_sym(a, i)) {
+          if (have != want && have != 1)
+            return verr(c, "cannot expand %s to 'shape': dim %d is not 1 or "
+                           "%s", kiln_type_str(c->g, x, t, sizeof(t)), i,
+                        c->g->symbols[KILN_SYM_ID(want)]);
+          res->dims[i] = want;
+        } else if (want == -1) {
           if (i < off) return verr(c, "-1 in a new leading dim of 'shape'");
           res->dims[i] = have;
         } else if (have == want || have == 1) {
@@ -1066,17 +1103,69 @@ kiln_status_t kiln_graph_specialize(const kiln_graph_t *g,
   kiln_status_t s = kiln_graph_parse_text(text, strlen(text), g->name, &copy);
   free(text);
   if (s) return s;
-  // Substitute the bound sizes, forget inferred types and re-verify so that
-  // every shape rule sees concrete sizes.
-  for (int32_t v = 0; v < copy->value_count; ++v) {
+  // The copy interns its symbols in text order, which need not be `g`'s
+  // (the verifier interns products it infers): match them by name. Each
+  // symbol maps to its new dim: a bound base symbol to its size, a product
+  // to its bound factors' value times the unbound ones (a product of its
+  // own, interned in the copy, when some stay symbolic).
+  int32_t nsym = copy->symbol_count;
+  int64_t *b = malloc(sizeof(int64_t) * ((size_t)nsym + 1));
+  int64_t *map = malloc(sizeof(int64_t) * ((size_t)nsym + 1));
+  s = b && map ? NULL : kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "specializing");
+  for (int32_t i = 0; !s && i < nsym; ++i) {
+    b[i] = -1;
+    for (int32_t j = 0; j < g->symbol_count; ++j)
+      if (strcmp(copy->symbols[i], g->symbols[j]) == 0) b[i] = binding[j];
+  }
+  for (int32_t i = 0; !s && i < nsym; ++i) {
+    kiln_symdef_t d = copy->symdefs[i];  // product_dim may move the table
+    if (d.factor_count == 0) {
+      map[i] = b[i] >= 0 ? b[i] : KILN_SYM(i);
+      continue;
+    }
+    int64_t coef = d.coef;
+    int32_t open[KILN_MAX_SYM_FACTORS], n = 0;
+    for (int32_t k = 0; k < d.factor_count; ++k) {
+      int64_t v = b[d.factors[k]];
+      if (v < 0) open[n++] = d.factors[k];
+      else if (__builtin_mul_overflow(coef, v, &coef))
+        s = kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                             "size %s overflows for this call's sizes", copy->symbols[i]);
+    }
+    if (!s) s = kiln_graph_product_dim(copy, coef, open, n, &map[i]);
+  }
+  // Substitute (in input types and 'shape' lists), forget inferred types
+  // and re-verify so that every shape rule sees the new sizes.
+  for (int32_t v = 0; !s && v < copy->value_count; ++v) {
     kiln_type_t *t = &copy->values[v].type;
     if (copy->values[v].node >= 0) {
       t->rank = -1;
       continue;
     }
     for (int i = 0; i < t->rank; ++i)
-      if (KILN_IS_SYM(t->dims[i]) && binding[KILN_SYM_ID(t->dims[i])] >= 0)
-        t->dims[i] = binding[KILN_SYM_ID(t->dims[i])];
+      if (KILN_IS_SYM(t->dims[i])) t->dims[i] = map[KILN_SYM_ID(t->dims[i])];
+  }
+  for (int32_t i = 0; !s && i < copy->node_count; ++i) {
+    for (int32_t k = 0; k < copy->nodes[i].attr_count; ++k) {
+      kiln_attr_t *a = &copy->nodes[i].attrs[k];
+      if (a->kind != KILN_ATTR_LIST || !a->sym) continue;
+      // The copy's own arena memory.
+      int64_t *ints = (int64_t *)a->ints;
+      bool *sym = (bool *)a->sym;
+      double *fl = (double *)a->floats;
+      for (int32_t e = 0; e < a->count; ++e) {
+        if (!sym[e]) continue;
+        ints[e] = map[KILN_SYM_ID(ints[e])];
+        sym[e] = KILN_IS_SYM(ints[e]);
+        fl[e] = sym[e] ? -1 : (double)ints[e];
+      }
+    }
+  }
+  free(b);
+  free(map);
+  if (s) {
+    kiln_graph_free(copy);
+    return s;
   }
   // Constants must keep their annotated type.
   for (int32_t i = 0; i < copy->node_count; ++i) {

@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - older or stripped builds
     _TensorGuards = None
 
 from . import _capi, hoist
-from .translate import DTYPES, Unsupported, support_reason, translate
+from .translate import DTYPES, Unsupported, is_size_input, support_reason, translate
 
 log = logging.getLogger("kiln")
 
@@ -135,6 +135,18 @@ def parse_options(mode, options) -> dict:
     return opts
 
 
+_SIZE_OPS = {torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default,
+             torch.ops.aten.sym_stride.int, torch.ops.aten.sym_storage_offset.default}
+
+
+def _size_arithmetic(node) -> bool:
+    """A node that computes a size (a SymInt) from sizes: a tensor's size,
+    or Python arithmetic on sizes (`operator.mul`)."""
+    val = node.meta.get("val")
+    return (isinstance(val, torch.SymInt) and
+            (node.target in _SIZE_OPS or getattr(node.target, "__module__", None) == "_operator"))
+
+
 class _Support(OperatorSupportBase):
     def __init__(self, excluded: dict[str, str] | None = None):
         self.reasons: dict[str, str] = {}
@@ -143,6 +155,10 @@ class _Support(OperatorSupportBase):
     def is_node_supported(self, submodules, node) -> bool:
         if node.op != "call_function":
             return False  # placeholders, outputs, attributes: not ops to move
+        if _size_arithmetic(node):
+            # s0 * 128 for a view under a dynamic batch: Python's, and no
+            # fallback; kiln reads the sizes' expressions.
+            return False
         reason = self.excluded.get(node.name) or support_reason(node)
         if reason is not None:
             self.reasons[node.name] = f"{node.target}: {reason}"
@@ -226,7 +242,8 @@ class CompiledSubgraph(torch.nn.Module):
         super().__init__()
         # Graphs that arrive with SymInts (dynamic=True, mark_dynamic) are
         # symbolic from the start; static ones let kiln's policy decide.
-        vals_in = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        vals_in = [n.meta["val"] for n in gm.graph.nodes
+                   if n.op == "placeholder" and not is_size_input(n)]
         symbolic = any(not isinstance(d, int) for v in vals_in for d in v.shape)
         out = [n for n in gm.graph.nodes if n.op == "output"][0]
         fx_outs = out.args[0] if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
@@ -596,12 +613,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
         if not name.startswith("fused_"):
             continue
         call = calls.get(name)
-        written_later = frozenset(i for i, a in enumerate(call.args if call else ())
-                                  if a in late_targets)
+        # Size inputs (SymInts) are not kiln's: the call passes the tensors.
+        sizes = [is_size_input(p) for p in sub.graph.nodes if p.op == "placeholder"]
+        tensor_args = [a for a, size in zip(call.args if call else (), sizes) if not size]
+        written_later = frozenset(i for i, a in enumerate(tensor_args) if a in late_targets)
         try:
             setattr(fused, name, CompiledSubgraph(sub, f"{kind}_{name}", opts,
                                                   written_later))
             compiled += 1
+            if call is not None and any(sizes):
+                call.args = tuple(tensor_args)
         except (Unsupported, _capi.KilnError) as ex:
             _note("fallbacks", f"{kind}: partition {name} runs in PyTorch: {ex}")
             if opts["fallback"] == "error":

@@ -37,14 +37,43 @@ _SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _dim(d) -> str:
+    """kiln size text: an integer, a symbol ("s0"), or a constant times
+    symbols ("128*s0": a flattened batch). A size Dynamo passes as an FX node
+    (a SymInt placeholder) is its traced expression."""
+    if isinstance(d, torch.fx.Node):
+        d = d.meta.get("val")
+    if isinstance(d, bool):
+        raise Unsupported(f"size {d!r}")
     if isinstance(d, int):
         return str(d)
     if isinstance(d, torch.SymInt):
-        s = str(d)
-        if _SYMBOL.match(s):
-            return s
-        raise Unsupported(f"size expression {s} (kiln takes plain symbols)")
+        expr = d.node.expr
+        if expr.is_Integer:
+            return str(int(expr))
+        coef, factors = 1, []
+        for f in (expr.args if expr.is_Mul else (expr,)):
+            if f.is_Integer and int(f) > 0:
+                coef *= int(f)
+            elif f.is_Symbol and _SYMBOL.match(str(f)):
+                factors.append(str(f))
+            elif f.is_Pow and f.base.is_Symbol and f.exp.is_Integer and int(f.exp) > 0 \
+                    and _SYMBOL.match(str(f.base)):
+                factors += [str(f.base)] * int(f.exp)
+            else:
+                raise Unsupported(f"size expression {d} (kiln takes products of a "
+                                  f"constant and symbols)")
+        if len(factors) > 4:
+            raise Unsupported(f"size expression {d} (more than 4 symbols)")
+        return "*".join(([str(coef)] if coef != 1 else []) + sorted(factors))
     raise Unsupported(f"size {d!r}")
+
+
+def _shape_list(xs) -> str:
+    """A 'shape' attribute: integers (-1 too) and size expressions."""
+    if isinstance(xs, (int, torch.SymInt, torch.fx.Node)):
+        xs = [xs]
+    return "[" + ", ".join(str(x) if isinstance(x, int) and not isinstance(x, bool)
+                           else _dim(x) for x in xs) + "]"
 
 
 def tensor_type(val) -> str:
@@ -286,7 +315,7 @@ def _transpose(e, n):
 
 
 def _view(e, n):
-    return e.op("aten.view", [e.operand(n.args[0])], {"shape": _int_list(n.args[1], "shape")})
+    return e.op("aten.view", [e.operand(n.args[0])], {"shape": _shape_list(n.args[1])})
 
 
 def _as_strided(e, n):
@@ -312,7 +341,7 @@ def _as_strided(e, n):
 
 
 def _expand(e, n):
-    return e.op("aten.expand", [e.operand(n.args[0])], {"shape": _int_list(n.args[1], "shape")})
+    return e.op("aten.expand", [e.operand(n.args[0])], {"shape": _shape_list(n.args[1])})
 
 
 def _squeeze(e, n):
@@ -802,7 +831,12 @@ def _sdpa_cpu(e, n):
     if not (qv.dim() == kv.dim() == vv.dim() == 4):
         raise Unsupported(f"q, k, v of ranks {qv.dim()}, {kv.dim()}, {vv.dim()}; "
                           "expected [B, H, L, E] each")
-    B, H, L, E = (_static_int(d, "an attention size") for d in qv.shape)
+    # The batch may be symbolic (Dynamo's dynamic batch: "s0"); heads,
+    # lengths and head sizes are static.
+    B = qv.shape[0] if isinstance(qv.shape[0], torch.SymInt) else \
+        _static_int(qv.shape[0], "an attention size")
+    _dim(B)
+    H, L, E = (_static_int(d, "an attention size") for d in qv.shape[1:])
     S, Ev = _static_int(kv.shape[2], "key length"), _static_int(vv.shape[3], "value size")
     # Grouped-query attention (SDPA's enable_gqa: fewer key and value heads,
     # each serving H / Hkv query heads in turn, as repeat_interleave over
@@ -818,7 +852,10 @@ def _sdpa_cpu(e, n):
         # bf16: 3.35 against 0.91 ms.
         raise Unsupported(f"{DTYPES[qv.dtype]} attention: kiln's fused kernel takes "
                           "f32; PyTorch's flash kernel is faster than kiln's op-by-op form")
-    score_bytes = B * H * L * S * qv.element_size()
+    if not isinstance(B, int) and not fused:
+        raise Unsupported("a symbolic batch: kiln's fused attention kernel does not "
+                          "take this call, and its scores' size has no bound")
+    score_bytes = (B if isinstance(B, int) else 1) * H * L * S * qv.element_size()
     if score_bytes > _SDPA_SCORES_BYTES and not fused:
         raise Unsupported(f"its [{B * H}, {L}, {S}] scores ({score_bytes >> 20} MiB) would be "
                           "written out: kiln's fused attention kernel does not take this "
@@ -828,14 +865,14 @@ def _sdpa_cpu(e, n):
     bh = B * H
 
     def view(x, shape):
-        return e.op("aten.view", [x], {"shape": _int_list(shape, "shape")})
+        return e.op("aten.view", [x], {"shape": _shape_list(shape)})
 
     def heads(x, D):  # [B, Hkv, S, D] as [B * H, S, D]
         if Hkv == H:
             return view(x, [bh, S, D])
         g = e.op("aten.expand", [view(x, [B, Hkv, 1, S, D])],
-                 {"shape": _int_list([B, Hkv, H // Hkv, S, D], "shape")})
-        return e.op("aten.reshape", [g], {"shape": _int_list([bh, S, D], "shape")})
+                 {"shape": _shape_list([B, Hkv, H // Hkv, S, D])})
+        return e.op("aten.reshape", [g], {"shape": _shape_list([bh, S, D])})
 
     kt = e.op("aten.transpose", [heads(e.operand(k), E)], {"dim0": "1", "dim1": "2"})
     s = e.op("aten.bmm", [view(e.operand(q), [bh, L, E]), kt])
@@ -1116,18 +1153,30 @@ def support_reason(node) -> str | None:
         for a in node.all_input_nodes:
             if isinstance(a.meta.get("val"), torch.Tensor):
                 tensor_type(a.meta["val"])
+            elif isinstance(a.meta.get("val"), torch.SymInt):
+                _dim(a)  # a size (a view's): kiln reads its expression
             elif a.target not in _MULTI_RESULT:
                 return f"operand {a.name} is not a tensor"
-        # Dry run: translate with placeholder names for the operands.
+        # Dry run: translate with placeholder names for the operands (sizes
+        # have none: only a view's 'shape' may name them, by expression).
         e = Emitter()
         for a in node.all_input_nodes:
-            e.names[a] = f"%{a.name}"
+            if not isinstance(a.meta.get("val"), torch.SymInt):
+                e.names[a] = f"%{a.name}"
         tr(e, node)
     except Unsupported as ex:
         return str(ex)
     except (KeyError, TypeError, IndexError, AttributeError, ValueError) as ex:
         return f"cannot translate: {type(ex).__name__}: {ex}"
     return None
+
+
+def is_size_input(n) -> bool:
+    """A placeholder that holds a size (a SymInt Dynamo passes beside the
+    tensors): the graph kiln compiles does not take it, since kiln binds
+    every symbol from its tensor inputs' sizes."""
+    return n.op == "placeholder" and isinstance(n.meta.get("val"), (torch.SymInt, int)) \
+        and not isinstance(n.meta.get("val"), bool)
 
 
 class Translation:
@@ -1168,6 +1217,8 @@ def translate(gm: torch.fx.GraphModule, name: str = "graph",
     written = {n.args[0] for n in gm.graph.nodes
                if n.op == "call_function" and n.target is aten.copy_.default}
     for n in gm.graph.nodes:
+        if n.op == "placeholder" and is_size_input(n):
+            continue  # a SymInt: kiln binds its symbol from the tensors' sizes
         if n.op == "placeholder":
             kname = f"%in{len(inputs)}"
             index_of[n] = len(inputs)

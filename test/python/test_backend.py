@@ -292,6 +292,33 @@ def test_dynamic_batch_compiles_once(capfd, monkeypatch):
     assert recompiles and all("=?" in l and "first call" in l for l in recompiles), err
 
 
+def test_dynamic_sizes_kiln_cannot_bind_fall_back(capfd, monkeypatch):
+    """Under dynamic=True a partition may name sizes none of its tensors
+    has: after a cumsum left to PyTorch, the [B*L, D] rows are viewed back
+    as [B, L, D], and B and L are each no input's size. kiln refuses that
+    graph when it compiles it (the partition runs in PyTorch), not on its
+    first call. A size used as a number (`+ x.shape[0]`) is no kiln
+    operand: that add alone stays PyTorch's."""
+    monkeypatch.setenv("KILN_LOG", "fallbacks")
+
+    def rows_back(x):
+        b, t, d = x.shape
+        y = torch.cumsum(x.reshape(b * t, d).relu(), 0)
+        return y.view(b, t, d) * 2.0
+
+    def plus_batch(x):
+        return x.view(-1, x.shape[-1]) * 2.0 + x.shape[0]
+
+    for fn in (rows_back, plus_batch):
+        compiled = torch.compile(fn, backend="kiln", dynamic=True)
+        for b in (2, 3, 4):
+            x = torch.randn(b, 5, 8)
+            torch.testing.assert_close(compiled(x), fn(x))
+    err = capfd.readouterr().err
+    assert "is not determined by the inputs' sizes" in err, err
+    assert "add_" in err and "operand" in err and "is not available to kiln" in err, err
+
+
 def test_max_autotune_and_cuda_graphs_conflict():
     compiled = torch.compile(nn.ReLU(), backend="kiln",
                              options={"max_autotune": True, "cuda_graphs": True})

@@ -167,9 +167,8 @@ def test_encoder_layer_fast_path_runs_in_kiln(name, kw):
     PyTorch's fast path, one op for the whole layer
     (aten._transformer_encoder_layer_fwd); kiln decomposes it into the
     layer's math (backend._encoder_layer_fwd) and compiles all of it
-    (fallback="error"); fresh random inputs, two batch sizes (static: a
-    symbolic batch makes views of products of sizes, which kiln leaves to
-    PyTorch)."""
+    (fallback="error"); fresh random inputs, two batch sizes (static here;
+    test_dynamic_batch_runs_in_kiln takes the symbolic batch)."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, **kw).eval()
     compiled = torch.compile(layer, backend="kiln", dynamic=False,
@@ -178,6 +177,38 @@ def test_encoder_layer_fast_path_runs_in_kiln(name, kw):
         for b, t in ((2, 16), (3, 16)):
             x = torch.randn(b, t, 32)
             torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
+
+
+DYNAMIC_BATCH = [
+    ("attention", lambda: BenchAttention(64, 4)),
+    ("encoder_layer", lambda: nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0,
+                                                         batch_first=True).eval()),
+]
+
+
+@pytest.mark.parametrize("name,make", DYNAMIC_BATCH, ids=[c[0] for c in DYNAMIC_BATCH])
+def test_dynamic_batch_runs_in_kiln(name, make, capfd, monkeypatch):
+    """A second batch size makes Dynamo recompile the frame with the batch
+    symbolic (automatic dynamic shapes): the projections' views then have
+    sizes like 16*s0 (rows) and 4*s0 (heads), which kiln's graph states as
+    derived sizes (lib/graph/symbols.c). Every tensor op is kiln's
+    (fallback="error"; the size arithmetic stays Python's), one symbolic
+    variant serves the later batch sizes, and each call equals eager on
+    fresh random inputs."""
+    monkeypatch.setenv("KILN_LOG", "recompiles")
+    torch.manual_seed(0)
+    model = make()
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for b in (2, 3, 5, 1, 3):
+            x = torch.randn(b, 16, 64)
+            torch.testing.assert_close(compiled(x), model(x), **TOL[torch.float32])
+    err = capfd.readouterr().err
+    # A variant with the batch symbolic and sizes derived from it
+    # ("s77=? 16*s77=? 4*s77=?").
+    symbolic = [l for l in err.splitlines()
+                if l.startswith("[kiln recompiles]") and "=?" in l and "*" in l]
+    assert symbolic, err
 
 
 MASKS = ["padding", "causal", "finite"]

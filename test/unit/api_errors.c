@@ -312,6 +312,139 @@ static void test_symbolic_and_targets(void) {
             "expected one of graph, linalg");
 }
 
+// Derived sizes: a flattened batch (128*s0 rows, Dynamo's size expression
+// for a [s0, 128, ...] tensor seen as a matrix) parses, prints back,
+// verifies views between the two as equal element counts, binds s0 from
+// either form, and reports sizes that do not fit.
+static void test_derived_sizes(void) {
+  expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.view(%x) {shape = [3*s0]}\n  return %y\n}",
+                     KILN_STATUS_VERIFY_ERROR,
+                     "aten.view: cannot view f32[s0,4] as f32[3*s0]: the element counts differ");
+  expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.view(%x) {shape = [s1, -1]}\n  return %y\n}",
+                     KILN_STATUS_VERIFY_ERROR, "as a shape with -1: 4*s0 elements do not divide into s1");
+  // Sizes in 'shape' lists only; an aten.full's static shape only.
+  expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.sum(%x) {dims = [s0]}\n  return %y\n}",
+                     KILN_STATUS_PARSE_ERROR, "2:30: expected a number in the list, found 's0'");
+  expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.full() {shape = [s0], value = 1.0}\n"
+                     "  return %y\n}",
+                     KILN_STATUS_VERIFY_ERROR,
+                     "attribute 'shape': entry 0 is the size s0; expected an integer");
+  expect_parse_error("graph @g(%x: f32[s0,s1,s2,s3,s4]) {\n  %y = aten.view(%x) {shape = [-1]}\n"
+                     "  return %y\n}",
+                     KILN_STATUS_UNSUPPORTED,
+                     "t.kiln:2:8: aten.view: the -1 of 'shape' is a product of 5 symbols");
+  expect_parse_error("graph @g(%x: f32[s0*s1*s2*s3*s4]) {\n  return %x\n}",
+                     KILN_STATUS_PARSE_ERROR, "expected at most 4 symbols in a size");
+  const char *text =
+      "graph @g(%x: f32[4*s0,3], %y: f32[s0,2,6]) {\n"
+      "  %v = aten.view(%x) {shape = [s0, -1]}\n"
+      "  %w = aten.view(%y) {shape = [2*s0, 6]}\n"
+      "  %u = aten.reshape(%w) {shape = [s0, 12]}\n"
+      "  %z = aten.add(%v, %u)\n  return %z\n}\n";
+  kiln_graph_t *g = NULL;
+  CHECK_OK(parse(text, &g));
+  if (!g) return;
+  char *printed = NULL;
+  CHECK_OK(kiln_graph_print(g, &printed));
+  if (printed) {
+    // Canonical products, the inferred -1 included.
+    CHECK(strstr(printed, "%x: f32[4*s0,3]") != NULL);
+    CHECK(strstr(printed, "{shape = [s0, -1]} : f32[s0,12]") != NULL);
+    CHECK(strstr(printed, "{shape = [2*s0, 6]} : f32[2*s0,6]") != NULL);
+    kiln_graph_t *again = NULL;
+    CHECK_OK(parse(printed, &again));
+    kiln_graph_destroy(again);
+    free(printed);
+  }
+  DLDataType f32 = {kDLFloat, 32, 1};
+  for (int policy = 0; policy < 2; ++policy) {
+    kiln_compile_options_t opts;
+    kiln_compile_options_init(&opts);
+    opts.dynamic = policy ? KILN_DYNAMIC_ALWAYS : KILN_DYNAMIC_AUTO;
+    kiln_function_t *fn = NULL;
+    CHECK_OK(kiln_function_compile(ctx, g, &opts, &fn));
+    if (!fn) continue;
+    for (int64_t n = 1; n <= 5; n += 2) {
+      float x[60], y[60], out[60];
+      for (int i = 0; i < 60; ++i) x[i] = (float)i, y[i] = (float)(1000 - 3 * i);
+      int64_t sx[2] = {4 * n, 3}, sy[3] = {n, 2, 6}, so[2] = {n, 12};
+      DLTensor in[2] = {tensor(x, 2, sx, f32), tensor(y, 3, sy, f32)};
+      DLTensor o = tensor(out, 2, so, f32);
+      CHECK_OK(kiln_function_call(fn, in, 2, &o, 1));
+      for (int64_t i = 0; i < 12 * n; ++i) CHECK(out[i] == x[i] + y[i]);
+    }
+    float x[60], y[60], out[60] = {0};
+    int64_t sx[2] = {10, 3}, sy[3] = {3, 2, 6}, so[2] = {3, 12};
+    DLTensor in[2] = {tensor(x, 2, sx, f32), tensor(y, 3, sy, f32)};
+    DLTensor o = tensor(out, 2, so, f32);
+    CHECK_ERR(kiln_function_call(fn, in, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+              "size 4*s0 is 10 in this call's inputs, but s0=3 makes it 12");
+    sy[0] = 4;
+    CHECK_ERR(kiln_function_call(fn, in, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+              "size 4*s0 is 10 in this call's inputs, but s0=4 makes it 16");
+    kiln_function_release(fn);
+  }
+  kiln_graph_destroy(g);
+  // A size no input determines: refused when the function is compiled
+  // (kiln's Python layer then leaves the graph to PyTorch).
+  CHECK_OK(parse("graph @g(%x: f32[s0*s1]) {\n  %y = aten.view(%x) {shape = [s0, s1]}\n"
+                 "  return %y\n}\n", &g));
+  if (g) {
+    kiln_function_t *fn = NULL;
+    CHECK_ERR(kiln_function_compile(ctx, g, NULL, &fn), KILN_STATUS_UNSUPPORTED,
+              "graph @g: size s0 is not determined by the inputs' sizes");
+    kiln_graph_destroy(g);
+  }
+  // A zero size names no symbol.
+  CHECK_OK(parse("graph @g(%x: f32[0*s9,4]) {\n  %y = aten.neg(%x)\n  return %y\n}\n", &g));
+  if (g) {
+    char *t = NULL;
+    CHECK_OK(kiln_graph_print(g, &t));
+    CHECK(t && strstr(t, "%x: f32[0,4]") && !strstr(t, "s9"));
+    free(t);
+    kiln_graph_destroy(g);
+  }
+  // Under the default policy a product whose factors change apart: the
+  // variant for s0 = 3 with s1 symbolic states x's rows as 3*s1.
+  CHECK_OK(parse("graph @g(%x: f32[s0*s1,4], %y: f32[s0,s1,4]) {\n"
+                 "  %v = aten.view(%x) {shape = [s0, s1, 4]}\n"
+                 "  %z = aten.sub(%v, %y)\n  return %z\n}\n", &g));
+  if (g) {
+    kiln_function_t *fn = NULL;
+    CHECK_OK(kiln_function_compile(ctx, g, NULL, &fn));
+    for (int64_t s1 = 2; fn && s1 <= 6; s1 += 2) {
+      float x[72], y[72], out[72];
+      for (int i = 0; i < 72; ++i) x[i] = (float)(i * i), y[i] = (float)i;
+      int64_t sx[2] = {3 * s1, 4}, sy[3] = {3, s1, 4}, so[3] = {3, s1, 4};
+      DLTensor in[2] = {tensor(x, 2, sx, f32), tensor(y, 3, sy, f32)};
+      DLTensor o = tensor(out, 3, so, f32);
+      CHECK_OK(kiln_function_call(fn, in, 2, &o, 1));
+      for (int64_t i = 0; i < 12 * s1; ++i) CHECK(out[i] == x[i] - y[i]);
+    }
+    kiln_function_release(fn);
+    kiln_graph_destroy(g);
+  }
+  // s0 only through a product: solved by division, or refused.
+  CHECK_OK(parse("graph @g(%x: f32[8*s0]) {\n  %y = aten.view(%x) {shape = [s0, 8]}\n"
+                 "  %z = aten.neg(%y)\n  return %z\n}\n", &g));
+  if (!g) return;
+  kiln_function_t *fn = NULL;
+  CHECK_OK(kiln_function_compile(ctx, g, NULL, &fn));
+  if (fn) {
+    float x[24], out[24];
+    for (int i = 0; i < 24; ++i) x[i] = (float)i;
+    int64_t sx[1] = {24}, so[2] = {3, 8};
+    DLTensor in = tensor(x, 1, sx, f32), o = tensor(out, 2, so, f32);
+    CHECK_OK(kiln_function_call(fn, &in, 1, &o, 1));
+    CHECK(out[0] == 0 && out[23] == -23);
+    sx[0] = 20;
+    CHECK_ERR(kiln_function_call(fn, &in, 1, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+              "size 8*s0 is 20 in this call's inputs, which is no multiple of 8: no s0 fits");
+    kiln_function_release(fn);
+  }
+  kiln_graph_destroy(g);
+}
+
 // Inputs the graph writes: a graph of 100 updates p_i -= 0.5 * g_i (200
 // inputs: a guard key longer than the inline words, inputs past the 63rd
 // in the layout mask), called twice through the slow path and the guard hit,
@@ -415,6 +548,7 @@ int main(void) {
   test_call_errors();
   test_temporary_out_of_memory();
   test_symbolic_and_targets();
+  test_derived_sizes();
   test_mutations();
   kiln_context_destroy(ctx);
   return kt_finish("api_errors");
