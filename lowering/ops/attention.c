@@ -29,9 +29,10 @@
 // 8 run as one shorter tile, a dim that is 16 past a multiple of 32 as one
 // 16-wide tile.
 //
-// CPU with the f32 microkernels (AVX-512), f32, static sizes, S and Ev
-// multiples of 16, S up to 8192 (the score block is 8 x S floats); other
-// chains lower op by op.
+// CPU with the f32 microkernels (AVX-512), f32, static sizes but for the
+// heads (BH may be a constant times one symbol, a dynamic batch: "8*s0"),
+// S and Ev multiples of 16, S up to 8192 (the score block is 8 x S
+// floats); other chains lower op by op.
 //
 // Against PyTorch's softmax + bmm: a key masked with -inf (causal lanes, a
 // -inf mask entry) weighs exp's smallest result, about 1.2e-38, not 0 (the
@@ -49,7 +50,9 @@ typedef struct attn_chain {
   int bmm1, bmm2;
   int nodes[16], count;  // bmm1 and the nodes after it up to bmm2 (excluded)
   int32_t q, kt, v;      // graph values: Q [BH, L, E], KT [BH, E, S], V [BH, S, Ev]
-  int64_t BH, L, E, S, Ev;
+  int64_t BH, L, E, S, Ev;  // BH: a dim (KILN_SYM for a symbolic one)
+  int32_t sb;            // BH's symbol (BH = bhc * sb), or -1: BH static
+  int64_t bhc;
   double scale;
   // An additive mask (after the scale, before the softmax), or -1: a value
   // broadcast to `mview`, the scores' view it is added in.
@@ -60,18 +63,47 @@ typedef struct attn_chain {
   bool causal;
 } attn_chain_t;
 
-static bool f32_static3(const kiln_type_t *t) {
-  return t->dtype == KILN_F32 && t->rank == 3 && kiln_type_is_static(t);
+// f32 [BH, a, b] with a and b static (BH may be symbolic).
+static bool f32_heads3(const kiln_type_t *t) {
+  return t->dtype == KILN_F32 && t->rank == 3 && !KILN_IS_SYM(t->dims[1]) &&
+         !KILN_IS_SYM(t->dims[2]);
+}
+
+// Whether dims [0, n) of `t` multiply to the chain's BH (as products).
+static bool lead_is_bh(const kiln_graph_t *g, const kiln_type_t *t, int n,
+                       const attn_chain_t *ch) {
+  kiln_monomial_t lead = {.coef = 1}, bh;
+  for (int d = 0; d < n; ++d)
+    if (!kiln_monomial_mul_dim(g, &lead, t->dims[d])) return false;
+  kiln_dim_monomial(g, ch->BH, &bh);
+  return kiln_monomial_equal(&lead, &bh);
 }
 
 // A view of the scores that keeps their [BH, L, S] layout: rows of S last,
 // rows of L before them, the leading dims multiplying to BH.
-static bool score_view(const kiln_type_t *t, const attn_chain_t *ch) {
-  if (t->dtype != KILN_F32 || t->rank < 3 || !kiln_type_is_static(t)) return false;
+static bool score_view(const kiln_graph_t *g, const kiln_type_t *t, const attn_chain_t *ch) {
+  if (t->dtype != KILN_F32 || t->rank < 3) return false;
   if (t->dims[t->rank - 1] != ch->S || t->dims[t->rank - 2] != ch->L) return false;
-  int64_t lead = 1;
-  for (int d = 0; d + 2 < t->rank; ++d) lead *= t->dims[d];
-  return lead == ch->BH;
+  return lead_is_bh(g, t, t->rank - 2, ch);
+}
+
+// The size `dim` as c * sb^e (e 0 or 1), sb the chain's symbol; false for
+// any other symbolic size.
+typedef struct asize {
+  int64_t c;
+  int e;
+} asize_t;
+
+static bool asize_of(const kiln_graph_t *g, int32_t sb, int64_t dim, asize_t *out) {
+  if (!KILN_IS_SYM(dim)) {
+    *out = (asize_t){dim, 0};
+    return true;
+  }
+  kiln_monomial_t m;
+  kiln_dim_monomial(g, dim, &m);
+  if (sb < 0 || m.count != 1 || m.factors[0] != sb) return false;
+  *out = (asize_t){m.coef, 1};
+  return true;
 }
 
 //===--- Q, K^T and V read where they lie ----------------------------------===//
@@ -85,12 +117,15 @@ static bool score_view(const kiln_type_t *t, const attn_chain_t *ch) {
 // so that a reshape merging dims that are not adjacent in memory (the
 // batch and the heads of a sequence-first projection) and the reshape
 // splitting them again compose (CuTe's layouts; a plain stride per dim,
-// as PyTorch's views have, cannot express the merged dim).
+// as PyTorch's views have, cannot express the merged dim). Under a
+// symbolic batch a factor's size may be c * sb (asize_t); strides stay
+// static, so that factor is the base's outermost and stays the heads'.
 
 enum { kMaxFactors = 8 };
 
 typedef struct factor {
-  int64_t size, stride;
+  asize_t size;
+  int64_t stride;
 } factor_t;
 
 typedef struct layout {
@@ -100,19 +135,24 @@ typedef struct layout {
   int64_t offset;
 } layout_t;
 
-static void layout_dense(const kiln_type_t *t, layout_t *l) {
+static bool layout_dense(const kiln_graph_t *g, int32_t sb, const kiln_type_t *t,
+                         layout_t *l) {
   memset(l, 0, sizeof(*l));
   l->rank = t->rank;
   int64_t st = 1;
   for (int d = t->rank - 1; d >= 0; --d) {
-    if (t->dims[d] != 1) l->f[d][l->nf[d]++] = (factor_t){t->dims[d], st};
-    st *= t->dims[d];
+    asize_t a;
+    if (st < 0 || !asize_of(g, sb, t->dims[d], &a)) return false;
+    if (a.c != 1 || a.e) l->f[d][l->nf[d]++] = (factor_t){a, st};
+    st = a.e ? -1 : st * a.c;  // past a symbolic size a stride would be symbolic
   }
+  return true;
 }
 
 // Reshape to `t` (view, reshape, squeeze, unsqueeze): the factors in order,
 // regrouped by the new sizes, a factor split where a new dim ends inside it.
-static bool layout_reshape(const layout_t *in, const kiln_type_t *t, layout_t *out) {
+static bool layout_reshape(const kiln_graph_t *g, int32_t sb, const layout_t *in,
+                           const kiln_type_t *t, layout_t *out) {
   factor_t all[KILN_MAX_RANK * kMaxFactors];
   int n = 0;
   for (int d = 0; d < in->rank; ++d)
@@ -123,20 +163,22 @@ static bool layout_reshape(const layout_t *in, const kiln_type_t *t, layout_t *o
   r.offset = in->offset;
   int at = 0;
   for (int d = 0; d < t->rank; ++d) {
-    int64_t need = t->dims[d];
-    if (need < 1) return false;
-    while (need > 1) {
+    asize_t need;
+    if (!asize_of(g, sb, t->dims[d], &need) || need.c < 1) return false;
+    while (need.c > 1 || need.e) {
       if (at >= n || r.nf[d] >= kMaxFactors) return false;
       factor_t *f = &all[at];
-      if (need % f->size == 0) {
+      if (need.e >= f->size.e && need.c % f->size.c == 0) {
         r.f[d][r.nf[d]++] = *f;
-        need /= f->size;
+        need.c /= f->size.c;
+        need.e -= f->size.e;
         ++at;
-      } else if (f->size % need == 0) {
-        // The factor's outer part: `need` steps of stride * (size / need).
-        r.f[d][r.nf[d]++] = (factor_t){need, f->stride * (f->size / need)};
-        f->size /= need;
-        need = 1;
+      } else if (f->size.e == need.e && f->size.c % need.c == 0) {
+        // The factor's outer part: `need` steps of stride * (size / need)
+        // (a static quotient: a symbolic one would make the stride so).
+        r.f[d][r.nf[d]++] = (factor_t){need, f->stride * (f->size.c / need.c)};
+        f->size = (asize_t){f->size.c / need.c, 0};
+        need = (asize_t){1, 0};
       } else {
         return false;
       }
@@ -150,7 +192,8 @@ static bool layout_reshape(const layout_t *in, const kiln_type_t *t, layout_t *o
 // The layout of graph value `v` over the base it is a view of (the first
 // producer that is no view op, or a graph input). Fails where a view op is
 // one the walk does not take, or a slice cuts a merged dim.
-static bool trace_layout(const kiln_emitter_t *e, int32_t v, int32_t *base, layout_t *l) {
+static bool trace_layout(const kiln_emitter_t *e, int32_t sb, int32_t v, int32_t *base,
+                         layout_t *l) {
   const kiln_graph_t *g = e->g;
   int chain[32], n = 0;
   int32_t cur = v;
@@ -168,13 +211,13 @@ static bool trace_layout(const kiln_emitter_t *e, int32_t v, int32_t *base, layo
     cur = c->operands[0].value;
   }
   const kiln_value_t *bv = &g->values[cur];
-  if (bv->type.dtype != KILN_F32 || !kiln_type_is_static(&bv->type) || bv->type.rank < 1 ||
-      kiln_type_numel(&bv->type) < 1 || !e->values[cur].ssa[0])
+  if (bv->type.dtype != KILN_F32 || bv->type.rank < 1 || !e->values[cur].ssa[0] ||
+      (kiln_type_is_static(&bv->type) && kiln_type_numel(&bv->type) < 1))
     return false;
   // A strided graph input would be copied to be read flat.
   if (bv->node < 0 && e->input_strided && e->input_strided[bv->index]) return false;
   *base = cur;
-  layout_dense(&bv->type, l);
+  if (!layout_dense(g, sb, &bv->type, l)) return false;
   for (int i = n - 1; i >= 0; --i) {
     const kiln_node_t *c = &g->nodes[chain[i]];
     const kiln_type_t *in = &g->values[c->operands[0].value].type;
@@ -204,15 +247,16 @@ static bool trace_layout(const kiln_emitter_t *e, int32_t v, int32_t *base, layo
         int64_t step = kiln_node_attr_int(c, "step", 1);
         if (l->nf[d] > 1 || step < 1) return false;
         if (l->nf[d] == 1) {
+          if (l->f[d][0].size.e) return false;
           l->offset += start * l->f[d][0].stride;
           l->f[d][0].stride *= step;
-          l->f[d][0].size = rt->dims[d];
+          l->f[d][0].size = (asize_t){rt->dims[d], 0};
           if (rt->dims[d] == 1) l->nf[d] = 0;
         }
         break;
       }
       default:  // view, reshape, squeeze, unsqueeze
-        if (!layout_reshape(l, rt, l)) return false;
+        if (!layout_reshape(g, sb, l, rt, l)) return false;
         break;
     }
   }
@@ -237,12 +281,16 @@ typedef struct operand {
 // dims 1 and 2 on one factor each (`contig`: dim `contig` with stride 1,
 // for vector reads; -1 for scalar reads); `local_ok` (K^T): made per task
 // where dim 1 is the contiguous one instead.
-static void plan_operand(const kiln_emitter_t *e, int32_t v, int contig, bool local_ok,
-                         operand_t *op) {
+static void plan_operand(const kiln_emitter_t *e, int32_t sb, int32_t v, int contig,
+                         bool local_ok, operand_t *op) {
   memset(op, 0, sizeof(*op));
   op->mode = OPERAND_TENSOR;
   const kiln_type_t *t = &e->g->values[v].type;
-  if (!trace_layout(e, v, &op->base, &op->lay) || op->lay.rank != 3) return;
+  if (!trace_layout(e, sb, v, &op->base, &op->lay) || op->lay.rank != 3) return;
+  // A symbolic factor only as the heads' outermost (its index needs no mod).
+  for (int d = 0; d < 3; ++d)
+    for (int k = 0; k < op->lay.nf[d]; ++k)
+      if (op->lay.f[d][k].size.e && (d || k)) return;
   int64_t s[3] = {0, 0, 0};
   for (int d = 1; d < 3; ++d) {
     if (op->lay.nf[d] > 1) return;
@@ -332,13 +380,23 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   ch->q = n->operands[0].value;
   ch->kt = n->operands[1].value;
   const kiln_type_t *qt = &g->values[ch->q].type, *kt = &g->values[ch->kt].type;
-  if (!f32_static3(qt) || !f32_static3(kt)) return false;
+  if (!f32_heads3(qt) || !f32_heads3(kt)) return false;
   ch->BH = qt->dims[0];
   ch->L = qt->dims[1];
   ch->E = qt->dims[2];
   ch->S = kt->dims[2];
+  ch->sb = -1;
+  ch->bhc = ch->BH;
+  if (KILN_IS_SYM(ch->BH)) {
+    // A dynamic batch: BH a constant times one symbol.
+    kiln_monomial_t m;
+    kiln_dim_monomial(g, ch->BH, &m);
+    if (m.count != 1) return false;
+    ch->sb = m.factors[0];
+    ch->bhc = m.coef;
+  }
   if (kt->dims[0] != ch->BH || kt->dims[1] != ch->E || ch->S % 16 || ch->S < 16 ||
-      ch->S > 8192 || ch->BH < 1 || ch->L < 1 || ch->E < 1 || ch->E > 4096)
+      ch->S > 8192 || ch->bhc < 1 || ch->L < 1 || ch->E < 1 || ch->E > 4096)
     return false;
   // A bmm that ends another chain is that kernel's result, not a chain of
   // its own (its lhs, the other chain's probabilities, never exists).
@@ -364,14 +422,14 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
         return false;
       ch->v = c->operands[1].value;
       const kiln_type_t *vt = &g->values[ch->v].type;
-      if (!f32_static3(vt) || vt->dims[0] != ch->BH || vt->dims[1] != ch->S ||
-          vt->dims[2] % 16 || vt->dims[2] < 16 || vt->dims[2] > 4096 || !f32_static3(ct))
+      if (!f32_heads3(vt) || vt->dims[0] != ch->BH || vt->dims[1] != ch->S ||
+          vt->dims[2] % 16 || vt->dims[2] < 16 || vt->dims[2] > 4096 || !f32_heads3(ct))
         return false;
       ch->Ev = vt->dims[2];
       ch->bmm2 = u;
       return true;
     }
-    if (!score_view(ct, ch)) return false;
+    if (!score_view(g, ct, ch)) return false;
     switch (c->op) {
       case KILN_OP_VIEW:
       case KILN_OP_RESHAPE:
@@ -415,6 +473,8 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
         for (int d = 0; d < mt->rank; ++d) {
           int64_t m = mt->dims[d], want = ct->dims[ct->rank - mt->rank + d];
           if (m != 1 && m != want) return false;
+          // Under a symbolic batch, a mask per query row and key only.
+          if (ch->sb >= 0 && m != 1 && ct->rank - mt->rank + d < ct->rank - 2) return false;
         }
         ch->mask = c->operands[k].value;
         ch->mview = *ct;
@@ -620,16 +680,19 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
   kiln_sbuf_t *o = &e->out;
   const char *q = e->values[ch->q].ssa, *kt = e->values[ch->kt].ssa,
              *v = e->values[ch->v].ssa;
-  long long BH = ch->BH, L = ch->L, E = ch->E, S = ch->S, Ev = ch->Ev;
+  long long L = ch->L, E = ch->E, S = ch->S, Ev = ch->Ev;
   long long NVS = S / 16, NVE = Ev / 16;
+  char BH[24];  // "?" for a symbolic BH
+  if (KILN_IS_SYM(ch->BH)) snprintf(BH, sizeof(BH), "?");
+  else snprintf(BH, sizeof(BH), "%lld", (long long)ch->BH);
   int t = e->next_id++;  // this tile's names: %..._<id>_<t>
   char bh[24], pad[24];
   snprintf(bh, sizeof(bh), "%%bh_%d", id);
   snprintf(pad, sizeof(pad), "%%padf_%d", id);
   char qty[96], ktty[96], vty[96], sty[64], oty[64];
-  snprintf(qty, sizeof(qty), "tensor<%lldx%lldx%lldxf32>", BH, L, E);
-  snprintf(ktty, sizeof(ktty), "tensor<%lldx%lldx%lldxf32>", BH, E, S);
-  snprintf(vty, sizeof(vty), "tensor<%lldx%lldx%lldxf32>", BH, S, Ev);
+  snprintf(qty, sizeof(qty), "tensor<%sx%lldx%lldxf32>", BH, L, E);
+  snprintf(ktty, sizeof(ktty), "tensor<%sx%lldx%lldxf32>", BH, E, S);
+  snprintf(vty, sizeof(vty), "tensor<%sx%lldx%lldxf32>", BH, S, Ev);
   snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
   snprintf(oty, sizeof(oty), "tensor<?x%lldx16xf32>", NVE);
   // The tile's rows in Q: %gr<r>.
@@ -961,15 +1024,18 @@ static void plan_output(const kiln_emitter_t *e, const attn_chain_t *ch, out_pla
     const kiln_type_t *rt = kiln_node_result_type(g, c, 0);
     if (!permuted && (c->op == KILN_OP_VIEW || c->op == KILN_OP_RESHAPE)) {
       int r = rt->rank;
-      int64_t lead = 1;
-      for (int d = 0; d + 2 < r; ++d) lead *= rt->dims[d];
-      if (r < 3 || rt->dims[r - 1] != ch->Ev || rt->dims[r - 2] != ch->L || lead != ch->BH)
+      if (r < 3 || rt->dims[r - 1] != ch->Ev || rt->dims[r - 2] != ch->L ||
+          !lead_is_bh(g, rt, r - 2, ch))
         break;
     } else if (!permuted && (c->op == KILN_OP_PERMUTE || c->op == KILN_OP_TRANSPOSE)) {
       int r = cur->rank;
       int32_t perm[KILN_MAX_RANK];
       kiln_node_permutation(c, r, perm);
       if (perm[r - 1] != r - 1) break;
+      // A symbolic head dim only outermost (its index needs no mod).
+      bool inner_sym = false;
+      for (int d = 1; d < r - 2; ++d) inner_sym |= KILN_IS_SYM(cur->dims[d]);
+      if (inner_sym) break;
       p.rank = r;
       p.nh = r - 2;
       for (int k = 0; k < r; ++k) {
@@ -1006,7 +1072,9 @@ static void plan_output(const kiln_emitter_t *e, const attn_chain_t *ch, out_pla
 // reduced), the head offsets named %aho<i>_<id>.
 static void print_type(kiln_sbuf_t *o, const out_plan_t *op) {
   kiln_sbuf_puts(o, "tensor<");
-  for (int k = 0; k < op->rank; ++k) kiln_sbuf_printf(o, "%lldx", (long long)op->dims[k]);
+  for (int k = 0; k < op->rank; ++k)
+    if (KILN_IS_SYM(op->dims[k])) kiln_sbuf_puts(o, "?x");
+    else kiln_sbuf_printf(o, "%lldx", (long long)op->dims[k]);
   kiln_sbuf_puts(o, "f32>");
 }
 
@@ -1033,8 +1101,12 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
                            kiln_tv_t *out) {
   kiln_sbuf_t *o = &e->out;
   int id = e->next_id++;
-  long long BH = ch->BH, L = ch->L, S = ch->S, Ev = ch->Ev;
+  long long L = ch->L, S = ch->S, Ev = ch->Ev;
   long long NVS = S / 16, NVE = Ev / 16;
+  // The heads: a number, or (a dynamic batch) the size's SSA value.
+  char BH[24];
+  if (KILN_IS_SYM(ch->BH)) snprintf(BH, sizeof(BH), "%s", e->sym_ssa[KILN_SYM_ID(ch->BH)]);
+  else snprintf(BH, sizeof(BH), "%lld", (long long)ch->BH);
   // Tasks: blocks of up to 128 query rows (whole tiles), so that a K^T
   // made per task (OPERAND_LOCAL) serves 16 tiles (the bench's 128-row
   // heads: 0.30 -> 0.27 ms against blocks of 64). (The lowering does not
@@ -1065,11 +1137,14 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   memset(&rd, 0, sizeof(rd));
   const int32_t vals[3] = {ch->q, ch->kt, ch->v};
   for (int w = 0; w < 3; ++w) {
-    plan_operand(e, vals[w], w == 0 ? -1 : 2, w == 1, &rd.op[w]);
+    plan_operand(e, ch->sb, vals[w], w == 0 ? -1 : 2, w == 1, &rd.op[w]);
     if (rd.op[w].mode == OPERAND_TENSOR) continue;
     const kiln_tv_t *b = &e->values[rd.op[w].base];
-    int64_t n = kiln_type_numel(&b->type);
-    snprintf(rd.fty[w], sizeof(rd.fty[w]), "tensor<%lldxf32>", (long long)n);
+    if (kiln_type_is_static(&b->type))
+      snprintf(rd.fty[w], sizeof(rd.fty[w]), "tensor<%lldxf32>",
+               (long long)kiln_type_numel(&b->type));
+    else
+      snprintf(rd.fty[w], sizeof(rd.fty[w]), "tensor<?xf32>");
     if (b->type.rank == 1) {
       snprintf(rd.flat[w], sizeof(rd.flat[w]), "%s", b->ssa);
       continue;
@@ -1107,10 +1182,13 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
       kiln_sbuf_printf(o, "]] : %s into %s\n", mty, rd.mty);
     }
   }
+  kiln_type_t tt = {.dtype = KILN_F32, .rank = op->rank};
+  memcpy(tt.dims, op->dims, sizeof(int64_t) * (size_t)op->rank);
+  char init[24];
+  kiln_emit_empty(e, &tt, init);
   kiln_sbuf_printf(o,
-      "    %%ai_%d = tensor.empty() : %s\n"
-      "    %%ar_%d = scf.forall (%%bh_%d, %%blk_%d) in (%lld, %lld) shared_outs(%%aout_%d = "
-      "%%ai_%d) -> (%s) {\n"
+      "    %%ar_%d = scf.forall (%%bh_%d, %%blk_%d) in (%s, %lld) shared_outs(%%aout_%d = "
+      "%s) -> (%s) {\n"
       "      %%c0_%d = arith.constant 0 : index\n"
       "      %%c1_%d = arith.constant 1 : index\n"
       "      %%c8_%d = arith.constant 8 : index\n"
@@ -1122,7 +1200,7 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
       "      %%scale_%d = arith.constant dense<0x%08X> : vector<16xf32>\n"
       "      %%iota_%d = arith.constant dense<[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, "
       "15]> : vector<16xi32>\n",
-      id, rty, id, id, id, BH, NB, id, id, rty, id, id, id, id, id, id, id, id, id, su, id);
+      id, id, id, BH, NB, id, init, rty, id, id, id, id, id, id, id, id, id, su, id);
   // Index constants the tiles name: 2..7 (score block rows), 32, the
   // bounds of the loops over S, E and Ev and their multiples of 32.
   long long consts[] = {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 32,
@@ -1148,9 +1226,13 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
     int64_t inner = 1;
     for (int k = op->lay.nf[0] - 1; k >= 0; --k) {
       const factor_t *f = &op->lay.f[0][k];
-      kiln_sbuf_printf(o, " + ((d0 floordiv %lld) mod %lld) * %lld", (long long)inner,
-                       (long long)f->size, (long long)f->stride);
-      inner *= f->size;
+      if (f->size.e)  // the outermost, symbolic (plan_operand): no mod
+        kiln_sbuf_printf(o, " + (d0 floordiv %lld) * %lld", (long long)inner,
+                         (long long)f->stride);
+      else
+        kiln_sbuf_printf(o, " + ((d0 floordiv %lld) mod %lld) * %lld", (long long)inner,
+                         (long long)f->size.c, (long long)f->stride);
+      inner *= f->size.c;
     }
     kiln_sbuf_printf(o, ")>(%%bh_%d)\n", id);
   }
@@ -1211,6 +1293,11 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   {
     int64_t inner = 1;
     for (int i = op->nh - 1; i >= 0; --i) {
+      if (KILN_IS_SYM(op->hsize[i])) {  // the outermost (plan_output): no mod
+        kiln_sbuf_printf(o, "      %%aho%d_%d = affine.apply affine_map<(d0) -> (d0 floordiv "
+                            "%lld)>(%%bh_%d)\n", i, id, (long long)inner, id);
+        continue;
+      }
       kiln_sbuf_printf(o, "      %%aho%d_%d = affine.apply affine_map<(d0) -> ((d0 floordiv %lld) "
                           "mod %lld)>(%%bh_%d)\n",
                        i, id, (long long)inner, (long long)op->hsize[i], id);

@@ -852,7 +852,10 @@ def _sdpa_cpu(e, n):
         # bf16: 3.35 against 0.91 ms.
         raise Unsupported(f"{DTYPES[qv.dtype]} attention: kiln's fused kernel takes "
                           "f32; PyTorch's flash kernel is faster than kiln's op-by-op form")
-    if not isinstance(B, int) and not fused:
+    if not isinstance(B, int) and (not fused or (
+            mask is not None and any(d != 1 for d in mask.meta["val"].shape[:-2]))):
+        # (Under a symbolic batch the kernel takes masks per query row and
+        # key only: lowering/ops/attention.c.)
         raise Unsupported("a symbolic batch: kiln's fused attention kernel does not "
                           "take this call, and its scores' size has no bound")
     score_bytes = (B if isinstance(B, int) else 1) * H * L * S * qv.element_size()
