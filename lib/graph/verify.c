@@ -729,9 +729,11 @@ static kiln_status_t infer_create(const vctx_t *c, kiln_type_t *res,
                   v->count, (long long)numel);
     return NULL;
   }
-  // aten.full
-  const kiln_attr_t *shape;
-  KILN_RETURN_IF_ERROR_PLAIN(need_int_list(c, "shape", false, &shape));
+  // aten.full (its sizes may be symbolic: a gradient's ones under a
+  // dynamic batch)
+  const kiln_attr_t *shape = NULL;
+  if (kiln_node_attr(n, "shape"))
+    KILN_RETURN_IF_ERROR_PLAIN(need_shape_list(c, &shape));
   if (!v || (v->kind != KILN_ATTR_INT && v->kind != KILN_ATTR_FLOAT &&
              v->kind != KILN_ATTR_BOOL))
     return verr(c, "expected attribute 'value' (a number)");
@@ -741,7 +743,8 @@ static kiln_status_t infer_create(const vctx_t *c, kiln_type_t *res,
       return verr(c, "expected at most %d dims", KILN_MAX_RANK);
     res->rank = shape->count;
     for (int i = 0; i < shape->count; ++i) {
-      if (shape->ints[i] < 0) return verr(c, "negative size in 'shape'");
+      if (shape->ints[i] < 0 && !shape_entry_is_sym(shape, i))
+        return verr(c, "negative size in 'shape'");
       res->dims[i] = shape->ints[i];
     }
   }

@@ -402,7 +402,7 @@ def _cat(e, n):
 
 def _full(e, n):
     size, value = n.args[0], n.args[1]
-    return e.op("aten.full", [], {"shape": _int_list(size, "size"), "value": _scalar(value),
+    return e.op("aten.full", [], {"shape": _shape_list(size), "value": _scalar(value),
                                   "dtype": DTYPES[n.meta["val"].dtype]})
 
 
@@ -714,7 +714,7 @@ def _bool_only(kop):
 
 def _full_like(e, n):
     val = n.meta["val"]
-    return e.op("aten.full", [], {"shape": _int_list(list(val.shape), "size"),
+    return e.op("aten.full", [], {"shape": _shape_list(list(val.shape)),
                                   "value": _scalar(n.args[1]),
                                   "dtype": DTYPES[val.dtype]})
 

@@ -322,13 +322,12 @@ static void test_derived_sizes(void) {
                      "aten.view: cannot view f32[s0,4] as f32[3*s0]: the element counts differ");
   expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.view(%x) {shape = [s1, -1]}\n  return %y\n}",
                      KILN_STATUS_VERIFY_ERROR, "as a shape with -1: 4*s0 elements do not divide into s1");
-  // Sizes in 'shape' lists only; an aten.full's static shape only.
+  // Sizes in 'shape' lists only, and there only where the op takes them.
   expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.sum(%x) {dims = [s0]}\n  return %y\n}",
                      KILN_STATUS_PARSE_ERROR, "2:30: expected a number in the list, found 's0'");
-  expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.full() {shape = [s0], value = 1.0}\n"
-                     "  return %y\n}",
-                     KILN_STATUS_VERIFY_ERROR,
-                     "attribute 'shape': entry 0 is the size s0; expected an integer");
+  expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y, %m, %r = aten.native_layer_norm(%x, none, none) "
+                     "{normalized_shape = [s0]}\n  return %y\n}",
+                     KILN_STATUS_PARSE_ERROR, "expected a number in the list, found 's0'");
   expect_parse_error("graph @g(%x: f32[s0,s1,s2,s3,s4]) {\n  %y = aten.view(%x) {shape = [-1]}\n"
                      "  return %y\n}",
                      KILN_STATUS_UNSUPPORTED,
