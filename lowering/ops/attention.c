@@ -63,10 +63,10 @@ typedef struct attn_chain {
   bool causal;
 } attn_chain_t;
 
-// f32 [BH, a, b] with a and b static (BH may be symbolic).
+// f32 [BH, a, b] with b static (BH and a may be symbolic: a dynamic batch
+// or sequence length).
 static bool f32_heads3(const kiln_type_t *t) {
-  return t->dtype == KILN_F32 && t->rank == 3 && !KILN_IS_SYM(t->dims[1]) &&
-         !KILN_IS_SYM(t->dims[2]);
+  return t->dtype == KILN_F32 && t->rank == 3 && !KILN_IS_SYM(t->dims[2]);
 }
 
 // Whether dims [0, n) of `t` multiply to the chain's BH (as products).
@@ -380,7 +380,8 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   ch->q = n->operands[0].value;
   ch->kt = n->operands[1].value;
   const kiln_type_t *qt = &g->values[ch->q].type, *kt = &g->values[ch->kt].type;
-  if (!f32_heads3(qt) || !f32_heads3(kt)) return false;
+  if (!f32_heads3(qt) || kt->dtype != KILN_F32 || kt->rank != 3 || KILN_IS_SYM(kt->dims[1]))
+    return false;
   ch->BH = qt->dims[0];
   ch->L = qt->dims[1];
   ch->E = qt->dims[2];
@@ -395,8 +396,12 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
     ch->sb = m.factors[0];
     ch->bhc = m.coef;
   }
-  if (kt->dims[0] != ch->BH || kt->dims[1] != ch->E || ch->S % 16 || ch->S < 16 ||
-      ch->S > 8192 || ch->bhc < 1 || ch->L < 1 || ch->E < 1 || ch->E > 4096)
+  // A static S: whole vectors of 16 keys, a score block of at most 8 x 8192.
+  // A symbolic S (or L) is masked at run time.
+  bool sym_S = KILN_IS_SYM(ch->S), sym_L = KILN_IS_SYM(ch->L);
+  if (kt->dims[0] != ch->BH || kt->dims[1] != ch->E || ch->bhc < 1 || ch->E < 1 ||
+      ch->E > 4096 || (!sym_S && (ch->S % 16 || ch->S < 16 || ch->S > 8192)) ||
+      (!sym_L && ch->L < 1))
     return false;
   // A bmm that ends another chain is that kernel's result, not a chain of
   // its own (its lhs, the other chain's probabilities, never exists).
@@ -424,6 +429,10 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
       const kiln_type_t *vt = &g->values[ch->v].type;
       if (!f32_heads3(vt) || vt->dims[0] != ch->BH || vt->dims[1] != ch->S ||
           vt->dims[2] % 16 || vt->dims[2] < 16 || vt->dims[2] > 4096 || !f32_heads3(ct))
+        return false;
+      // Under a symbolic length, no mask (the kernel's masks index rows
+      // and keys by static strides).
+      if ((KILN_IS_SYM(ch->L) || KILN_IS_SYM(ch->S)) && (ch->mask >= 0 || ch->causal))
         return false;
       ch->Ev = vt->dims[2];
       ch->bmm2 = u;
@@ -569,6 +578,9 @@ typedef struct reads {
   // the strides of a query row and of a key (0 where broadcast).
   char mask[24], mty[48], moff[24];
   int64_t m_row, m_key;
+  // A symbolic S: K^T's vectors past it are read with in_bounds = false
+  // (their lanes masked out of the scores).
+  bool kmask;
 } reads_t;
 
 // A read of element (%bh, i, j) of operand `w` (0 Q, 1 K^T, 2 V) into
@@ -580,8 +592,9 @@ static void emit_load(kiln_sbuf_t *o, const reads_t *rd, int w, const char *res,
   const operand_t *op = &rd->op[w];
   if (op->mode == OPERAND_TENSOR) {
     if (vec)
-      kiln_sbuf_printf(o, "            %s = vector.transfer_read %s[%s, %s, %s], %s {in_bounds = [true]} : "
-                          "%s, vector<16xf32>\n", res, mat, bh, i, j, pad, mty);
+      kiln_sbuf_printf(o, "            %s = vector.transfer_read %s[%s, %s, %s], %s {in_bounds = [%s]} : "
+                          "%s, vector<16xf32>\n", res, mat, bh, i, j, pad,
+                       rd->kmask && w == 1 ? "false" : "true", mty);
     else
       kiln_sbuf_printf(o, "            %s = tensor.extract %s[%s, %s, %s] : %s\n", res, mat, bh, i, j, mty);
     return;
@@ -595,8 +608,9 @@ static void emit_load(kiln_sbuf_t *o, const reads_t *rd, int w, const char *res,
                       "%lld)>(%s, %s)[%s]\n", res, (long long)op->s1, (long long)op->s2, i, j,
                    rd->boff[w]);
   if (vec)
-    kiln_sbuf_printf(o, "            %s = vector.transfer_read %s[%s_i], %s {in_bounds = [true]} : %s, "
-                        "vector<16xf32>\n", res, rd->flat[w], res, pad, rd->fty[w]);
+    kiln_sbuf_printf(o, "            %s = vector.transfer_read %s[%s_i], %s {in_bounds = [%s]} : %s, "
+                        "vector<16xf32>\n", res, rd->flat[w], res, pad,
+                     rd->kmask && w == 1 ? "false" : "true", rd->fty[w]);
   else
     kiln_sbuf_printf(o, "            %s = tensor.extract %s[%s_i] : %s\n", res, rd->flat[w], res,
                      rd->fty[w]);
@@ -680,20 +694,24 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
   kiln_sbuf_t *o = &e->out;
   const char *q = e->values[ch->q].ssa, *kt = e->values[ch->kt].ssa,
              *v = e->values[ch->v].ssa;
-  long long L = ch->L, E = ch->E, S = ch->S, Ev = ch->Ev;
-  long long NVS = S / 16, NVE = Ev / 16;
-  char BH[24];  // "?" for a symbolic BH
-  if (KILN_IS_SYM(ch->BH)) snprintf(BH, sizeof(BH), "?");
-  else snprintf(BH, sizeof(BH), "%lld", (long long)ch->BH);
+  long long E = ch->E, S = ch->S, Ev = ch->Ev;
+  long long NVE = Ev / 16;
+  bool sym_S = KILN_IS_SYM(ch->S);
+  // Sizes in types: "?" where symbolic.
+  char BH[24], Ls[24], Ss[24], NVSs[24];
+  snprintf(BH, sizeof(BH), KILN_IS_SYM(ch->BH) ? "?" : "%lld", (long long)ch->BH);
+  snprintf(Ls, sizeof(Ls), KILN_IS_SYM(ch->L) ? "?" : "%lld", (long long)ch->L);
+  snprintf(Ss, sizeof(Ss), sym_S ? "?" : "%lld", S);
+  snprintf(NVSs, sizeof(NVSs), sym_S ? "?" : "%lld", S / 16);
   int t = e->next_id++;  // this tile's names: %..._<id>_<t>
   char bh[24], pad[24];
   snprintf(bh, sizeof(bh), "%%bh_%d", id);
   snprintf(pad, sizeof(pad), "%%padf_%d", id);
   char qty[96], ktty[96], vty[96], sty[64], oty[64];
-  snprintf(qty, sizeof(qty), "tensor<%sx%lldx%lldxf32>", BH, L, E);
-  snprintf(ktty, sizeof(ktty), "tensor<%sx%lldx%lldxf32>", BH, E, S);
-  snprintf(vty, sizeof(vty), "tensor<%sx%lldx%lldxf32>", BH, S, Ev);
-  snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
+  snprintf(qty, sizeof(qty), "tensor<%sx%sx%lldxf32>", BH, Ls, E);
+  snprintf(ktty, sizeof(ktty), "tensor<%sx%lldx%sxf32>", BH, E, Ss);
+  snprintf(vty, sizeof(vty), "tensor<%sx%sx%lldxf32>", BH, Ss, Ev);
+  snprintf(sty, sizeof(sty), "tensor<8x%sx16xf32>", NVSs);
   snprintf(oty, sizeof(oty), "tensor<?x%lldx16xf32>", NVE);
   // The tile's rows in Q: %gr<r>.
   for (int r = 0; r < rm; ++r)
@@ -716,17 +734,21 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         "        %s = affine.apply affine_map<(d0) -> (d0 floordiv 32 * 32)>(%s)\n"
         "        %s = affine.apply affine_map<(d0) -> (d0 floordiv 16)>(%s)\n",
         kend, rm + 15, S, id, lr, kmain, kend, knv, kend);
+  } else if (sym_S) {  // S rounded up to 16, to 32 below that, vectors
+    snprintf(kend, sizeof(kend), "%%skend_%d", id);
+    snprintf(kmain, sizeof(kmain), "%%skmain_%d", id);
+    snprintf(knv, sizeof(knv), "%%sknv_%d", id);
   } else {
     snprintf(kend, sizeof(kend), "%%c%lld_%d", S, id);
     snprintf(kmain, sizeof(kmain), "%%c%lld_%d", S32, id);
-    snprintf(knv, sizeof(knv), "%%c%lld_%d", NVS, id);
+    snprintf(knv, sizeof(knv), "%%c%lld_%d", S / 16, id);
   }
   // 1. Scores, 32 (or a last 16) keys at a time.
   char cur[24];
   snprintf(cur, sizeof(cur), "%s", sb);
   for (int part = 0; part < 2; ++part) {
     int nv = part ? 1 : 2;
-    if (!ch->causal && (part ? S32 == S : S32 == 0)) continue;
+    if (!ch->causal && !sym_S && (part ? S32 == S : S32 == 0)) continue;
     char lo[32], hi[32];
     if (part)
       snprintf(lo, sizeof(lo), "%s", kmain);
@@ -801,6 +823,22 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         kiln_sbuf_printf(o, "          %%sm%d_%d_%d_%d = arith.addf %s, %%mv%d_%d_%d_%d : vector<16xf32>\n",
                          k, id, t, part, sv, k, id, t, part);
         snprintf(sv, sizeof(sv), "%%sm%d_%d_%d_%d", k, id, t, part);
+      }
+      if (sym_S) {
+        // Keys past S are -inf: lanes j + 16 h + (0 .. 15) >= S.
+        int h = k % nv;
+        char n[48];
+        snprintf(n, sizeof(n), "%d_%s", k, sfx);
+        kiln_sbuf_printf(o,
+            "          %%qk%s = affine.apply affine_map<(d0) -> (d0 + %d)>(%%j_%d_%d_%d)\n"
+            "          %%qki%s = arith.index_cast %%qk%s : index to i32\n"
+            "          %%qkv%s = vector.broadcast %%qki%s : i32 to vector<16xi32>\n"
+            "          %%qkl%s = arith.addi %%qkv%s, %%iota_%d : vector<16xi32>\n"
+            "          %%qok%s = arith.cmpi slt, %%qkl%s, %%svec_%d : vector<16xi32>\n"
+            "          %%qs%s = arith.select %%qok%s, %s, %%ninf_%d : vector<16xi1>, "
+            "vector<16xf32>\n",
+            n, h * 16, id, t, part, n, n, n, n, n, n, id, n, n, id, n, n, sv, id);
+        snprintf(sv, sizeof(sv), "%%qs%s", n);
       }
       if (ch->causal) {
         // Keys past the row are -inf: lanes j + 16 h + (0 .. 15) > row.
@@ -928,7 +966,11 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     snprintf(res, sizeof(res), "%%oa_%s", sfx);
     snprintf(iv, sizeof(iv), "%%kv_%s", sfx);
     snprintf(zero, sizeof(zero), "%%zero_%d", id);
-    open_vec_loop(o, res, nv * rm, iv, c0, knv, c1, "ox", sfx, zero);
+    // (A symbolic S: its whole vectors here, the keys past them below.)
+    char knvf[32];
+    if (sym_S) snprintf(knvf, sizeof(knvf), "%%sknvf_%d", id);
+    else snprintf(knvf, sizeof(knvf), "%s", knv);
+    open_vec_loop(o, res, nv * rm, iv, c0, knvf, c1, "ox", sfx, zero);
     char acc[16][64];
     for (int k = 0; k < nv * rm; ++k)
       snprintf(acc[k], sizeof(acc[k]), "%%ox%d_%d_%d_%d", k, id, t, part);
@@ -964,6 +1006,44 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
       }
     }
     close_vec_loop(o, acc, nv * rm);
+    if (sym_S) {
+      // The keys past S's whole vectors, one at a time (V's rows past S
+      // are never read).
+      char rres[48], riv[48];
+      snprintf(rres, sizeof(rres), "%%or_%s", sfx);
+      snprintf(riv, sizeof(riv), "%%rk_%s", sfx);
+      kiln_sbuf_printf(o, "          %s:%d = scf.for %s = %%sfull_%d to %s step %s iter_args(",
+                       rres, nv * rm, riv, id, e->sym_ssa[KILN_SYM_ID(ch->S)], c1);
+      for (int k = 0; k < nv * rm; ++k)
+        kiln_sbuf_printf(o, "%s%%rz%d_%s = %s#%d", k ? ", " : "", k, sfx, res, k);
+      kiln_sbuf_puts(o, ") -> (");
+      for (int k = 0; k < nv * rm; ++k) kiln_sbuf_printf(o, "%svector<16xf32>", k ? ", " : "");
+      kiln_sbuf_printf(o, ") {\n"
+                          "            %%rkv_%s = arith.divui %s, %%c16_%d : index\n"
+                          "            %%rkl_%s = arith.remui %s, %%c16_%d : index\n",
+                       sfx, riv, id, sfx, riv, id);
+      for (int h = 0; h < nv; ++h) {
+        char vr[48], cv[24];
+        snprintf(vr, sizeof(vr), "%%vr%d_%s", h, sfx);
+        snprintf(cv, sizeof(cv), "%s_%d_%d_%d", h ? "%ch" : "%c", id, t, part);
+        emit_load(o, rd, 2, vr, true, bh, riv, cv, v, vty, pad);
+      }
+      char ry[16][64];
+      for (int r = 0; r < rm; ++r) {
+        kiln_sbuf_printf(o,
+            "            %%rp%d_%s = tensor.extract %s[%%c%d_%d, %%rkv_%s, %%rkl_%s] : %s\n"
+            "            %%rpb%d_%s = vector.broadcast %%rp%d_%s : f32 to vector<16xf32>\n",
+            r, sfx, cur, r, id, sfx, sfx, sty, r, sfx, r, sfx);
+        for (int h = 0; h < nv; ++h) {
+          int k = r * nv + h;
+          snprintf(ry[k], sizeof(ry[k]), "%%ry%d_%s", k, sfx);
+          kiln_sbuf_printf(o, "            %s = vector.fma %%rpb%d_%s, %%vr%d_%s, %%rz%d_%s : "
+                              "vector<16xf32>\n", ry[k], r, sfx, h, sfx, k, sfx);
+        }
+      }
+      close_vec_loop(o, ry, nv * rm);
+      snprintf(res, sizeof(res), "%s", rres);
+    }
     // Times 1 / sum, into the output block as one [rm, nv, 16] write.
     char vals[16][64];
     for (int k = 0; k < nv * rm; ++k) {
@@ -1102,7 +1182,10 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   kiln_sbuf_t *o = &e->out;
   int id = e->next_id++;
   long long L = ch->L, S = ch->S, Ev = ch->Ev;
-  long long NVS = S / 16, NVE = Ev / 16;
+  long long NVE = Ev / 16;
+  bool sym_L = KILN_IS_SYM(ch->L), sym_S = KILN_IS_SYM(ch->S);
+  const char *Lssa = sym_L ? e->sym_ssa[KILN_SYM_ID(ch->L)] : "";
+  const char *Sssa = sym_S ? e->sym_ssa[KILN_SYM_ID(ch->S)] : "";
   // The heads: a number, or (a dynamic batch) the size's SSA value.
   char BH[24];
   if (KILN_IS_SYM(ch->BH)) snprintf(BH, sizeof(BH), "%s", e->sym_ssa[KILN_SYM_ID(ch->BH)]);
@@ -1111,7 +1194,17 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   // made per task (OPERAND_LOCAL) serves 16 tiles (the bench's 128-row
   // heads: 0.30 -> 0.27 ms against blocks of 64). (The lowering does not
   // know the thread count: few heads of few rows are few tasks.)
-  long long L8 = (L + 7) / 8 * 8, RB = L8 < 128 ? L8 : 128, NB = (L + RB - 1) / RB;
+  // A symbolic L: blocks of 128, their count at run time.
+  long long L8 = (L + 7) / 8 * 8, RB = sym_L || L8 >= 128 ? 128 : L8,
+            NB = sym_L ? 0 : (L + RB - 1) / RB;
+  char nb[24];
+  if (sym_L) {
+    snprintf(nb, sizeof(nb), "%%anb_%d", id);
+    kiln_sbuf_printf(o, "    %s = affine.apply affine_map<()[s0] -> ((s0 + 127) floordiv 128)>()[%s]\n",
+                     nb, Lssa);
+  } else {
+    snprintf(nb, sizeof(nb), "%lld", NB);
+  }
   char rty[160], sty[64], oty[64], slice[512];
   {
     kiln_sbuf_t sbuf;
@@ -1127,7 +1220,8 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
     snprintf(rty, sizeof(rty), "%s", tb.data ? tb.data : "");
     kiln_sbuf_free(&tb);
   }
-  snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", NVS);
+  if (sym_S) snprintf(sty, sizeof(sty), "tensor<8x?x16xf32>");
+  else snprintf(sty, sizeof(sty), "tensor<8x%lldx16xf32>", S / 16);
   snprintf(oty, sizeof(oty), "tensor<?x%lldx16xf32>", NVE);
   float sc = (float)ch->scale;
   uint32_t su;
@@ -1135,6 +1229,7 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   // Q read as scalars, K^T and V as vectors along their last dim.
   reads_t rd;
   memset(&rd, 0, sizeof(rd));
+  rd.kmask = sym_S;
   const int32_t vals[3] = {ch->q, ch->kt, ch->v};
   for (int w = 0; w < 3; ++w) {
     plan_operand(e, ch->sb, vals[w], w == 0 ? -1 : 2, w == 1, &rd.op[w]);
@@ -1187,7 +1282,7 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   char init[24];
   kiln_emit_empty(e, &tt, init);
   kiln_sbuf_printf(o,
-      "    %%ar_%d = scf.forall (%%bh_%d, %%blk_%d) in (%s, %lld) shared_outs(%%aout_%d = "
+      "    %%ar_%d = scf.forall (%%bh_%d, %%blk_%d) in (%s, %s) shared_outs(%%aout_%d = "
       "%s) -> (%s) {\n"
       "      %%c0_%d = arith.constant 0 : index\n"
       "      %%c1_%d = arith.constant 1 : index\n"
@@ -1200,13 +1295,15 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
       "      %%scale_%d = arith.constant dense<0x%08X> : vector<16xf32>\n"
       "      %%iota_%d = arith.constant dense<[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, "
       "15]> : vector<16xi32>\n",
-      id, id, id, BH, NB, id, init, rty, id, id, id, id, id, id, id, id, id, su, id);
+      id, id, id, BH, nb, id, init, rty, id, id, id, id, id, id, id, id, id, su, id);
   // Index constants the tiles name: 2..7 (score block rows), 32, the
   // bounds of the loops over S, E and Ev and their multiples of 32.
+  // (A symbolic S has no constants: the -1s stand in and are skipped.)
   long long consts[] = {2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 32,
-                        S, S / 32 * 32, ch->E, NVS, Ev, Ev / 32 * 32};
-  long long done[32] = {0, 1, 8, 16};
-  int nd = 4;
+                        sym_S ? -1 : S, sym_S ? -1 : S / 32 * 32, ch->E,
+                        sym_S ? -1 : S / 16, Ev, Ev / 32 * 32};
+  long long done[32] = {0, 1, 8, 16, -1};
+  int nd = 5;
   for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); ++i) {
     bool dup = false;
     for (int k = 0; k < nd && !dup; ++k) dup = done[k] == consts[i];
@@ -1214,6 +1311,20 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
     done[nd++] = consts[i];
     kiln_sbuf_printf(o, "      %%c%lld_%d = arith.constant %lld : index\n", consts[i], id,
                      consts[i]);
+  }
+  if (sym_S) {
+    // S rounded up to whole vectors (%skend, and to 32 below it: %skmain),
+    // its vectors (%sknv), whole vectors (%sknvf, the keys below %sfull),
+    // and S in every lane (%svec) for the key mask.
+    kiln_sbuf_printf(o,
+        "      %%skend_%d = affine.apply affine_map<()[s0] -> ((s0 + 15) floordiv 16 * 16)>()[%s]\n"
+        "      %%skmain_%d = affine.apply affine_map<()[s0] -> ((s0 + 15) floordiv 32 * 32)>()[%s]\n"
+        "      %%sknv_%d = affine.apply affine_map<()[s0] -> ((s0 + 15) floordiv 16)>()[%s]\n"
+        "      %%sknvf_%d = affine.apply affine_map<()[s0] -> (s0 floordiv 16)>()[%s]\n"
+        "      %%sfull_%d = affine.apply affine_map<()[s0] -> (s0 floordiv 16 * 16)>()[%s]\n"
+        "      %%sS_%d = arith.index_cast %s : index to i32\n"
+        "      %%svec_%d = vector.broadcast %%sS_%d : i32 to vector<16xi32>\n",
+        id, Sssa, id, Sssa, id, Sssa, id, Sssa, id, Sssa, id, Sssa, id, id);
   }
   // Per head: the offset of its elements in each flat base (the heads'
   // factors, outer first: (bh floordiv inner) mod size, times stride).
@@ -1254,16 +1365,27 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
     // transposed in registers.
     long long E = ch->E, s2 = rd.op[1].s2;
     snprintf(rd.ktl, sizeof(rd.ktl), "%%ktl_%d", id);
-    snprintf(rd.ktlty, sizeof(rd.ktlty), "tensor<%lldx%lldxf32>", E, S);
+    // (A symbolic S: S rounded up to 16 columns, the rows past S read
+    // masked at the base's end.)
+    char kcols[24], kend[24];
+    if (sym_S) {
+      snprintf(rd.ktlty, sizeof(rd.ktlty), "tensor<%lldx?xf32>", E);
+      snprintf(kcols, sizeof(kcols), "%%skend_%d", id);
+      snprintf(kend, sizeof(kend), "%%skend_%d", id);
+    } else {
+      snprintf(rd.ktlty, sizeof(rd.ktlty), "tensor<%lldx%lldxf32>", E, S);
+      kcols[0] = 0;
+      snprintf(kend, sizeof(kend), "%%c%lld_%d", S, id);
+    }
     kiln_sbuf_printf(o,
-        "      %%ktl0_%d = tensor.empty() : %s\n"
-        "      %s = scf.for %%kj_%d = %%c0_%d to %%c%lld_%d step %%c16_%d iter_args(%%ka_%d = "
+        "      %%ktl0_%d = tensor.empty(%s) : %s\n"
+        "      %s = scf.for %%kj_%d = %%c0_%d to %s step %%c16_%d iter_args(%%ka_%d = "
         "%%ktl0_%d) -> (%s) {\n"
         "        %%kl_%d = scf.for %%ke_%d = %%c0_%d to %%c%lld_%d step %%c16_%d "
         "iter_args(%%kc_%d = %%ka_%d) -> (%s) {\n"
         "          %%km_%d = ub.poison : vector<16x16xf32>\n",
-        id, rd.ktlty, rd.ktl, id, id, S, id, id, id, id, rd.ktlty, id, id, id, E, id, id, id,
-        id, rd.ktlty, id);
+        id, kcols, rd.ktlty, rd.ktl, id, id, kend, id, id, id, rd.ktlty, id, id, id, E, id, id,
+        id, id, rd.ktlty, id);
     char m[24];
     snprintf(m, sizeof(m), "%%km_%d", id);
     for (int r = 0; r < 16; ++r) {
@@ -1271,11 +1393,11 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
           "          %%kr%d_%d_i = affine.apply affine_map<(d0, d1)[s0] -> (s0 + d0 + (d1 + %d) "
           "* %lld)>(%%ke_%d, %%kj_%d)[%s]\n"
           "          %%kr%d_%d = vector.transfer_read %s[%%kr%d_%d_i], %%padf_%d "
-          "{in_bounds = [true]} : %s, vector<16xf32>\n"
+          "{in_bounds = [%s]} : %s, vector<16xf32>\n"
           "          %%ki%d_%d = vector.insert %%kr%d_%d, %s [%d] : vector<16xf32> into "
           "vector<16x16xf32>\n",
-          r, id, r, s2, id, id, rd.boff[1], r, id, rd.flat[1], r, id, id, rd.fty[1], r, id, r,
-          id, m, r);
+          r, id, r, s2, id, id, rd.boff[1], r, id, rd.flat[1], r, id, id,
+          sym_S ? "false" : "true", rd.fty[1], r, id, r, id, m, r);
       snprintf(m, sizeof(m), "%%ki%d_%d", r, id);
     }
     kiln_sbuf_printf(o,
@@ -1304,19 +1426,31 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
       inner *= op->hsize[i];
     }
   }
+  // The block's rows: at most RB, fewer in the last block.
+  char rows_line[256], sknv[24];
+  if (sym_L)
+    snprintf(rows_line, sizeof(rows_line),
+             "      %%rows_%d = affine.min affine_map<(d0)[s0] -> (128, s0 - d0 * 128)>"
+             "(%%blk_%d)[%s]\n", id, id, Lssa);
+  else
+    snprintf(rows_line, sizeof(rows_line),
+             "      %%rows_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>"
+             "(%%blk_%d)\n", id, RB, L, RB, id);
+  snprintf(sknv, sizeof(sknv), "%%sknv_%d", id);
   kiln_sbuf_printf(o,
       "      %%r0_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%blk_%d)\n"
-      "      %%rows_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%blk_%d)\n"
+      "%s"
       "      %%tailn_%d = arith.remui %%rows_%d, %%c8_%d : index\n"
       "      %%full_%d = arith.subi %%rows_%d, %%tailn_%d : index\n"
       "      %%ob_%d = tensor.extract_slice %%aout_%d%s : %s to tensor<?x%lldxf32>\n"
       "      %%ob3_%d = tensor.expand_shape %%ob_%d [[0], [1, 2]] output_shape [%%rows_%d, "
       "%lld, 16] : tensor<?x%lldxf32> into %s\n"
-      "      %%sb0_%d = tensor.empty() : %s\n"
+      "      %%sb0_%d = tensor.empty(%s) : %s\n"
       "      %%tl_%d:2 = scf.for %%lr_%d = %%c0_%d to %%full_%d step %%c8_%d "
       "iter_args(%%tob_%d = %%ob3_%d, %%tsb_%d = %%sb0_%d) -> (%s, %s) {\n",
-      id, RB, id, id, RB, L, RB, id, id, id, id, id, id, id, id, id, slice, rty, Ev,
-      id, id, id, NVE, Ev, oty, id, sty, id, id, id, id, id, id, id, id, id, oty, sty);
+      id, RB, id, rows_line, id, id, id, id, id, id, id, id, slice, rty, Ev,
+      id, id, id, NVE, Ev, oty, id, sym_S ? sknv : "", sty, id, id, id, id, id, id, id, id, id,
+      oty, sty);
   char lr[24], ob[24], sb[24], nob[24], nsb[24];
   snprintf(lr, sizeof(lr), "%%lr_%d", id);
   snprintf(ob, sizeof(ob), "%%tob_%d", id);
@@ -1325,7 +1459,19 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   kiln_sbuf_printf(o, "        scf.yield %s, %s : %s, %s\n      }\n", nob, nsb, oty, sty);
   char fin[24];
   snprintf(fin, sizeof(fin), "%%tl_%d#0", id);
-  if (L % 8) {
+  if (sym_L) {
+    // The last block's last rows % 8 rows, one row at a time.
+    kiln_sbuf_printf(o,
+        "      %%tt_%d:2 = scf.for %%tr_%d = %%full_%d to %%rows_%d step %%c1_%d "
+        "iter_args(%%ttob_%d = %%tl_%d#0, %%ttsb_%d = %%tl_%d#1) -> (%s, %s) {\n",
+        id, id, id, id, id, id, id, id, id, oty, sty);
+    snprintf(lr, sizeof(lr), "%%tr_%d", id);
+    snprintf(ob, sizeof(ob), "%%ttob_%d", id);
+    snprintf(sb, sizeof(sb), "%%ttsb_%d", id);
+    emit_tile(e, ch, &rd, id, 1, lr, ob, sb, nob, nsb);
+    kiln_sbuf_printf(o, "        scf.yield %s, %s : %s, %s\n      }\n", nob, nsb, oty, sty);
+    snprintf(fin, sizeof(fin), "%%tt_%d#0", id);
+  } else if (L % 8) {
     // The last block's last L % 8 rows.
     kiln_sbuf_printf(o,
         "      %%hast_%d = arith.cmpi ugt, %%tailn_%d, %%c0_%d : index\n"

@@ -792,12 +792,13 @@ def _avx512f_host() -> bool:
 def _fused_attention_takes(qv, kv, vv, S, Ev, E) -> bool:
     """Whether lowering/ops/attention.c's kernel takes this attention (its
     conditions, checked again here): f32 on an AVX-512 CPU with the f32
-    microkernels and the fused kernel on, S and Ev multiples of 16, S up
-    to 8192, E and Ev up to 4096. It keeps its scores in cache."""
+    microkernels and the fused kernel on, Ev a multiple of 16 up to 4096, E
+    up to 4096, and S a multiple of 16 up to 8192 or symbolic (masked at run
+    time). It keeps its scores in cache."""
     return (all(t.dtype == torch.float32 for t in (qv, kv, vv)) and _avx512f_host() and
             os.environ.get("KILN_F32_DOT") != "0" and os.environ.get("KILN_ATTENTION") != "0"
-            and S % 16 == 0 and Ev % 16 == 0 and 16 <= S <= 8192 and 16 <= Ev <= 4096
-            and E <= 4096)
+            and (isinstance(S, torch.SymInt) or (S % 16 == 0 and 16 <= S <= 8192))
+            and Ev % 16 == 0 and 16 <= Ev <= 4096 and E <= 4096)
 
 
 def _sdpa_cpu(e, n):
@@ -831,13 +832,17 @@ def _sdpa_cpu(e, n):
     if not (qv.dim() == kv.dim() == vv.dim() == 4):
         raise Unsupported(f"q, k, v of ranks {qv.dim()}, {kv.dim()}, {vv.dim()}; "
                           "expected [B, H, L, E] each")
-    # The batch may be symbolic (Dynamo's dynamic batch: "s0"); heads,
-    # lengths and head sizes are static.
-    B = qv.shape[0] if isinstance(qv.shape[0], torch.SymInt) else \
-        _static_int(qv.shape[0], "an attention size")
-    _dim(B)
-    H, L, E = (_static_int(d, "an attention size") for d in qv.shape[1:])
-    S, Ev = _static_int(kv.shape[2], "key length"), _static_int(vv.shape[3], "value size")
+    # The batch and the lengths may be symbolic (Dynamo's dynamic shapes:
+    # "s0"); heads and head sizes are static.
+    def size(d, what):
+        if isinstance(d, torch.SymInt):
+            _dim(d)
+            return d
+        return _static_int(d, what)
+    B, L = size(qv.shape[0], "an attention size"), size(qv.shape[2], "an attention size")
+    H, E = (_static_int(d, "an attention size") for d in (qv.shape[1], qv.shape[3]))
+    S, Ev = size(kv.shape[2], "key length"), _static_int(vv.shape[3], "value size")
+    symbolic = not all(isinstance(d, int) for d in (B, L, S))
     # Grouped-query attention (SDPA's enable_gqa: fewer key and value heads,
     # each serving H / Hkv query heads in turn, as repeat_interleave over
     # heads gives them) as keys and values expanded over the heads.
@@ -852,13 +857,15 @@ def _sdpa_cpu(e, n):
         # bf16: 3.35 against 0.91 ms.
         raise Unsupported(f"{DTYPES[qv.dtype]} attention: kiln's fused kernel takes "
                           "f32; PyTorch's flash kernel is faster than kiln's op-by-op form")
-    if not isinstance(B, int) and (not fused or (
-            mask is not None and any(d != 1 for d in mask.meta["val"].shape[:-2]))):
-        # (Under a symbolic batch the kernel takes masks per query row and
-        # key only: lowering/ops/attention.c.)
-        raise Unsupported("a symbolic batch: kiln's fused attention kernel does not "
+    if symbolic and (not fused or (mask is not None and (
+            not isinstance(L, int) or not isinstance(S, int) or
+            any(d != 1 for d in mask.meta["val"].shape[:-2]))) or (
+            causal and not (isinstance(L, int) and isinstance(S, int)))):
+        # (lowering/ops/attention.c: under a symbolic batch it takes masks
+        # per query row and key only, under a symbolic length none.)
+        raise Unsupported("symbolic sizes: kiln's fused attention kernel does not "
                           "take this call, and its scores' size has no bound")
-    score_bytes = (B if isinstance(B, int) else 1) * H * L * S * qv.element_size()
+    score_bytes = (H * qv.element_size() if symbolic else B * H * L * S * qv.element_size())
     if score_bytes > _SDPA_SCORES_BYTES and not fused:
         raise Unsupported(f"its [{B * H}, {L}, {S}] scores ({score_bytes >> 20} MiB) would be "
                           "written out: kiln's fused attention kernel does not take this "
