@@ -715,6 +715,26 @@ static kiln_status_t infer_create(const vctx_t *c, kiln_type_t *res,
   const kiln_node_t *n = c->node;
   KILN_RETURN_IF_ERROR_PLAIN(need_operands(c, 0, 0));
   const kiln_attr_t *v = kiln_node_attr(n, "value");
+  if (n->op == KILN_OP_ARANGE) {
+    // start, start + step, .. : 'shape' one size (symbolic too: positions
+    // under a dynamic sequence length), integer start and step.
+    const kiln_attr_t *shape = NULL;
+    KILN_RETURN_IF_ERROR_PLAIN(need_shape_list(c, &shape));
+    if (shape->count != 1 || (shape->ints[0] < 0 && !shape_entry_is_sym(shape, 0)))
+      return verr(c, "'shape' must be one size");
+    const kiln_attr_t *st = kiln_node_attr(n, "start"), *sp = kiln_node_attr(n, "step");
+    if ((st && st->kind != KILN_ATTR_INT) || (sp && sp->kind != KILN_ATTR_INT))
+      return verr(c, "'start' and 'step' must be integers");
+    const kiln_attr_t *dt = kiln_node_attr(n, "dtype");
+    if (dt && dt->kind != KILN_ATTR_DTYPE)
+      return verr(c, "attribute 'dtype': expected a dtype name");
+    memset(res, 0, sizeof(*res));
+    res->rank = 1;
+    res->dims[0] = shape->ints[0];
+    res->dtype = dt ? (kiln_dtype_t)dt->i : KILN_I64;
+    if (res->dtype == KILN_BOOL) return verr(c, "a bool arange; expected a number dtype");
+    return NULL;
+  }
   if (n->op == KILN_OP_CONSTANT) {
     if (!annotated)
       return verr(c, "expected a result type annotation (': f32[2,3]')");
@@ -1001,6 +1021,7 @@ static const char *known_attrs(kiln_op_id_t op) {
     case KILN_OP_SLICE: return "dim start end step";
     case KILN_OP_FULL: return "shape value dtype";
     case KILN_OP_CONSTANT: return "value";
+    case KILN_OP_ARANGE: return "shape start step dtype";
     case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX: return "dim half_to_float";
     case KILN_OP_LAYER_NORM: return "normalized_shape eps";
     case KILN_OP_LAYER_NORM_BACKWARD: return "normalized_shape";

@@ -507,6 +507,12 @@ static void run_shape(ref_t *r, const kiln_node_t *n, rt_t *out) {
 
 static void run_create(const kiln_node_t *n, rt_t *out) {
   int64_t total = numel(&out->type);
+  if (n->op == KILN_OP_ARANGE) {
+    int64_t start = kiln_node_attr_int(n, "start", 0), step = kiln_node_attr_int(n, "step", 1);
+    for (int64_t i = 0; i < total; ++i)
+      out->data[i] = kiln_ref_round(out->type.dtype, (double)(start + i * step));
+    return;
+  }
   const kiln_attr_t *v = kiln_node_attr(n, "value");
   for (int64_t i = 0; i < total; ++i) {
     double x;

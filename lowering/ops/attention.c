@@ -305,14 +305,18 @@ static void plan_operand(const kiln_emitter_t *e, int32_t sb, int32_t v, int con
     op->mode = OPERAND_LOCAL;
 }
 
-// Whether value `v` is 0, 1, .., n - 1 as an integer kiln.constant (seen
-// through views).
+// Whether value `v` is 0, 1, .., n - 1 as an integer kiln.constant or a
+// kiln.arange (n a dim: symbolic too), seen through views.
 static bool arange_const(const kiln_graph_t *g, int32_t v, int64_t n) {
   int p = g->values[v].node;
   while (p >= 0 && (g->nodes[p].op == KILN_OP_VIEW || g->nodes[p].op == KILN_OP_RESHAPE ||
                     g->nodes[p].op == KILN_OP_UNSQUEEZE) &&
          g->nodes[p].operands[0].kind == KILN_OPERAND_VALUE)
     p = g->values[g->nodes[p].operands[0].value].node;
+  if (p >= 0 && g->nodes[p].op == KILN_OP_ARANGE)  // 0, 1, .. of any size
+    return kiln_node_attr_int(&g->nodes[p], "start", 0) == 0 &&
+           kiln_node_attr_int(&g->nodes[p], "step", 1) == 1 &&
+           g->values[g->nodes[p].results[0]].type.dims[0] == n;
   if (p < 0 || g->nodes[p].op != KILN_OP_CONSTANT) return false;
   const kiln_attr_t *a = kiln_node_attr(&g->nodes[p], "value");
   if (!a || a->kind != KILN_ATTR_LIST || !a->is_int || a->count != n) return false;
@@ -430,10 +434,9 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
       if (!f32_heads3(vt) || vt->dims[0] != ch->BH || vt->dims[1] != ch->S ||
           vt->dims[2] % 16 || vt->dims[2] < 16 || vt->dims[2] > 4096 || !f32_heads3(ct))
         return false;
-      // Under a symbolic length, no mask (the kernel's masks index rows
-      // and keys by static strides).
-      if ((KILN_IS_SYM(ch->L) || KILN_IS_SYM(ch->S)) && (ch->mask >= 0 || ch->causal))
-        return false;
+      // Under a symbolic length, no additive mask (the kernel's masks
+      // index rows and keys by static strides); the causal form is fine.
+      if ((KILN_IS_SYM(ch->L) || KILN_IS_SYM(ch->S)) && ch->mask >= 0) return false;
       ch->Ev = vt->dims[2];
       ch->bmm2 = u;
       return true;
@@ -728,12 +731,18 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     snprintf(kend, sizeof(kend), "%%kend_%d_%d", id, t);
     snprintf(kmain, sizeof(kmain), "%%kmain_%d_%d", id, t);
     snprintf(knv, sizeof(knv), "%%knv_%d_%d", id, t);
+    if (sym_S)  // the bound: S rounded up to 16
+      kiln_sbuf_printf(o,
+          "        %s = affine.min affine_map<(d0, d1)[s0] -> ((d0 + d1 + %d) floordiv 16 * 16, s0)>"
+          "(%%r0_%d, %s)[%%skend_%d]\n", kend, rm + 15, id, lr, id);
+    else
+      kiln_sbuf_printf(o,
+          "        %s = affine.min affine_map<(d0, d1) -> ((d0 + d1 + %d) floordiv 16 * 16, %lld)>"
+          "(%%r0_%d, %s)\n", kend, rm + 15, S, id, lr);
     kiln_sbuf_printf(o,
-        "        %s = affine.min affine_map<(d0, d1) -> ((d0 + d1 + %d) floordiv 16 * 16, %lld)>"
-        "(%%r0_%d, %s)\n"
         "        %s = affine.apply affine_map<(d0) -> (d0 floordiv 32 * 32)>(%s)\n"
         "        %s = affine.apply affine_map<(d0) -> (d0 floordiv 16)>(%s)\n",
-        kend, rm + 15, S, id, lr, kmain, kend, knv, kend);
+        kmain, kend, knv, kend);
   } else if (sym_S) {  // S rounded up to 16, to 32 below that, vectors
     snprintf(kend, sizeof(kend), "%%skend_%d", id);
     snprintf(kmain, sizeof(kmain), "%%skmain_%d", id);
@@ -967,9 +976,25 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     snprintf(iv, sizeof(iv), "%%kv_%s", sfx);
     snprintf(zero, sizeof(zero), "%%zero_%d", id);
     // (A symbolic S: its whole vectors here, the keys past them below.)
-    char knvf[32];
-    if (sym_S) snprintf(knvf, sizeof(knvf), "%%sknvf_%d", id);
-    else snprintf(knvf, sizeof(knvf), "%s", knv);
+    // (Causal too: the vectors below both the tile's bound and S's whole
+    // vectors, then the keys up to the lesser of its bound and S.)
+    char knvf[32], rlo[32], rhi[32];
+    if (sym_S && ch->causal) {
+      snprintf(knvf, sizeof(knvf), "%%oknv_%d_%d_%d", id, t, part);
+      snprintf(rlo, sizeof(rlo), "%%orlo_%d_%d_%d", id, t, part);
+      snprintf(rhi, sizeof(rhi), "%%orhi_%d_%d_%d", id, t, part);
+      kiln_sbuf_printf(o,
+          "          %s = affine.min affine_map<()[s0, s1] -> (s0, s1)>()[%s, %%sknvf_%d]\n"
+          "          %s = affine.apply affine_map<()[s0] -> (s0 * 16)>()[%s]\n"
+          "          %s = affine.min affine_map<()[s0, s1] -> (s0, s1)>()[%s, %s]\n",
+          knvf, knv, id, rlo, knvf, rhi, kend, e->sym_ssa[KILN_SYM_ID(ch->S)]);
+    } else if (sym_S) {
+      snprintf(knvf, sizeof(knvf), "%%sknvf_%d", id);
+      snprintf(rlo, sizeof(rlo), "%%sfull_%d", id);
+      snprintf(rhi, sizeof(rhi), "%s", e->sym_ssa[KILN_SYM_ID(ch->S)]);
+    } else {
+      snprintf(knvf, sizeof(knvf), "%s", knv);
+    }
     open_vec_loop(o, res, nv * rm, iv, c0, knvf, c1, "ox", sfx, zero);
     char acc[16][64];
     for (int k = 0; k < nv * rm; ++k)
@@ -1012,8 +1037,8 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
       char rres[48], riv[48];
       snprintf(rres, sizeof(rres), "%%or_%s", sfx);
       snprintf(riv, sizeof(riv), "%%rk_%s", sfx);
-      kiln_sbuf_printf(o, "          %s:%d = scf.for %s = %%sfull_%d to %s step %s iter_args(",
-                       rres, nv * rm, riv, id, e->sym_ssa[KILN_SYM_ID(ch->S)], c1);
+      kiln_sbuf_printf(o, "          %s:%d = scf.for %s = %s to %s step %s iter_args(",
+                       rres, nv * rm, riv, rlo, rhi, c1);
       for (int k = 0; k < nv * rm; ++k)
         kiln_sbuf_printf(o, "%s%%rz%d_%s = %s#%d", k ? ", " : "", k, sfx, res, k);
       kiln_sbuf_puts(o, ") -> (");

@@ -190,8 +190,47 @@ static void dense_elem(kiln_sbuf_t *b, kiln_dtype_t t, double v) {
   }
 }
 
+// kiln.arange: start + i * step per element, computed (its size may be
+// symbolic), in i64 and converted.
+static kiln_status_t lower_arange(kiln_emitter_t *e, const kiln_node_t *n,
+                                  const kiln_type_t *rt) {
+  kiln_tv_t out;
+  char empty[24], ty[256];
+  kiln_emit_empty(e, rt, empty);
+  kiln_mlir_tensor_type(rt, ty, sizeof(ty));
+  const char *elem = kiln_mlir_storage_elem(rt->dtype);
+  char conv[160];
+  if (kiln_dtype_is_float(rt->dtype))
+    snprintf(conv, sizeof(conv), "%%v = arith.sitofp %%a : i64 to %s", elem);
+  else if (rt->dtype == KILN_I32)
+    snprintf(conv, sizeof(conv), "%%v = arith.trunci %%a : i64 to i32");
+  else
+    snprintf(conv, sizeof(conv), "%%v = arith.addi %%a, %%z : i64");
+  kiln_emit_fresh(e, out.ssa);
+  out.type = *rt;
+  kiln_sbuf_printf(&e->out,
+      "    %s = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>], "
+      "iterator_types = [\"parallel\"]} outs(%s : %s) {\n"
+      "    ^bb0(%%o: %s):\n"
+      "      %%i = linalg.index 0 : index\n"
+      "      %%ii = arith.index_cast %%i : index to i64\n"
+      "      %%st = arith.constant %lld : i64\n"
+      "      %%sp = arith.constant %lld : i64\n"
+      "      %%z = arith.constant 0 : i64\n"
+      "      %%m = arith.muli %%ii, %%sp : i64\n"
+      "      %%a = arith.addi %%m, %%st : i64\n"
+      "      %s\n"
+      "      linalg.yield %%v : %s\n"
+      "    } -> %s\n",
+      out.ssa, empty, ty, elem, (long long)kiln_node_attr_int(n, "start", 0),
+      (long long)kiln_node_attr_int(n, "step", 1), conv, elem, ty);
+  kiln_emit_set_result(e, n, 0, &out);
+  return NULL;
+}
+
 kiln_status_t kiln_lower_create(kiln_emitter_t *e, const kiln_node_t *n) {
   const kiln_type_t *rt = kiln_node_result_type(e->g, n, 0);
+  if (n->op == KILN_OP_ARANGE) return lower_arange(e, n, rt);
   const kiln_attr_t *v = kiln_node_attr(n, "value");
   kiln_tv_t out;
   bool splat = v->kind != KILN_ATTR_LIST || v->count == 1;

@@ -752,11 +752,19 @@ class _ArangeDefault:
 
 
 def _arange(e, n):
-    """arange with static bounds is a compile-time constant."""
+    """arange with static bounds is a compile-time constant; with a
+    symbolic end (positions under a dynamic sequence length) and integer
+    start and step, a kiln.arange of that many elements."""
     val = n.meta["val"]
     start = _arg(n, 0, "start", 0)
     end = _arg(n, 1, "end")
     step = _arg(n, 2, "step", 1)
+    if isinstance(end, (torch.SymInt, torch.fx.Node)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, step)):
+            raise Unsupported("arange with symbolic bounds")
+        return e.op("kiln.arange", [], {"shape": _shape_list([val.shape[0]]),
+                                        "start": str(start), "step": str(step),
+                                        "dtype": DTYPES[val.dtype]})
     for v in (start, end, step):
         if isinstance(v, (torch.SymInt, torch.fx.Node)):
             raise Unsupported("arange with symbolic bounds")
@@ -843,6 +851,10 @@ def _sdpa_cpu(e, n):
     H, E = (_static_int(d, "an attention size") for d in (qv.shape[1], qv.shape[3]))
     S, Ev = size(kv.shape[2], "key length"), _static_int(vv.shape[3], "value size")
     symbolic = not all(isinstance(d, int) for d in (B, L, S))
+    if vv.shape[2] is not kv.shape[2] and str(vv.shape[2]) != str(kv.shape[2]):
+        # (Inputs of their own: Dynamo gives each length its own symbol.)
+        raise Unsupported(f"key length {kv.shape[2]} and value length {vv.shape[2]} "
+                          "are different sizes to kiln")
     # Grouped-query attention (SDPA's enable_gqa: fewer key and value heads,
     # each serving H / Hkv query heads in turn, as repeat_interleave over
     # heads gives them) as keys and values expanded over the heads.
@@ -859,10 +871,10 @@ def _sdpa_cpu(e, n):
                           "f32; PyTorch's flash kernel is faster than kiln's op-by-op form")
     if symbolic and (not fused or (mask is not None and (
             not isinstance(L, int) or not isinstance(S, int) or
-            any(d != 1 for d in mask.meta["val"].shape[:-2]))) or (
-            causal and not (isinstance(L, int) and isinstance(S, int)))):
+            any(d != 1 for d in mask.meta["val"].shape[:-2])))):
         # (lowering/ops/attention.c: under a symbolic batch it takes masks
-        # per query row and key only, under a symbolic length none.)
+        # per query row and key only, under a symbolic length none; the
+        # causal form under both.)
         raise Unsupported("symbolic sizes: kiln's fused attention kernel does not "
                           "take this call, and its scores' size has no bound")
     score_bytes = (H * qv.element_size() if symbolic else B * H * L * S * qv.element_size())
@@ -891,7 +903,13 @@ def _sdpa_cpu(e, n):
         s4 = view(s, [B, H, L, S])
         if mask is not None:
             s4 = e.op("aten.add", [s4, e.operand(mask)])
-        if causal:  # top-left aligned: query i sees keys j <= i
+        if causal and not (isinstance(L, int) and isinstance(S, int)):
+            # A symbolic length: the positions as kiln.arange.
+            rows = e.op("kiln.arange", [], {"shape": _shape_list([L])})
+            cols = e.op("kiln.arange", [], {"shape": _shape_list([S])})
+            keep = e.op("aten.ge", [view(rows, [L, 1]), cols])
+            s4 = e.op("aten.where", [keep, s4, "-inf"])
+        elif causal:  # top-left aligned: query i sees keys j <= i
             if max(L, S) > 65536:
                 raise Unsupported(f"a causal mask over {L}x{S} positions (kiln folds "
                                   "position constants up to 65536)")

@@ -273,6 +273,37 @@ ATTENTION = [
 ]
 
 
+class ProjectedAttention(nn.Module):
+    """q, k and v split off one projection, SDPA, the heads merged."""
+
+    def __init__(self, causal):
+        super().__init__()
+        self.causal = causal
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_attention_with_dynamic_length_runs_in_kiln(causal):
+    """SDPA (plain and is_causal) with the sequence length symbolic after a
+    second length: kiln's fused kernel, the causal positions as kiln.arange
+    of the symbolic length (fallback="error"); lengths across 16 and 128,
+    equal to eager. (q, k and v as separate inputs would each have a length
+    symbol of its own: kiln leaves that SDPA to PyTorch.)"""
+    torch.manual_seed(0)
+    model = ProjectedAttention(causal)
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for t in (16, 24, 5, 33, 140):
+            x = torch.randn(2, t, 64)
+            torch.testing.assert_close(compiled(x), model(x), **TOL[torch.float32])
+
+
 @pytest.mark.parametrize("name,kw,dtype", ATTENTION, ids=[a[0] for a in ATTENTION])
 def test_attention_inference_runs_in_kiln(name, kw, dtype):
     """Inference attention is kiln's (fallback="error" fails on any node
