@@ -313,8 +313,9 @@ static bool arange_const(const kiln_graph_t *g, int32_t v, int64_t n) {
                     g->nodes[p].op == KILN_OP_UNSQUEEZE) &&
          g->nodes[p].operands[0].kind == KILN_OPERAND_VALUE)
     p = g->values[g->nodes[p].operands[0].value].node;
-  if (p >= 0 && g->nodes[p].op == KILN_OP_ARANGE)  // 0, 1, .. of any size
-    return kiln_node_attr_int(&g->nodes[p], "start", 0) == 0 &&
+  if (p >= 0 && g->nodes[p].op == KILN_OP_ARANGE)  // 0, 1, .. of any size, exact
+    return kiln_dtype_is_int(g->values[g->nodes[p].results[0]].type.dtype) &&
+           kiln_node_attr_int(&g->nodes[p], "start", 0) == 0 &&
            kiln_node_attr_int(&g->nodes[p], "step", 1) == 1 &&
            g->values[g->nodes[p].results[0]].type.dims[0] == n;
   if (p < 0 || g->nodes[p].op != KILN_OP_CONSTANT) return false;
@@ -393,11 +394,12 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   ch->sb = -1;
   ch->bhc = ch->BH;
   if (KILN_IS_SYM(ch->BH)) {
-    // A dynamic batch: BH a constant times one symbol.
+    // A dynamic batch: BH a constant times symbols. With one symbol the
+    // layouts may carry it (flat reads); with more, Q, K^T and V are read
+    // as the tensors they are.
     kiln_monomial_t m;
     kiln_dim_monomial(g, ch->BH, &m);
-    if (m.count != 1) return false;
-    ch->sb = m.factors[0];
+    ch->sb = m.count == 1 ? m.factors[0] : -1;
     ch->bhc = m.coef;
   }
   // A static S: whole vectors of 16 keys, a score block of at most 8 x 8192.
@@ -486,7 +488,8 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
           int64_t m = mt->dims[d], want = ct->dims[ct->rank - mt->rank + d];
           if (m != 1 && m != want) return false;
           // Under a symbolic batch, a mask per query row and key only.
-          if (ch->sb >= 0 && m != 1 && ct->rank - mt->rank + d < ct->rank - 2) return false;
+          if (KILN_IS_SYM(ch->BH) && m != 1 && ct->rank - mt->rank + d < ct->rank - 2)
+            return false;
         }
         ch->mask = c->operands[k].value;
         ch->mview = *ct;
