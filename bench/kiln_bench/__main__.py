@@ -210,7 +210,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a subset that finishes in ~2 minutes")
     ap.add_argument("--demo", action="store_true", help="the few cases `make demo` shows")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--groups", default="kernels,blocks,training")
+    ap.add_argument("--groups", default="kernels,blocks,training",
+                    help="comma-separated: kernels, blocks, training, dynamic")
     ap.add_argument("--backends", default=None, help="comma-separated subset")
     ap.add_argument("--cases", default=None, help="comma-separated subset")
     ap.add_argument("--results", default="bench-results")
@@ -273,7 +274,7 @@ def main(argv=None):
     prog.close()
     print_table(records, [n for n, _ in active])
     summary = {}
-    for g in ("kernels", "blocks", "training"):
+    for g in ("kernels", "blocks", "training", "dynamic"):
         ratios = []
         for r in records:
             if r["group"] != g or r["backend"] != "kiln" or "seconds" not in r:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 @dataclasses.dataclass
 class Case:
     name: str
-    group: str                   # kernels | blocks | training
+    group: str                   # kernels | blocks | training | dynamic
     build: Callable              # (device, dtype) -> (callable, inputs)
     dtype: torch.dtype = torch.float32
     flops: float = 0.0           # per call, for the roofline
@@ -96,6 +96,29 @@ class Attention(nn.Module):
         att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d // self.heads))
         y = torch.softmax(att, dim=-1) @ v
         return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class CausalAttention(Attention):
+    """The attention block with SDPA's causal form (a decoder's)."""
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+def dynamic_block(make, batch, tokens, dim, dyn_dim):
+    """A block whose input has dim `dyn_dim` marked dynamic: every backend
+    gets a graph with that size symbolic (as after torch.compile's
+    recompile on a second batch size or sequence length), timed at the
+    traced size."""
+    def build(dev, dt):
+        m = make().to(dev, dt).eval()
+        x = torch.randn(batch, tokens, dim, device=dev, dtype=dt)
+        torch._dynamo.mark_dynamic(x, dyn_dim)
+        return m, (x,)
+    return build
 
 
 def attention(batch, tokens, dim, heads):
@@ -272,6 +295,20 @@ def suite(device: str) -> list[Case]:
              train=True, quick=True),
         Case("train_gpt", "training", train_gpt(16 if big else 8, 256 if big else 64),
              f32, train=True),
+    ]
+    # Dynamic shapes (--groups dynamic; not in the default run's groups).
+    b, t, d = (8, 512, dim) if big else (4, 128, dim)
+    cases += [
+        Case("attention_dyn_batch", "dynamic",
+             dynamic_block(lambda: Attention(d, 8), b, t, d, 0), f32),
+        Case("attention_dyn_len", "dynamic",
+             dynamic_block(lambda: Attention(d, 8), b, t, d, 1), f32),
+        Case("causal_dyn_len", "dynamic",
+             dynamic_block(lambda: CausalAttention(d, 8), b, t, d, 1), f32),
+        Case("encoder_dyn_len", "dynamic",
+             dynamic_block(lambda: nn.TransformerEncoderLayer(d, 8, 4 * d, dropout=0.0,
+                                                              batch_first=True), b, t, d, 1),
+             f32),
     ]
     layers, dim = (24, 1024) if big else (8, 512)
     n = layers * (dim * dim + 3 * dim)
