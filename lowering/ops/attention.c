@@ -29,10 +29,13 @@
 // 8 run as one shorter tile, a dim that is 16 past a multiple of 32 as one
 // 16-wide tile.
 //
-// CPU with the f32 microkernels (AVX-512), f32, static sizes but for the
-// heads (BH may be a constant times one symbol, a dynamic batch: "8*s0"),
-// S and Ev multiples of 16, S up to 8192 (the score block is 8 x S
-// floats); other chains lower op by op.
+// CPU with the f32 microkernels (AVX-512), f32, E and Ev static (Ev a
+// multiple of 16), S a multiple of 16 up to 8192 (the score block is 8 x S
+// floats); other chains lower op by op. Dynamic shapes: BH may be a
+// constant times symbols (a dynamic batch: "8*s0"; with one symbol the
+// operands are still read in place), and L and S may be symbolic (a
+// dynamic sequence length: blocks of query rows counted at run time, the
+// keys past S masked, any S; no additive mask there).
 //
 // Against PyTorch's softmax + bmm: a key masked with -inf (causal lanes, a
 // -inf mask entry) weighs exp's smallest result, about 1.2e-38, not 0 (the
