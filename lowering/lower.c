@@ -47,46 +47,39 @@ static void memref_type(kiln_sbuf_t *b, const kiln_type_t *t, bool strided) {
 // Derived sizes (graph.h) from their factors' values, and a factor no input
 // states from a derived size that one does ([128*s0, 256] gives s0 as rows /
 // 128), until nothing changes.
-static void bind_derived_sizes(kiln_emitter_t *e) {
+static kiln_status_t bind_derived_sizes(kiln_emitter_t *e) {
   const kiln_graph_t *g = e->g;
   kiln_sbuf_t *b = &e->out;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (int32_t s = 0; s < g->symbol_count; ++s) {
-      const kiln_symdef_t *d = &g->symdefs[s];
-      if (d->factor_count == 0) continue;
-      int32_t unknown = -1, unknowns = 0;
-      for (int32_t k = 0; k < d->factor_count; ++k)
-        if (!e->sym_ssa[d->factors[k]][0]) {
-          unknowns += unknown != d->factors[k] ? 1 : 2;
-          unknown = d->factors[k];
-        }
-      bool have = e->sym_ssa[s][0] != 0;
-      if (unknowns == 0 ? have : (unknowns > 1 || !have)) continue;
-      // The product of the constant and the known factors.
-      char acc[24], nxt[24];
-      kiln_emit_fresh(e, acc);
-      kiln_sbuf_printf(b, "    %s = arith.constant %lld : index\n", acc,
-                       (long long)d->coef);
-      for (int32_t k = 0; k < d->factor_count; ++k) {
-        if (d->factors[k] == unknown) continue;
-        kiln_emit_fresh(e, nxt);
-        kiln_sbuf_printf(b, "    %s = arith.muli %s, %s : index\n", nxt, acc,
-                         e->sym_ssa[d->factors[k]]);
-        memcpy(acc, nxt, sizeof(acc));
-      }
-      if (unknowns == 0) {
-        snprintf(e->sym_ssa[s], 24, "%s", acc);
-      } else {
-        // The call's binding checked that the division is exact.
-        kiln_emit_fresh(e, nxt);
-        kiln_sbuf_printf(b, "    %s = arith.divui %s, %s : index\n", nxt,
-                         e->sym_ssa[s], acc);
-        snprintf(e->sym_ssa[unknown], 24, "%s", nxt);
-      }
-      changed = true;
+  // -1 where no SSA value is known yet (kiln_graph_next_derived's form).
+  int64_t *have = malloc(sizeof(int64_t) * ((size_t)g->symbol_count + 1));
+  if (!have) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "lowering");
+  for (int32_t s = 0; s < g->symbol_count; ++s) have[s] = e->sym_ssa[s][0] ? 0 : -1;
+  int32_t s, f;
+  while ((s = kiln_graph_next_derived(g, have, &f)) >= 0) {
+    const kiln_symdef_t *d = &g->symdefs[s];
+    // The product of the constant and the known factors.
+    char acc[24], nxt[24];
+    kiln_emit_fresh(e, acc);
+    kiln_sbuf_printf(b, "    %s = arith.constant %lld : index\n", acc, (long long)d->coef);
+    for (int32_t k = 0; k < d->factor_count; ++k) {
+      if (d->factors[k] == f) continue;
+      kiln_emit_fresh(e, nxt);
+      kiln_sbuf_printf(b, "    %s = arith.muli %s, %s : index\n", nxt, acc,
+                       e->sym_ssa[d->factors[k]]);
+      memcpy(acc, nxt, sizeof(acc));
     }
+    if (f < 0) {
+      snprintf(e->sym_ssa[s], 24, "%s", acc);
+    } else {
+      // The call's binding checked that the division is exact.
+      kiln_emit_fresh(e, nxt);
+      kiln_sbuf_printf(b, "    %s = arith.divui %s, %s : index\n", nxt, e->sym_ssa[s], acc);
+      snprintf(e->sym_ssa[f], 24, "%s", nxt);
+    }
+    have[f < 0 ? s : f] = 0;
   }
+  free(have);
+  return NULL;
 }
 
 kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
@@ -127,7 +120,15 @@ kiln_status_t kiln_lower_to_linalg(const kiln_graph_t *g,
       kiln_sbuf_puts(&e.out, "\n");
     }
   }
-  bind_derived_sizes(&e);
+  kiln_status_t bs = bind_derived_sizes(&e);
+  if (bs) {
+    kiln_sbuf_free(&e.out);
+    free(e.values);
+    free(e.sym_ssa);
+    free(e.node_done);
+    free(e.wide);
+    return bs;
+  }
   for (int32_t v = 0; v < g->value_count; ++v) {
     const kiln_type_t *t = &g->values[v].type;
     int id = -1;

@@ -262,6 +262,14 @@ bool kiln_monomial_div(const kiln_monomial_t *num, const kiln_monomial_t *den,
 bool kiln_type_monomial(const kiln_graph_t *g, const kiln_type_t *t,
                         kiln_monomial_t *out);
 
+// One step of deriving sizes from known ones (`binding`: symbol id -> size,
+// -1 unknown), as the call-time binding, the compile-time check and the
+// lowering each take them: a product whose factors are all known while it
+// is not (returned with *factor = -1), or a known product with exactly one
+// unknown factor, not repeated (*factor = that factor, solved by division).
+// -1 when no step is left.
+int32_t kiln_graph_next_derived(const kiln_graph_t *g, const int64_t *binding,
+                                int32_t *factor);
 // UNSUPPORTED when a size the graph uses (in a value's type or a 'shape'
 // list) is not determined by the input types: no input names it, nor a
 // product it is the one unknown factor of.

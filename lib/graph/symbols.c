@@ -160,66 +160,87 @@ bool kiln_type_monomial(const kiln_graph_t *g, const kiln_type_t *t,
   return true;
 }
 
+int32_t kiln_graph_next_derived(const kiln_graph_t *g, const int64_t *binding,
+                                int32_t *factor) {
+  for (int32_t s = 0; s < g->symbol_count; ++s) {
+    const kiln_symdef_t *d = &g->symdefs[s];
+    if (d->factor_count == 0) continue;
+    int32_t unknown = -1, unknowns = 0;
+    for (int32_t k = 0; k < d->factor_count; ++k)
+      if (binding[d->factors[k]] < 0) {
+        unknowns += unknown != d->factors[k] ? 1 : 2;  // a repeat: unsolvable
+        unknown = d->factors[k];
+      }
+    if (unknowns == 0 && binding[s] < 0) {
+      *factor = -1;
+      return s;
+    }
+    if (unknowns == 1 && binding[s] >= 0) {
+      *factor = unknown;
+      return s;
+    }
+  }
+  return -1;
+}
+
+// The product of d's constant and its factors but `skip` (-1: all); false
+// on overflow.
+static bool product_of(const kiln_symdef_t *d, const int64_t *binding, int32_t skip,
+                       int64_t *out) {
+  int64_t p = d->coef;
+  for (int32_t k = 0; k < d->factor_count; ++k)
+    if (d->factors[k] != skip && mul_overflows(p, binding[d->factors[k]], &p)) return false;
+  *out = p;
+  return true;
+}
+
 kiln_status_t kiln_graph_resolve_binding(const kiln_graph_t *g,
                                          int64_t *binding) {
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (int32_t s = 0; s < g->symbol_count; ++s) {
-      const kiln_symdef_t *d = &g->symdefs[s];
-      if (d->factor_count == 0) continue;
-      int64_t known = d->coef;
-      int32_t unknown = -1, unknowns = 0;
-      bool overflow = false;
-      for (int32_t k = 0; k < d->factor_count; ++k) {
-        int64_t v = binding[d->factors[k]];
-        if (v < 0) {
-          unknowns += unknown != d->factors[k] ? 1 : 2;
-          unknown = d->factors[k];
-        } else if (!overflow) {
-          overflow = mul_overflows(known, v, &known);
-        }
-      }
-      if (unknowns == 0) {
-        if (overflow)
-          return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
-                                  "size %s overflows for this call's sizes",
-                                  g->symbols[s]);
-        if (binding[s] >= 0 && binding[s] != known) {
-          char fs[256];
-          size_t o = 0;
-          fs[0] = 0;
-          for (int32_t k = 0; k < d->factor_count && o < sizeof(fs); ++k)
-            o += (size_t)snprintf(fs + o, sizeof(fs) - o, "%s%s=%lld",
-                                  k ? ", " : "", g->symbols[d->factors[k]],
-                                  (long long)binding[d->factors[k]]);
-          return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
-                                  "size %s is %lld in this call's inputs, but "
-                                  "%s makes it %lld",
-                                  g->symbols[s], (long long)binding[s], fs,
-                                  (long long)known);
-        }
-        if (binding[s] < 0) {
-          binding[s] = known;
-          changed = true;
-        }
-      } else if (unknowns == 1 && binding[s] >= 0 && (overflow || known == 0)) {
-        if (overflow || binding[s] != 0)
-          return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
-                                  "size %s is %lld in this call's inputs, which "
-                                  "its other factors' sizes (product %s) cannot "
-                                  "give", g->symbols[s], (long long)binding[s],
-                                  overflow ? "overflowing" : "0");
-      } else if (unknowns == 1 && binding[s] >= 0) {
-        if (binding[s] % known)
-          return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
-                                  "size %s is %lld in this call's inputs, "
-                                  "which is no multiple of %lld: no %s fits",
-                                  g->symbols[s], (long long)binding[s],
-                                  (long long)known, g->symbols[unknown]);
-        binding[unknown] = binding[s] / known;
-        changed = true;
-      }
+  int32_t s, f;
+  while ((s = kiln_graph_next_derived(g, binding, &f)) >= 0) {
+    int64_t p;
+    bool ok = product_of(&g->symdefs[s], binding, f, &p);
+    if (f < 0) {
+      if (!ok)
+        return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                                "size %s overflows for this call's sizes",
+                                g->symbols[s]);
+      binding[s] = p;
+    } else if (!ok || p == 0) {
+      return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                              "size %s is %lld in this call's inputs, from which "
+                              "%s cannot be told (its other factors' product is %s)",
+                              g->symbols[s], (long long)binding[s], g->symbols[f],
+                              ok ? "0" : "overflowing");
+    } else if (binding[s] % p) {
+      return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                              "size %s is %lld in this call's inputs, "
+                              "which is no multiple of %lld: no %s fits",
+                              g->symbols[s], (long long)binding[s],
+                              (long long)p, g->symbols[f]);
+    } else {
+      binding[f] = binding[s] / p;
     }
+  }
+  // Products the inputs state that their factors contradict.
+  for (s = 0; s < g->symbol_count; ++s) {
+    const kiln_symdef_t *d = &g->symdefs[s];
+    bool bound = d->factor_count > 0 && binding[s] >= 0;
+    for (int32_t k = 0; bound && k < d->factor_count; ++k) bound = binding[d->factors[k]] >= 0;
+    int64_t p;
+    if (!bound || (product_of(d, binding, -1, &p) && p == binding[s])) continue;
+    char fs[256];
+    size_t o = 0;
+    fs[0] = 0;
+    for (int32_t k = 0; k < d->factor_count && o < sizeof(fs); ++k)
+      o += (size_t)snprintf(fs + o, sizeof(fs) - o, "%s%s=%lld", k ? ", " : "",
+                            g->symbols[d->factors[k]], (long long)binding[d->factors[k]]);
+    char want[32];
+    if (product_of(d, binding, -1, &p)) snprintf(want, sizeof(want), "%lld", (long long)p);
+    else snprintf(want, sizeof(want), "overflow");
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "size %s is %lld in this call's inputs, but %s makes it %s",
+                            g->symbols[s], (long long)binding[s], fs, want);
   }
   // (kiln_graph_check_symbols made sure that every size the graph uses is
   // bound by now; a symbol left at -1 is one no type names.)
@@ -228,38 +249,22 @@ kiln_status_t kiln_graph_resolve_binding(const kiln_graph_t *g,
 
 kiln_status_t kiln_graph_check_symbols(const kiln_graph_t *g) {
   if (g->symbol_count == 0) return NULL;
-  bool *known = calloc((size_t)g->symbol_count, sizeof(bool));
+  // -1: not known from the inputs (kiln_graph_next_derived's convention).
+  int64_t *known = malloc(sizeof(int64_t) * (size_t)g->symbol_count);
   bool *used = calloc((size_t)g->symbol_count, sizeof(bool));
   if (!known || !used) {
     free(known);
     free(used);
     return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "checking symbols");
   }
+  for (int32_t s = 0; s < g->symbol_count; ++s) known[s] = -1;
   for (int32_t i = 0; i < g->input_count; ++i) {
     const kiln_type_t *t = &g->values[g->inputs[i]].type;
     for (int d = 0; d < t->rank; ++d)
-      if (KILN_IS_SYM(t->dims[d])) known[KILN_SYM_ID(t->dims[d])] = true;
+      if (KILN_IS_SYM(t->dims[d])) known[KILN_SYM_ID(t->dims[d])] = 0;
   }
-  // As kiln_graph_resolve_binding: products from factors, a lone unknown
-  // factor from its product.
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (int32_t s = 0; s < g->symbol_count; ++s) {
-      const kiln_symdef_t *d = &g->symdefs[s];
-      if (d->factor_count == 0) continue;
-      int32_t unknown = -1, unknowns = 0;
-      for (int32_t k = 0; k < d->factor_count; ++k)
-        if (!known[d->factors[k]]) {
-          unknowns += unknown != d->factors[k] ? 1 : 2;
-          unknown = d->factors[k];
-        }
-      if (unknowns == 0 && !known[s]) {
-        known[s] = changed = true;
-      } else if (unknowns == 1 && known[s]) {
-        known[unknown] = changed = true;
-      }
-    }
-  }
+  int32_t s, f;
+  while ((s = kiln_graph_next_derived(g, known, &f)) >= 0) known[f < 0 ? s : f] = 0;
   for (int32_t v = 0; v < g->value_count; ++v) {
     const kiln_type_t *t = &g->values[v].type;
     for (int d = 0; d < t->rank; ++d)
@@ -273,7 +278,7 @@ kiln_status_t kiln_graph_check_symbols(const kiln_graph_t *g) {
     }
   kiln_status_t st = NULL;
   for (int32_t s = 0; s < g->symbol_count && !st; ++s)
-    if (used[s] && !known[s])
+    if (used[s] && known[s] < 0)
       st = kiln_make_status(KILN_STATUS_UNSUPPORTED,
                             "graph @%s: size %s is not determined by the inputs' "
                             "sizes; expected each symbol in an input's type (or "
