@@ -256,6 +256,8 @@ void kiln_node_permutation(const kiln_node_t *n, int32_t rank,
 
 int64_t kiln_node_slice_start(const kiln_node_t *n, int64_t size) {
   int64_t start = kiln_node_attr_int(n, "start", 0);
+  // (A symbolic dim: the verifier took only starts >= 0 there.)
+  if (KILN_IS_SYM(size)) return start;
   if (start < 0) start += size;
   return start < 0 ? 0 : start > size ? size : start;
 }
@@ -271,6 +273,7 @@ void kiln_graph_free(kiln_graph_t *g) {
   if (!g) return;
   free(g->values);
   free(g->nodes);
+  free(g->bounds);
   kiln_arena_free(&g->arena);
   free(g);
 }

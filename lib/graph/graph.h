@@ -128,8 +128,9 @@ typedef struct kiln_attr {
   bool is_int;         // LIST: all elements integral
   const int64_t *ints;   // LIST (valid when is_int)
   // LIST: NULL, or per element whether it is a size expression ("s0",
-  // "128*s0"; only in a view's or expand's 'shape'), whose entry in `ints`
-  // is then a KILN_SYM dim.
+  // "128*s0"; only in a 'shape' list), whose entry in `ints` is then a
+  // KILN_SYM dim. INT: NULL, or {true} when `i` is a KILN_SYM dim (a
+  // slice's symbolic `end`).
   const bool *sym;
   const double *floats;  // LIST
 } kiln_attr_t;
@@ -180,6 +181,16 @@ typedef struct kiln_mutation {
   int32_t line, col;  // where it was parsed, for errors
 } kiln_mutation_t;
 
+// A relation between sizes that every call must satisfy: `small` <=
+// `large` (dims: static or KILN_SYM). The verifier records one where a
+// slice's length is a symbolic size, or a static length is cut from a
+// symbolic dim, so that a call whose sizes break it is refused
+// (kiln_graph_resolve_binding) instead of reading out of bounds.
+typedef struct kiln_size_bound {
+  int64_t small, large;
+  int32_t node;  // the op that needs it (an index into nodes)
+} kiln_size_bound_t;
+
 struct kiln_graph {
   kiln_arena_t arena;
   const char *name;
@@ -197,6 +208,8 @@ struct kiln_graph {
   int32_t symbol_count;
   const char **symbols;  // symbolic dim names, e.g. "s0", "128*s0"
   kiln_symdef_t *symdefs;  // symbol_count definitions
+  int32_t bound_count, bound_capacity;
+  kiln_size_bound_t *bounds;  // filled by kiln_graph_verify
 };
 
 // Attribute lookup helpers (NULL / default when absent).
@@ -277,7 +290,8 @@ kiln_status_t kiln_graph_check_symbols(const kiln_graph_t *g);
 // Completes a call's binding (symbol id -> size, -1 unbound) once the
 // inputs' sizes are in: derived symbols are computed from their factors, and
 // a factor bound nowhere else is solved from a derived size. INVALID_ARGUMENT
-// when the sizes disagree (an input's 500 rows where 128*s0 is 512). For a
+// when the sizes disagree (an input's 500 rows where 128*s0 is 512) or break
+// one of the graph's size bounds (a slice's end past its dim). For a
 // graph kiln_graph_check_symbols accepts, every size it uses is bound after.
 kiln_status_t kiln_graph_resolve_binding(const kiln_graph_t *g,
                                          int64_t *binding);

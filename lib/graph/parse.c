@@ -379,6 +379,24 @@ static kiln_status_t parse_attr_value(parser_t *ps, kiln_attr_t *a) {
   kiln_attr_kind_t kind;
   int64_t iv = 0;
   double fv = 0;
+  // A slice's `end` may be a size expression ("s0", "2*s0"): the sliced
+  // length under a dynamic size (see kiln_attr_t.sym).
+  if (strcmp(a->name, "end") == 0 &&
+      ((t->kind == TOK_IDENT && !scalar_literal(t, &kind, &iv, &fv)) ||
+       (t->kind == TOK_INT && t->i >= 0))) {
+    int64_t dim;
+    KILN_RETURN_IF_ERROR_PLAIN(parse_dim(ps, &dim));
+    a->kind = KILN_ATTR_INT;
+    a->i = dim;
+    a->f = (double)dim;
+    if (KILN_IS_SYM(dim)) {
+      bool *flag = kiln_arena_alloc(&g->arena, sizeof(bool));
+      if (!flag) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "attribute");
+      *flag = true;
+      a->sym = flag;
+    }
+    return NULL;
+  }
   if (scalar_literal(t, &kind, &iv, &fv)) {
     a->kind = kind;
     a->i = iv;

@@ -39,7 +39,10 @@ static void print_attr(kiln_sbuf_t *b, const kiln_graph_t *g,
                        const kiln_attr_t *a) {
   kiln_sbuf_printf(b, "%s = ", a->name);
   switch (a->kind) {
-    case KILN_ATTR_INT: kiln_sbuf_printf(b, "%lld", (long long)a->i); break;
+    case KILN_ATTR_INT:
+      if (a->sym && a->sym[0]) kiln_sbuf_puts(b, g->symbols[KILN_SYM_ID(a->i)]);
+      else kiln_sbuf_printf(b, "%lld", (long long)a->i);
+      break;
     case KILN_ATTR_FLOAT: print_float(b, a->f); break;
     case KILN_ATTR_BOOL: kiln_sbuf_puts(b, a->i ? "true" : "false"); break;
     case KILN_ATTR_DTYPE:

@@ -244,6 +244,26 @@ kiln_status_t kiln_graph_resolve_binding(const kiln_graph_t *g,
   }
   // (kiln_graph_check_symbols made sure that every size the graph uses is
   // bound by now; a symbol left at -1 is one no type names.)
+  for (int32_t i = 0; i < g->bound_count; ++i) {
+    const kiln_size_bound_t *b = &g->bounds[i];
+    int64_t small = KILN_IS_SYM(b->small) ? binding[KILN_SYM_ID(b->small)] : b->small;
+    int64_t large = KILN_IS_SYM(b->large) ? binding[KILN_SYM_ID(b->large)] : b->large;
+    if (small < 0 || large < 0 || small <= large) continue;
+    const kiln_node_t *n = &g->nodes[b->node];
+    char ss[96], ls[96];
+    if (KILN_IS_SYM(b->small))
+      snprintf(ss, sizeof(ss), "%s = %lld", g->symbols[KILN_SYM_ID(b->small)], (long long)small);
+    else
+      snprintf(ss, sizeof(ss), "%lld", (long long)small);
+    if (KILN_IS_SYM(b->large))
+      snprintf(ls, sizeof(ls), "%s = %lld", g->symbols[KILN_SYM_ID(b->large)], (long long)large);
+    else
+      snprintf(ls, sizeof(ls), "%lld", (long long)large);
+    return kiln_make_status(KILN_STATUS_INVALID_ARGUMENT,
+                            "%d:%d: %s: end %s is past the size of the sliced dim, %s, "
+                            "in this call's inputs; expected an end within the dim",
+                            n->line, n->col, kiln_op_name(n->op), ss, ls);
+  }
   return NULL;
 }
 
@@ -275,6 +295,7 @@ kiln_status_t kiln_graph_check_symbols(const kiln_graph_t *g) {
       const kiln_attr_t *a = &g->nodes[i].attrs[k];
       for (int32_t e = 0; a->kind == KILN_ATTR_LIST && a->sym && e < a->count; ++e)
         if (a->sym[e]) used[KILN_SYM_ID(a->ints[e])] = true;
+      if (a->kind == KILN_ATTR_INT && a->sym && a->sym[0]) used[KILN_SYM_ID(a->i)] = true;
     }
   kiln_status_t st = NULL;
   for (int32_t s = 0; s < g->symbol_count && !st; ++s)

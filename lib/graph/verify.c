@@ -547,6 +547,73 @@ static kiln_status_t view_shape(const vctx_t *c, const kiln_type_t *x,
   return NULL;
 }
 
+// Records that every call needs `small` <= `large` (graph.h).
+static kiln_status_t add_bound(const vctx_t *c, int64_t small, int64_t large) {
+  kiln_graph_t *g = c->g;
+  if (small == large) return NULL;
+  if (g->bound_count == g->bound_capacity) {
+    int32_t cap = g->bound_capacity ? 2 * g->bound_capacity : 8;
+    kiln_size_bound_t *b = realloc(g->bounds, sizeof(*b) * (size_t)cap);
+    if (!b) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "size bounds");
+    g->bounds = b;
+    g->bound_capacity = cap;
+  }
+  g->bounds[g->bound_count++] =
+      (kiln_size_bound_t){small, large, (int32_t)(c->node - g->nodes)};
+  return NULL;
+}
+
+// A slice whose dim or end is a symbolic size (a sequence length under
+// torch.compile's dynamic shapes). kiln's sizes are products, so the
+// length must be one: the whole dim (start 0, end past it or the dim's own
+// size), a symbolic end from 0 (`mask[:, :T]` of a static buffer), or a
+// static run [start, end) of a symbolic dim. The last two hold only while
+// the end is within the dim, which becomes a size bound checked at each
+// call. A start past 0 with an end at the dim's end (`x[:, 1:]`, s0 - 1),
+// negative positions (from the end) and steps are sums of sizes:
+// UNSUPPORTED, so the caller can leave the slice to PyTorch.
+static kiln_status_t infer_symbolic_slice(const vctx_t *c, const kiln_type_t *x, int32_t d,
+                                          int64_t size, int64_t end, int64_t step,
+                                          kiln_type_t *res) {
+  const kiln_node_t *n = c->node;
+  int64_t start = kiln_node_attr_int(n, "start", 0);
+  char sz[64];
+  kiln_monomial_t m;
+  kiln_dim_monomial(c->g, size, &m);
+  kiln_monomial_str(c->g, &m, sz, sizeof(sz));
+  const char *why = NULL;
+  if (step != 1) why = "a step other than 1";
+  else if (start < 0) why = "a start counted from the end";
+  else if (!KILN_IS_SYM(end) && end < 0) why = "an end counted from the end";
+  if (why)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "%s:%d:%d: aten.slice: %s along dim %d of size %s; "
+                            "expected step 1 and positions from the start",
+                            c->filename, n->line, n->col, why, (int)d, sz);
+  if (end == size || (!KILN_IS_SYM(end) && end == INT64_MAX)) {
+    // To the dim's end: the whole dim, or (start > 0) size - start.
+    if (start != 0)
+      return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                              "%s:%d:%d: aten.slice: from %lld to the end of dim %d of "
+                              "size %s (a size %s - %lld); expected a product of sizes",
+                              c->filename, n->line, n->col, (long long)start, (int)d,
+                              sz, sz, (long long)start);
+    *res = *x;
+    return NULL;
+  }
+  if (KILN_IS_SYM(end) && start != 0)
+    return kiln_make_status(KILN_STATUS_UNSUPPORTED,
+                            "%s:%d:%d: aten.slice: from %lld to the symbolic end %s "
+                            "(a difference of sizes); expected start 0",
+                            c->filename, n->line, n->col, (long long)start,
+                            c->g->symbols[KILN_SYM_ID(end)]);
+  if (!KILN_IS_SYM(end) && end < start) end = start;
+  KILN_RETURN_IF_ERROR_PLAIN(add_bound(c, end, size));
+  *res = *x;
+  res->dims[d] = KILN_IS_SYM(end) ? end : end - start;
+  return NULL;
+}
+
 static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
   const kiln_node_t *n = c->node;
   const kiln_type_t *x = NULL;
@@ -690,16 +757,15 @@ static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
         return verr(c, "dim %lld out of range for %s", (long long)dim,
                     kiln_type_str(c->g, x, t, sizeof(t)));
       int64_t size = x->dims[d];
-      if (KILN_IS_SYM(size))
-        return kiln_make_status(KILN_STATUS_UNSUPPORTED,
-                                "%s:%d:%d: aten.slice: symbolic sliced dim; "
-                                "expected a static size",
-                                c->filename, n->line, n->col);
-      int64_t start = kiln_node_slice_start(n, size);
       int64_t end = kiln_node_attr_int(n, "end", INT64_MAX);
       int64_t step = kiln_node_attr_int(n, "step", 1);
       if (step < 1) return verr(c, "'step' is %lld; expected >= 1",
                                 (long long)step);
+      const kiln_attr_t *ea = kiln_node_attr(n, "end");
+      bool sym_end = ea && ea->sym && ea->sym[0];
+      if (KILN_IS_SYM(size) || sym_end)
+        return infer_symbolic_slice(c, x, d, size, end, step, res);
+      int64_t start = kiln_node_slice_start(n, size);
       if (end < 0) end += size;
       end = end < start ? start : end > size ? size : end;
       res->dims[d] = (end - start + step - 1) / step;
@@ -1055,6 +1121,7 @@ static kiln_status_t check_attr_names(const vctx_t *c) {
 
 kiln_status_t kiln_graph_verify(kiln_graph_t *g, const char *filename) {
   vctx_t c = {g, filename ? filename : "<graph>", NULL};
+  g->bound_count = 0;
   for (int32_t i = 0; i < g->node_count; ++i) {
     kiln_node_t *n = &g->nodes[i];
     c.node = n;
@@ -1172,6 +1239,13 @@ kiln_status_t kiln_graph_specialize(const kiln_graph_t *g,
   for (int32_t i = 0; !s && i < copy->node_count; ++i) {
     for (int32_t k = 0; k < copy->nodes[i].attr_count; ++k) {
       kiln_attr_t *a = &copy->nodes[i].attrs[k];
+      if (a->kind == KILN_ATTR_INT && a->sym && a->sym[0]) {
+        // A size-valued scalar (a slice's end).
+        a->i = map[KILN_SYM_ID(a->i)];
+        a->f = (double)a->i;
+        *(bool *)a->sym = KILN_IS_SYM(a->i);
+        continue;
+      }
       if (a->kind != KILN_ATTR_LIST || !a->sym) continue;
       // The copy's own arena memory.
       int64_t *ints = (int64_t *)a->ints;

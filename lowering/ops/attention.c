@@ -35,7 +35,10 @@
 // constant times symbols (a dynamic batch: "8*s0"; with one symbol the
 // operands are still read in place), and L and S may be symbolic (a
 // dynamic sequence length: blocks of query rows counted at run time, the
-// keys past S masked, any S; no additive mask there).
+// keys past S masked, any S). An additive mask may have L and S among its
+// sizes (a padding mask [B, 1, 1, S]): its strides are then SSA values and
+// its last vector of keys is read masked; under a dynamic batch only a mask
+// per query row and key is taken.
 //
 // Against PyTorch's softmax + bmm: a key masked with -inf (causal lanes, a
 // -inf mask entry) weighs exp's smallest result, about 1.2e-38, not 0 (the
@@ -248,7 +251,8 @@ static bool trace_layout(const kiln_emitter_t *e, int32_t sb, int32_t v, int32_t
         if (!kiln_normalize_dim(kiln_node_attr_int(c, "dim", 0), in->rank, &d)) return false;
         int64_t start = kiln_node_slice_start(c, in->dims[d]);
         int64_t step = kiln_node_attr_int(c, "step", 1);
-        if (l->nf[d] > 1 || step < 1) return false;
+        if (l->nf[d] > 1 || step < 1 || KILN_IS_SYM(rt->dims[d]) || KILN_IS_SYM(in->dims[d]))
+          return false;
         if (l->nf[d] == 1) {
           if (l->f[d][0].size.e) return false;
           l->offset += start * l->f[d][0].stride;
@@ -439,9 +443,6 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
       if (!f32_heads3(vt) || vt->dims[0] != ch->BH || vt->dims[1] != ch->S ||
           vt->dims[2] % 16 || vt->dims[2] < 16 || vt->dims[2] > 4096 || !f32_heads3(ct))
         return false;
-      // Under a symbolic length, no additive mask (the kernel's masks
-      // index rows and keys by static strides); the causal form is fine.
-      if ((KILN_IS_SYM(ch->L) || KILN_IS_SYM(ch->S)) && ch->mask >= 0) return false;
       ch->Ev = vt->dims[2];
       ch->bmm2 = u;
       return true;
@@ -484,14 +485,21 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
             c->operands[1 - k].value != v)
           return false;
         const kiln_type_t *mt = &g->values[c->operands[k].value].type;
+        // (Its sizes may be symbolic where they are the scores' L or S: a
+        // padding mask [B, 1, 1, S] under a dynamic length.)
         if (bmm_after(g, c->operands[k].value, first) || mt->dtype != KILN_F32 ||
-            !kiln_type_is_static(mt) || mt->rank < 1 || mt->rank > ct->rank)
+            mt->rank < 1 || mt->rank > ct->rank)
           return false;
         for (int d = 0; d < mt->rank; ++d) {
           int64_t m = mt->dims[d], want = ct->dims[ct->rank - mt->rank + d];
           if (m != 1 && m != want) return false;
-          // Under a symbolic batch, a mask per query row and key only.
-          if (KILN_IS_SYM(ch->BH) && m != 1 && ct->rank - mt->rank + d < ct->rank - 2)
+          // Under a symbolic batch, a mask per query row and key, and per
+          // batch only where the batch is the view's outermost dim (its one
+          // symbolic leading dim: a padding mask [B, 1, 1, S]); the head's
+          // offset in it is then (bh / inner) * stride, with no modulus.
+          int pos = ct->rank - mt->rank + d;
+          if (KILN_IS_SYM(ch->BH) && m != 1 && pos < ct->rank - 2 &&
+              (pos != 0 || !KILN_IS_SYM(ct->dims[0])))
             return false;
         }
         ch->mask = c->operands[k].value;
@@ -584,8 +592,10 @@ typedef struct reads {
   char ktl[24];         // OPERAND_LOCAL: the task's K^T, tensor<E x S x f32>
   char ktlty[48];
   // The additive mask read flat (mask[0] empty: none): head %bh's offset,
-  // the strides of a query row and of a key (0 where broadcast).
-  char mask[24], mty[48], moff[24];
+  // the strides of a query row and of a key (0 where broadcast); a row
+  // stride that is a symbolic size (S under a dynamic length) is the SSA
+  // value `m_row_ssa` instead.
+  char mask[24], mty[48], moff[24], m_row_ssa[24];
   int64_t m_row, m_key;
   // A symbolic S: K^T's vectors past it are read with in_bounds = false
   // (their lanes masked out of the scores).
@@ -820,16 +830,25 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
         // + mask[head, row, keys]: a vector of keys, or the row's one
         // value broadcast.
         int r = k / nv, h = k % nv;
-        kiln_sbuf_printf(o,
-            "          %%mi%d_%d_%d_%d = affine.apply affine_map<(d0, d1)[s0] -> (s0 + d0 * %lld + "
-            "(d1 + %d) * %lld)>(%%gr%d_%d_%d, %%j_%d_%d_%d)[%s]\n",
-            k, id, t, part, (long long)rd->m_row, h * 16, (long long)rd->m_key, r, id, t, id, t,
-            part, rd->moff);
+        if (rd->m_row_ssa[0])
+          kiln_sbuf_printf(o,
+              "          %%mi%d_%d_%d_%d = affine.apply affine_map<(d0, d1)[s0, s1] -> (s0 + d0 * s1 + "
+              "(d1 + %d) * %lld)>(%%gr%d_%d_%d, %%j_%d_%d_%d)[%s, %s]\n",
+              k, id, t, part, h * 16, (long long)rd->m_key, r, id, t, id, t, part, rd->moff,
+              rd->m_row_ssa);
+        else
+          kiln_sbuf_printf(o,
+              "          %%mi%d_%d_%d_%d = affine.apply affine_map<(d0, d1)[s0] -> (s0 + d0 * %lld + "
+              "(d1 + %d) * %lld)>(%%gr%d_%d_%d, %%j_%d_%d_%d)[%s]\n",
+              k, id, t, part, (long long)rd->m_row, h * 16, (long long)rd->m_key, r, id, t, id, t,
+              part, rd->moff);
+        // (Under a symbolic S the last vector of keys may pass the mask's
+        // end: read masked; its lanes past S become -inf below.)
         if (rd->m_key)
           kiln_sbuf_printf(o,
               "          %%mv%d_%d_%d_%d = vector.transfer_read %s[%%mi%d_%d_%d_%d], %%padf_%d "
-              "{in_bounds = [true]} : %s, vector<16xf32>\n",
-              k, id, t, part, rd->mask, k, id, t, part, id, rd->mty);
+              "{in_bounds = [%s]} : %s, vector<16xf32>\n",
+              k, id, t, part, rd->mask, k, id, t, part, id, sym_S ? "false" : "true", rd->mty);
         else
           kiln_sbuf_printf(o,
               "          %%ms%d_%d_%d_%d = tensor.extract %s[%%mi%d_%d_%d_%d] : %s\n"
@@ -1284,19 +1303,47 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   }
   // The mask: its strides against the scores' view [.., L, S] (0 where
   // broadcast), read flat.
+  // With symbolic sizes (L, S) in the mask, a stride is a product with
+  // them: `msym[d]` then names its SSA value (computed here, before the
+  // forall), and mstride[d] is only nonzero-or-not.
   int64_t mstride[KILN_MAX_RANK] = {0};
+  char msym[KILN_MAX_RANK][24];
+  memset(msym, 0, sizeof(msym));
   const kiln_type_t *mv = &ch->mview;
   if (ch->mask >= 0) {
     const kiln_tv_t *m = &e->values[ch->mask];
     int R = mv->rank, off = R - m->type.rank;
+    // The running stride is st x sp (sp: the SSA product of the symbolic
+    // sizes passed so far, empty for none).
     int64_t st = 1;
+    char sp[24] = "";
     for (int d = m->type.rank - 1; d >= 0; --d) {
-      mstride[off + d] = m->type.dims[d] == 1 ? 0 : st;
-      st *= m->type.dims[d];
+      int64_t md = m->type.dims[d];
+      mstride[off + d] = md == 1 ? 0 : st;
+      if (md != 1 && sp[0]) {
+        snprintf(msym[off + d], sizeof(msym[0]), "%%amst%d_%d", d, id);
+        kiln_sbuf_printf(o, "    %s = affine.apply affine_map<()[s0] -> (s0 * %lld)>()[%s]\n",
+                         msym[off + d], (long long)st, sp);
+      }
+      if (!KILN_IS_SYM(md)) {
+        st *= md;
+      } else if (sp[0]) {
+        char nx[24];
+        snprintf(nx, sizeof(nx), "%%amsp%d_%d", d, id);
+        kiln_sbuf_printf(o, "    %s = arith.muli %s, %s : index\n", nx, sp,
+                         e->sym_ssa[KILN_SYM_ID(md)]);
+        snprintf(sp, sizeof(sp), "%s", nx);
+      } else {
+        snprintf(sp, sizeof(sp), "%s", e->sym_ssa[KILN_SYM_ID(md)]);
+      }
     }
     rd.m_row = mstride[R - 2];
     rd.m_key = mstride[R - 1];
-    snprintf(rd.mty, sizeof(rd.mty), "tensor<%lldxf32>", (long long)st);
+    if (msym[R - 2][0]) snprintf(rd.m_row_ssa, sizeof(rd.m_row_ssa), "%s", msym[R - 2]);
+    if (kiln_type_is_static(&m->type))
+      snprintf(rd.mty, sizeof(rd.mty), "tensor<%lldxf32>", (long long)st);
+    else
+      snprintf(rd.mty, sizeof(rd.mty), "tensor<?xf32>");
     if (m->type.rank == 1) {
       snprintf(rd.mask, sizeof(rd.mask), "%s", m->ssa);
     } else {
@@ -1380,16 +1427,38 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   }
   if (rd.mask[0]) {
     // Head %bh's mask offset: %bh over the view's leading dims.
+    // (A symbolic stride is the map's next symbol; under a symbolic batch
+    // the chain took masks per row and key only, so these dims are static.)
     snprintf(rd.moff, sizeof(rd.moff), "%%amo_%d", id);
-    kiln_sbuf_printf(o, "      %s = affine.apply affine_map<(d0) -> (0", rd.moff);
+    kiln_sbuf_printf(o, "      %s = affine.apply affine_map<(d0)[", rd.moff);
+    int nsyms = 0;
+    for (int d = mv->rank - 3; d >= 0; --d)
+      if (mstride[d] && msym[d][0]) {
+        kiln_sbuf_printf(o, "%ss%d", nsyms ? ", " : "", nsyms);
+        nsyms++;
+      }
+    kiln_sbuf_puts(o, "] -> (0");
     int64_t inner = 1;
+    nsyms = 0;
     for (int d = mv->rank - 3; d >= 0; --d) {
-      if (mstride[d])
+      if (mstride[d] && KILN_IS_SYM(mv->dims[d]) && msym[d][0])  // the outermost (see above)
+        kiln_sbuf_printf(o, " + (d0 floordiv %lld) * s%d", (long long)inner, nsyms++);
+      else if (mstride[d] && KILN_IS_SYM(mv->dims[d]))
+        kiln_sbuf_printf(o, " + (d0 floordiv %lld) * %lld", (long long)inner,
+                         (long long)mstride[d]);
+      else if (mstride[d] && msym[d][0])
+        kiln_sbuf_printf(o, " + ((d0 floordiv %lld) mod %lld) * s%d", (long long)inner,
+                         (long long)mv->dims[d], nsyms++);
+      else if (mstride[d])
         kiln_sbuf_printf(o, " + ((d0 floordiv %lld) mod %lld) * %lld", (long long)inner,
                          (long long)mv->dims[d], (long long)mstride[d]);
       inner *= mv->dims[d];
     }
-    kiln_sbuf_printf(o, ")>(%%bh_%d)\n", id);
+    kiln_sbuf_printf(o, ")>(%%bh_%d)[", id);
+    nsyms = 0;
+    for (int d = mv->rank - 3; d >= 0; --d)
+      if (mstride[d] && msym[d][0]) kiln_sbuf_printf(o, "%s%s", nsyms++ ? ", " : "", msym[d]);
+    kiln_sbuf_puts(o, "]\n");
   }
   if (rd.op[1].mode == OPERAND_LOCAL) {
     // The head's K^T, from K's rows: 16 x 16 blocks read as 16 key rows,

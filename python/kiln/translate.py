@@ -362,8 +362,12 @@ def _slice(e, n):
     step = _arg(n, 4, "step", 1)
     attrs = {"dim": str(_static_int(dim, "dim"))}
     attrs["start"] = str(_static_int(0 if start is None else start, "start"))
-    end = INT64_MAX if end is None else min(_static_int(end, "end"), INT64_MAX)
-    attrs["end"] = str(end)
+    if isinstance(end, (torch.SymInt, torch.fx.Node)):
+        # A symbolic end (`buf[:, :T]` under a dynamic length): its size
+        # expression; kiln checks at each call that it is within the dim.
+        attrs["end"] = _dim(end)
+    else:
+        attrs["end"] = str(INT64_MAX if end is None else min(_static_int(end, "end"), INT64_MAX))
     attrs["step"] = str(_static_int(step, "step"))
     return e.op("aten.slice", [e.operand(n.args[0])], attrs)
 
@@ -809,6 +813,25 @@ def _fused_attention_takes(qv, kv, vv, S, Ev, E) -> bool:
             and Ev % 16 == 0 and 16 <= Ev <= 4096 and E <= 4096)
 
 
+def _mask_fuses(mv, scores) -> bool:
+    """Whether the fused kernel takes additive mask `mv` over the [B, H, L,
+    S] scores under symbolic sizes (lowering/ops/attention.c, chain
+    detection): f32, each size 1 or the scores' own (the same symbol), and
+    under a symbolic batch the heads' dim broadcast (a mask per batch, query
+    row and key: a padding mask)."""
+    if mv.dtype != torch.float32 or mv.dim() > 4:
+        return False
+    for i, d in enumerate(mv.shape):
+        want = scores[4 - mv.dim() + i]
+        if isinstance(d, int) and d == 1:
+            continue
+        if str(d) != str(want):
+            return False
+        if not isinstance(scores[0], int) and 4 - mv.dim() + i == 1:
+            return False
+    return True
+
+
 def _sdpa_cpu(e, n):
     """PyTorch's CPU flash attention (the op its SDPA dispatches to, kept
     whole by kiln's decomposition table) as kiln ops: softmax(q k^T * scale
@@ -869,12 +892,8 @@ def _sdpa_cpu(e, n):
         # bf16: 3.35 against 0.91 ms.
         raise Unsupported(f"{DTYPES[qv.dtype]} attention: kiln's fused kernel takes "
                           "f32; PyTorch's flash kernel is faster than kiln's op-by-op form")
-    if symbolic and (not fused or (mask is not None and (
-            not isinstance(L, int) or not isinstance(S, int) or
-            any(d != 1 for d in mask.meta["val"].shape[:-2])))):
-        # (lowering/ops/attention.c: under a symbolic batch it takes masks
-        # per query row and key only, under a symbolic length none; the
-        # causal form under both.)
+    if symbolic and (not fused or (mask is not None and
+                                   not _mask_fuses(mask.meta["val"], [B, H, L, S]))):
         raise Unsupported("symbolic sizes: kiln's fused attention kernel does not "
                           "take this call, and its scores' size has no bound")
     score_bytes = (H * qv.element_size() if symbolic else B * H * L * S * qv.element_size())

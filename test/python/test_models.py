@@ -16,6 +16,14 @@ def check_close(got, want):
     torch.testing.assert_close(got, want, **TOL[want.dtype])
 
 
+def _avx512f() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
 def mlp():
     return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16), nn.ReLU())
 
@@ -304,6 +312,76 @@ def test_attention_with_dynamic_length_runs_in_kiln(causal):
             torch.testing.assert_close(compiled(x), model(x), **TOL[torch.float32])
 
 
+class BufferCausalAttention(nn.Module):
+    """GPT-2's (nanoGPT's) attention: the causal mask a registered buffer,
+    cut to the sequence length (`bias[:, :, :t, :t]`), masked_fill, softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+        self.register_buffer("bias", torch.tril(torch.ones(256, 256)).view(1, 1, 256, 256))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * 0.25
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = torch.softmax(att, dim=-1) @ v
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
+def test_buffer_mask_sliced_to_dynamic_length_runs_in_kiln():
+    """A buffer sliced to the symbolic sequence length (a slice whose end is
+    a size: kiln checks at each call that it is within the buffer) is
+    kiln's, with the rest of the block (fallback="error"); equal to eager
+    at lengths across 16 and 128."""
+    torch.manual_seed(0)
+    model = BufferCausalAttention()
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for t in (16, 24, 5, 33, 140):
+            x = torch.randn(2, t, 64)
+            check_close(compiled(x), model(x))
+
+
+class PaddedAttention(nn.Module):
+    """A BERT-style self-attention: SDPA with an additive padding mask
+    [B, 1, 1, T] made from a [B, T] 0/1 attention mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x, keep):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        mask = (1.0 - keep[:, None, None, :].to(x.dtype)) * -10000.0
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
+@pytest.mark.skipif(not _avx512f(), reason="the fused attention kernel needs AVX-512")
+@pytest.mark.parametrize("dynamic_batch", [False, True], ids=["length", "batch_and_length"])
+def test_padding_mask_attention_with_dynamic_sizes_runs_in_kiln(dynamic_batch):
+    """SDPA with a padding mask under a dynamic sequence length (and batch):
+    the fused kernel reads the mask with symbolic strides; fallback="error"
+    fails if that SDPA or the mask's slice is left to PyTorch. Equal to
+    eager, each batch row padded at a different length."""
+    torch.manual_seed(0)
+    model = PaddedAttention()
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    shapes = [(2, 16), (2, 24), (2, 5), (2, 33), (2, 140)]
+    if dynamic_batch:
+        shapes = [(2, 16), (3, 24), (1, 5), (4, 33), (3, 140)]
+    with torch.no_grad():
+        for b, t in shapes:
+            x = torch.randn(b, t, 64)
+            keep = torch.ones(b, t)
+            for i in range(b):
+                keep[i, t - (i * t) // 3:] = 0
+            check_close(compiled(x, keep), model(x, keep))
+
+
 @pytest.mark.parametrize("name,kw,dtype", ATTENTION, ids=[a[0] for a in ATTENTION])
 def test_attention_inference_runs_in_kiln(name, kw, dtype):
     """Inference attention is kiln's (fallback="error" fails on any node
@@ -446,14 +524,6 @@ def test_attention_blocks_against_eager(name, make, shapes):
         for _ in range(2):
             xs = [torch.randn(s) for s in shapes]
             check_close(compiled(*xs), model(*xs))
-
-
-def _avx512f() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512f" in line for line in f)
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not _avx512f(), reason="the fused attention kernel needs AVX-512")

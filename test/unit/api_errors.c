@@ -316,6 +316,65 @@ static void test_symbolic_and_targets(void) {
 // for a [s0, 128, ...] tensor seen as a matrix) parses, prints back,
 // verifies views between the two as equal element counts, binds s0 from
 // either form, and reports sizes that do not fit.
+// A slice to a symbolic end (a causal-mask buffer cut to the sequence
+// length): right under both policies while the end is within the buffer;
+// past it each call is INVALID_ARGUMENT naming the slice, and the output
+// is left as it was. An end no input's size determines is refused at
+// compile time, and a slice whose length would be a sum of sizes when
+// the graph is parsed.
+static void test_symbolic_slices(void) {
+  expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.slice(%x) {dim = 0, start = 2, "
+                     "end = 9223372036854775807, step = 1}\n  return %y\n}",
+                     KILN_STATUS_UNSUPPORTED,
+                     "aten.slice: from 2 to the end of dim 0 of size s0 (a size s0 - 2)");
+  expect_parse_error("graph @g(%x: f32[8,4], %z: f32[s1]) {\n  %y = aten.slice(%x) {dim = 0, "
+                     "start = 1, end = s1, step = 1}\n  return %y\n}",
+                     KILN_STATUS_UNSUPPORTED,
+                     "aten.slice: from 1 to the symbolic end s1 (a difference of sizes)");
+  kiln_graph_t *g = NULL;
+  CHECK_OK(parse("graph @g(%m: f32[8,4], %x: f32[s0,4]) {\n"
+                 "  %a = aten.slice(%m) {dim = 0, start = 0, end = s0, step = 1}\n"
+                 "  %y = aten.add(%x, %a)\n  return %y\n}\n", &g));
+  if (!g) return;
+  DLDataType f32 = {kDLFloat, 32, 1};
+  float m[32], x[40], out[40];
+  for (int i = 0; i < 32; ++i) m[i] = (float)(100 * i);
+  for (int i = 0; i < 40; ++i) x[i] = (float)i;
+  for (int policy = 0; policy < 2; ++policy) {
+    kiln_compile_options_t opts;
+    kiln_compile_options_init(&opts);
+    opts.dynamic = policy ? KILN_DYNAMIC_ALWAYS : KILN_DYNAMIC_AUTO;
+    kiln_function_t *fn = NULL;
+    CHECK_OK(kiln_function_compile(ctx, g, &opts, &fn));
+    if (!fn) continue;
+    for (int64_t n = 3; n <= 8; n += 5) {  // 3, then 8: the whole buffer
+      int64_t sm[2] = {8, 4}, sx[2] = {n, 4};
+      DLTensor in[2] = {tensor(m, 2, sm, f32), tensor(x, 2, sx, f32)};
+      DLTensor o = tensor(out, 2, sx, f32);
+      CHECK_OK(kiln_function_call(fn, in, 2, &o, 1));
+      for (int64_t i = 0; i < 4 * n; ++i) CHECK(out[i] == x[i] + m[i]);
+    }
+    int64_t sm[2] = {8, 4}, sx[2] = {10, 4};
+    DLTensor in[2] = {tensor(m, 2, sm, f32), tensor(x, 2, sx, f32)};
+    DLTensor o = tensor(out, 2, sx, f32);
+    for (int i = 0; i < 40; ++i) out[i] = -1;
+    CHECK_ERR(kiln_function_call(fn, in, 2, &o, 1), KILN_STATUS_INVALID_ARGUMENT,
+              "2:8: aten.slice: end s0 = 10 is past the size of the sliced dim, 8");
+    for (int i = 0; i < 40; ++i) CHECK(out[i] == -1);
+    kiln_function_release(fn);
+  }
+  kiln_graph_destroy(g);
+  CHECK_OK(parse("graph @g(%m: f32[8,4]) {\n"
+                 "  %a = aten.slice(%m) {dim = 0, start = 0, end = s3, step = 1}\n"
+                 "  return %a\n}\n", &g));
+  if (g) {
+    kiln_function_t *fn = NULL;
+    CHECK_ERR(kiln_function_compile(ctx, g, NULL, &fn), KILN_STATUS_UNSUPPORTED,
+              "graph @g: size s3 is not determined by the inputs' sizes");
+    kiln_graph_destroy(g);
+  }
+}
+
 static void test_derived_sizes(void) {
   expect_parse_error("graph @g(%x: f32[s0,4]) {\n  %y = aten.view(%x) {shape = [3*s0]}\n  return %y\n}",
                      KILN_STATUS_VERIFY_ERROR,
@@ -548,6 +607,7 @@ int main(void) {
   test_temporary_out_of_memory();
   test_symbolic_and_targets();
   test_derived_sizes();
+  test_symbolic_slices();
   test_mutations();
   kiln_context_destroy(ctx);
   return kt_finish("api_errors");
