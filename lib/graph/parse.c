@@ -382,7 +382,7 @@ static kiln_status_t parse_attr_value(parser_t *ps, kiln_attr_t *a) {
   // A slice's `end` may be a size expression ("s0", "2*s0"): the sliced
   // length under a dynamic size (see kiln_attr_t.sym).
   if (strcmp(a->name, "end") == 0 &&
-      ((t->kind == TOK_IDENT && !scalar_literal(t, &kind, &iv, &fv)) ||
+      ((t->kind == TOK_IDENT && !scalar_literal(t, &kind, &iv, &fv) && !is_ident(t, "none")) ||
        (t->kind == TOK_INT && t->i >= 0))) {
     int64_t dim;
     KILN_RETURN_IF_ERROR_PLAIN(parse_dim(ps, &dim));

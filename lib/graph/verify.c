@@ -573,8 +573,8 @@ static kiln_status_t add_bound(const vctx_t *c, int64_t small, int64_t large) {
 // negative positions (from the end) and steps are sums of sizes:
 // UNSUPPORTED, so the caller can leave the slice to PyTorch.
 static kiln_status_t infer_symbolic_slice(const vctx_t *c, const kiln_type_t *x, int32_t d,
-                                          int64_t size, int64_t end, int64_t step,
-                                          kiln_type_t *res) {
+                                          int64_t size, int64_t end, bool sym_end,
+                                          int64_t step, kiln_type_t *res) {
   const kiln_node_t *n = c->node;
   int64_t start = kiln_node_attr_int(n, "start", 0);
   char sz[64];
@@ -584,13 +584,13 @@ static kiln_status_t infer_symbolic_slice(const vctx_t *c, const kiln_type_t *x,
   const char *why = NULL;
   if (step != 1) why = "a step other than 1";
   else if (start < 0) why = "a start counted from the end";
-  else if (!KILN_IS_SYM(end) && end < 0) why = "an end counted from the end";
+  else if (!sym_end && end < 0) why = "an end counted from the end";
   if (why)
     return kiln_make_status(KILN_STATUS_UNSUPPORTED,
                             "%s:%d:%d: aten.slice: %s along dim %d of size %s; "
                             "expected step 1 and positions from the start",
                             c->filename, n->line, n->col, why, (int)d, sz);
-  if (end == size || (!KILN_IS_SYM(end) && end == INT64_MAX)) {
+  if ((sym_end && end == size) || (!sym_end && end == INT64_MAX)) {
     // To the dim's end: the whole dim, or (start > 0) size - start.
     if (start != 0)
       return kiln_make_status(KILN_STATUS_UNSUPPORTED,
@@ -601,16 +601,16 @@ static kiln_status_t infer_symbolic_slice(const vctx_t *c, const kiln_type_t *x,
     *res = *x;
     return NULL;
   }
-  if (KILN_IS_SYM(end) && start != 0)
+  if (sym_end && start != 0)
     return kiln_make_status(KILN_STATUS_UNSUPPORTED,
                             "%s:%d:%d: aten.slice: from %lld to the symbolic end %s "
                             "(a difference of sizes); expected start 0",
                             c->filename, n->line, n->col, (long long)start,
                             c->g->symbols[KILN_SYM_ID(end)]);
-  if (!KILN_IS_SYM(end) && end < start) end = start;
+  if (!sym_end && end < start) end = start;
   KILN_RETURN_IF_ERROR_PLAIN(add_bound(c, end, size));
   *res = *x;
-  res->dims[d] = KILN_IS_SYM(end) ? end : end - start;
+  res->dims[d] = sym_end ? end : end - start;
   return NULL;
 }
 
@@ -764,7 +764,7 @@ static kiln_status_t infer_shape(const vctx_t *c, kiln_type_t *res) {
       const kiln_attr_t *ea = kiln_node_attr(n, "end");
       bool sym_end = ea && ea->sym && ea->sym[0];
       if (KILN_IS_SYM(size) || sym_end)
-        return infer_symbolic_slice(c, x, d, size, end, step, res);
+        return infer_symbolic_slice(c, x, d, size, end, sym_end, step, res);
       int64_t start = kiln_node_slice_start(n, size);
       if (end < 0) end += size;
       end = end < start ? start : end > size ? size : end;

@@ -61,8 +61,12 @@ typedef struct attn_chain {
   int64_t bhc;
   double scale;
   // An additive mask (after the scale, before the softmax), or -1: a value
-  // broadcast to `mview`, the scores' view it is added in.
+  // broadcast to `mview`, the scores' view it is added in. `mask_bool`: the
+  // mask is instead a bool tensor whose true (1) or false (-1) entries set
+  // a score to -inf (masked_fill(s, bias == 0, -inf), GPT-2's causal mask
+  // from a buffer); 0 for an additive one.
   int32_t mask;
+  int mask_bool;
   kiln_type_t mview;
   // Query row i sees keys j <= i only (SDPA's is_causal as translate.py
   // writes it: where(rows >= cols, s, -inf) over constant aranges).
@@ -348,6 +352,46 @@ static bool causal_cond(const kiln_graph_t *g, int32_t cond, int64_t L, int64_t 
   return arange_const(g, c->operands[0].value, L) && arange_const(g, c->operands[1].value, S);
 }
 
+// Whether operand `o` is -inf: the number, or a one-element f32 tensor
+// that aten.full or kiln.constant makes (masked_fill's value as Dynamo
+// traces it: full([], -inf)).
+static bool neg_inf_operand(const kiln_graph_t *g, const kiln_operand_t *o) {
+  if (o->kind == KILN_OPERAND_FLOAT) return o->f < 0 && isinf(o->f);
+  if (o->kind != KILN_OPERAND_VALUE) return false;
+  const kiln_value_t *v = &g->values[o->value];
+  if (v->node < 0 || v->type.dtype != KILN_F32) return false;
+  for (int d = 0; d < v->type.rank; ++d)
+    if (v->type.dims[d] != 1) return false;
+  const kiln_node_t *p = &g->nodes[v->node];
+  const kiln_attr_t *a = kiln_node_attr(p, "value");
+  if (!a || (p->op != KILN_OP_FULL && p->op != KILN_OP_CONSTANT)) return false;
+  double f = a->kind == KILN_ATTR_FLOAT ? a->f
+             : a->kind == KILN_ATTR_LIST && a->count == 1 ? a->floats[0]
+                                                          : 0;
+  return f < 0 && isinf(f);
+}
+
+// Whether `mt` broadcasts to the scores' view `ct` as a mask the kernel
+// reads flat: each size 1 or the view's own; under a symbolic batch only
+// per query row and key, and per batch where the batch is the view's
+// outermost dim and its one symbolic leading dim (a padding mask [B, 1, 1,
+// S]), the head's offset in it then (bh / inner) * stride, no modulus.
+static bool mask_broadcasts(const attn_chain_t *ch, const kiln_type_t *mt,
+                            const kiln_type_t *ct) {
+  if (mt->rank < 1 || mt->rank > ct->rank) return false;
+  bool lead_static = true;  // the view's leading dims after the first
+  for (int d = 1; d < ct->rank - 2; ++d) lead_static &= !KILN_IS_SYM(ct->dims[d]);
+  for (int d = 0; d < mt->rank; ++d) {
+    int pos = ct->rank - mt->rank + d;
+    int64_t m = mt->dims[d], want = ct->dims[pos];
+    if (m != 1 && m != want) return false;
+    if (KILN_IS_SYM(ch->BH) && m != 1 && pos < ct->rank - 2 &&
+        (pos != 0 || !KILN_IS_SYM(ct->dims[0]) || !lead_static))
+      return false;
+  }
+  return true;
+}
+
 // Whether value `v` is computed from a bmm after node `first`. A mask may
 // be computed after the chain's first bmm (eager LLaMA code slices its
 // causal mask there), but not from such a bmm: it may start a chain of its
@@ -422,6 +466,7 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
   if (chain_ending_at(e, first, &other)) return false;
   ch->scale = 1;
   ch->mask = -1;
+  ch->mask_bool = 0;
   ch->nodes[ch->count++] = first;
   bool scaled = false, soft = false, masked = false;
   ch->causal = false;
@@ -488,26 +533,36 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
         // (Its sizes may be symbolic where they are the scores' L or S: a
         // padding mask [B, 1, 1, S] under a dynamic length.)
         if (bmm_after(g, c->operands[k].value, first) || mt->dtype != KILN_F32 ||
-            mt->rank < 1 || mt->rank > ct->rank)
+            !mask_broadcasts(ch, mt, ct))
           return false;
-        for (int d = 0; d < mt->rank; ++d) {
-          int64_t m = mt->dims[d], want = ct->dims[ct->rank - mt->rank + d];
-          if (m != 1 && m != want) return false;
-          // Under a symbolic batch, a mask per query row and key, and per
-          // batch only where the batch is the view's outermost dim (its one
-          // symbolic leading dim: a padding mask [B, 1, 1, S]); the head's
-          // offset in it is then (bh / inner) * stride, with no modulus.
-          int pos = ct->rank - mt->rank + d;
-          if (KILN_IS_SYM(ch->BH) && m != 1 && pos < ct->rank - 2 &&
-              (pos != 0 || !KILN_IS_SYM(ct->dims[0])))
-            return false;
-        }
         ch->mask = c->operands[k].value;
+        ch->mask_bool = 0;
         ch->mview = *ct;
         masked = true;
         break;
       }
       case KILN_OP_WHERE: {
+        // where(m, -inf, x) or where(m, x, -inf) with m a bool tensor that
+        // is not the causal pattern below: a boolean mask (masked_fill of
+        // a mask buffer), after the scale, in place of an additive one.
+        if (!masked && !soft && !ch->causal && c->operand_count == 3 &&
+            c->operands[0].kind == KILN_OPERAND_VALUE && kiln_type_equal(ct, &g->values[v].type)) {
+          int32_t m = c->operands[0].value;
+          const kiln_type_t *mt = &g->values[m].type;
+          bool fill_true = c->operands[2].kind == KILN_OPERAND_VALUE &&
+                           c->operands[2].value == v && neg_inf_operand(g, &c->operands[1]);
+          bool fill_false = c->operands[1].kind == KILN_OPERAND_VALUE &&
+                            c->operands[1].value == v && neg_inf_operand(g, &c->operands[2]);
+          if ((fill_true || fill_false) && mt->dtype == KILN_BOOL &&
+              !causal_cond(g, m, ch->L, ch->S) && !bmm_after(g, m, first) &&
+              mask_broadcasts(ch, mt, ct)) {
+            ch->mask = m;
+            ch->mask_bool = fill_true ? 1 : -1;
+            ch->mview = *ct;
+            masked = true;
+            break;
+          }
+        }
         // where(rows >= cols, x, -inf), after the scale and a mask.
         if (ch->causal || soft || c->operand_count != 3 ||
             c->operands[0].kind != KILN_OPERAND_VALUE || c->operands[1].kind != KILN_OPERAND_VALUE ||
@@ -552,9 +607,13 @@ static bool chain_back(const kiln_emitter_t *e, int32_t v, int reader, int self,
   switch (c->op) {
     case KILN_OP_BMM:
       return attention_chain(e, p, ch) && ch->bmm2 == self;
-    case KILN_OP_WHERE:  // the scores are its second operand
-      return c->operand_count == 3 && c->operands[1].kind == KILN_OPERAND_VALUE &&
-             chain_back(e, c->operands[1].value, p, self, depth + 1, ch);
+    case KILN_OP_WHERE:  // the scores are its second operand, or (a boolean
+                         // mask's masked_fill) its third
+      for (int k = 1; k < c->operand_count && k < 3; ++k)
+        if (c->operands[k].kind == KILN_OPERAND_VALUE &&
+            chain_back(e, c->operands[k].value, p, self, depth + 1, ch))
+          return true;
+      return false;
     case KILN_OP_ADD:  // either operand (the other is the mask)
       for (int k = 0; k < c->operand_count && k < 2; ++k)
         if (c->operands[k].kind == KILN_OPERAND_VALUE &&
@@ -1310,8 +1369,48 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
   char msym[KILN_MAX_RANK][24];
   memset(msym, 0, sizeof(msym));
   const kiln_type_t *mv = &ch->mview;
+  kiln_tv_t mf;
+  if (ch->mask >= 0 && ch->mask_bool) {
+    // A boolean mask: made the additive one first (0 where kept, -inf where
+    // masked), a [mask's shape] f32 tensor the schedule vectorizes; the
+    // kernel then reads it as any other.
+    const kiln_tv_t *mb = &e->values[ch->mask];
+    char bty[256], fty[256], empty[24];
+    mf.type = mb->type;
+    mf.type.dtype = KILN_F32;
+    kiln_mlir_tensor_type(&mb->type, bty, sizeof(bty));
+    kiln_mlir_tensor_type(&mf.type, fty, sizeof(fty));
+    kiln_emit_empty(e, &mf.type, empty);
+    snprintf(mf.ssa, sizeof(mf.ssa), "%%amf_%d", id);
+    char map[128];
+    size_t mo = (size_t)snprintf(map, sizeof(map), "affine_map<(");
+    for (int d = 0; d < mf.type.rank; ++d)
+      mo += (size_t)snprintf(map + mo, sizeof(map) - mo, "%sd%d", d ? ", " : "", d);
+    mo += (size_t)snprintf(map + mo, sizeof(map) - mo, ") -> (");
+    for (int d = 0; d < mf.type.rank; ++d)
+      mo += (size_t)snprintf(map + mo, sizeof(map) - mo, "%sd%d", d ? ", " : "", d);
+    snprintf(map + mo, sizeof(map) - mo, ")>");
+    kiln_sbuf_printf(o, "    %s = linalg.generic {indexing_maps = [%s, %s], iterator_types = [",
+                     mf.ssa, map, map);
+    for (int d = 0; d < mf.type.rank; ++d) kiln_sbuf_printf(o, "%s\"parallel\"", d ? ", " : "");
+    char zero[24], ninf[24];
+    snprintf(zero, sizeof(zero), "%%amz_%d", id);
+    snprintf(ninf, sizeof(ninf), "%%ami_%d", id);
+    kiln_sbuf_printf(o,
+        "]} ins(%s : %s) outs(%s : %s) {\n"
+        "    ^bb0(%%amb_%d: i8, %%amx_%d: f32):\n"  // (kiln's bools are bytes)
+        "      %%amt_%d = arith.constant 0 : i8\n"
+        "      %%amc_%d = arith.cmpi ne, %%amb_%d, %%amt_%d : i8\n"
+        "      %s = arith.constant 0.0 : f32\n"
+        "      %s = arith.constant 0xFF800000 : f32\n"
+        "      %%ams_%d = arith.select %%amc_%d, %s, %s : f32\n"
+        "      linalg.yield %%ams_%d : f32\n"
+        "    } -> %s\n",
+        mb->ssa, bty, empty, fty, id, id, id, id, id, id, zero, ninf, id, id,
+        ch->mask_bool > 0 ? ninf : zero, ch->mask_bool > 0 ? zero : ninf, id, fty);
+  }
   if (ch->mask >= 0) {
-    const kiln_tv_t *m = &e->values[ch->mask];
+    const kiln_tv_t *m = ch->mask_bool ? &mf : &e->values[ch->mask];
     int R = mv->rank, off = R - m->type.rank;
     // The running stride is st x sp (sp: the SSA product of the symbolic
     // sizes passed so far, empty for none).

@@ -819,7 +819,7 @@ def _mask_fuses(mv, scores) -> bool:
     detection): f32, each size 1 or the scores' own (the same symbol), and
     under a symbolic batch the heads' dim broadcast (a mask per batch, query
     row and key: a padding mask)."""
-    if mv.dtype != torch.float32 or mv.dim() > 4:
+    if mv.dtype != torch.float32 or not 1 <= mv.dim() <= 4:
         return False
     for i, d in enumerate(mv.shape):
         want = scores[4 - mv.dim() + i]

@@ -556,6 +556,36 @@ def test_attention_block_compiles_to_the_fused_kernel(tmp_path):
     assert any("vector.transpose" in t for t in linalg)
 
 
+@pytest.mark.skipif(not _avx512f(), reason="the fused attention kernel needs AVX-512")
+def test_buffer_mask_attention_compiles_to_the_fused_kernel(tmp_path):
+    """GPT-2's masked_fill of its causal buffer reaches the fused kernel as
+    a boolean mask (no batch matmul left in the partition's linalg), at a
+    static and then a dynamic length. In a fresh process, for
+    KILN_DUMP_DIR."""
+    import inspect
+    import subprocess
+    import sys
+    import textwrap
+    script = "import torch\nfrom torch import nn\n" + inspect.getsource(BufferCausalAttention)
+    script += textwrap.dedent("""
+        torch.manual_seed(0)
+        m = BufferCausalAttention()
+        c = torch.compile(m, backend="kiln", options={"fallback": "error"})
+        with torch.no_grad():
+            for t in (64, 48, 80):
+                x = torch.randn(2, t, 64)
+                torch.testing.assert_close(c(x), m(x), atol=2e-4, rtol=2e-4)
+    """)
+    env = dict(os.environ, KILN_DUMP_DIR=str(tmp_path / "dump"),
+               KILN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("KILN_ATTENTION", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    linalg = [p.read_text() for p in (tmp_path / "dump").glob("*-1-linalg.mlir")]
+    assert len(linalg) >= 2, "expected a static and a symbolic variant"
+    assert not any("linalg.batch_matmul" in t for t in linalg)
+
+
 def test_masked_sdpa_against_eager():
     """SDPA with a float padding mask (-inf on the last keys of one batch
     row), with a 2-D float mask and causal (query and key lengths equal),
