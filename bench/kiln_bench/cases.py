@@ -108,6 +108,51 @@ class CausalAttention(Attention):
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
+class BufferCausalAttention(Attention):
+    """GPT-2's (nanoGPT's) causal attention: a registered tril buffer cut
+    to the length, masked_fill with -inf, softmax."""
+
+    def __init__(self, dim, heads, max_len=1024):
+        super().__init__(dim, heads)
+        self.register_buffer("bias", torch.tril(torch.ones(max_len, max_len))
+                             .view(1, 1, max_len, max_len))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d // self.heads))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = torch.softmax(att, dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class PaddedAttention(Attention):
+    """A BERT-style self-attention: SDPA with the additive padding mask
+    [B, 1, 1, T] made from a [B, T] 0/1 attention mask."""
+
+    def forward(self, x, keep):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        mask = (1.0 - keep[:, None, None, :].to(x.dtype)) * -10000.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+def padded_dynamic(batch, tokens, dim, heads):
+    """PaddedAttention with the length marked dynamic (in x and the
+    0/1 mask), each batch row padded at a different length."""
+    def build(dev, dt):
+        m = PaddedAttention(dim, heads).to(dev, dt).eval()
+        x = torch.randn(batch, tokens, dim, device=dev, dtype=dt)
+        keep = torch.ones(batch, tokens, device=dev, dtype=dt)
+        for i in range(batch):
+            keep[i, tokens - (i * tokens) // (2 * batch):] = 0
+        torch._dynamo.mark_dynamic(x, 1)
+        torch._dynamo.mark_dynamic(keep, 1)
+        return m, (x, keep)
+    return build
+
+
 def dynamic_block(make, batch, tokens, dim, dyn_dim):
     """A block whose input has dim `dyn_dim` marked dynamic: every backend
     gets a graph with that size symbolic (as after torch.compile's
@@ -305,6 +350,9 @@ def suite(device: str) -> list[Case]:
              dynamic_block(lambda: Attention(d, 8), b, t, d, 1), f32),
         Case("causal_dyn_len", "dynamic",
              dynamic_block(lambda: CausalAttention(d, 8), b, t, d, 1), f32),
+        Case("gpt2_attention_dyn_len", "dynamic",
+             dynamic_block(lambda: BufferCausalAttention(d, 8), b, t, d, 1), f32),
+        Case("padded_attention_dyn_len", "dynamic", padded_dynamic(b, t, d, 8), f32),
         Case("encoder_dyn_len", "dynamic",
              dynamic_block(lambda: nn.TransformerEncoderLayer(d, 8, 4 * d, dropout=0.0,
                                                               batch_first=True), b, t, d, 1),

@@ -37,15 +37,21 @@
 // dynamic sequence length: blocks of query rows counted at run time, the
 // keys past S masked, any S). An additive mask may have L and S among its
 // sizes (a padding mask [B, 1, 1, S]): its strides are then SSA values and
-// its last vector of keys is read masked; under a dynamic batch only a mask
-// per query row and key is taken.
+// its last vector of keys is read masked; under a dynamic batch a mask per
+// head is not taken (one per batch is, where the batch is the outermost
+// dim). A boolean mask (where(m, -inf, s): masked_fill of a causal buffer;
+// where(keep, s, -inf)) is made the additive one (0 / -inf) by one generic
+// and read as such.
 //
 // Against PyTorch's softmax + bmm: a key masked with -inf (causal lanes, a
 // -inf mask entry) weighs exp's smallest result, about 1.2e-38, not 0 (the
 // exp polynomial clamps its argument at -87.3, as the op-by-op softmax
 // does), and the causal form never reads the keys past a tile's last row,
 // so an inf or NaN in V there does not turn the row NaN as 0 * inf does in
-// PyTorch. A row whose every key is masked is NaN, as in PyTorch.
+// PyTorch. A row whose every key is masked is NaN, as in PyTorch. A
+// boolean mask is added as -inf, so a NaN or +inf score at a masked key
+// (a NaN in K at a padded slot) makes the row NaN, where PyTorch's where
+// would have set that score to -inf.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -421,9 +427,9 @@ static bool chain_ending_at(const kiln_emitter_t *e, int self, attn_chain_t *ch)
 
 // Whether bmm node `first` starts a chain the kernel computes: its result
 // read, each value by one node only, by views, at most one multiply or
-// divide by a number, then at most one additive mask and the causal
-// `where`, one softmax over the last dim, more views, and then as the lhs
-// of a second bmm.
+// divide by a number, then at most one mask (additive, or a boolean
+// `where` with -inf) and the causal `where`, one softmax over the last dim,
+// more views, and then as the lhs of a second bmm.
 static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch) {
   const kiln_graph_t *g = e->g;
   const kiln_node_t *n = &g->nodes[first];
