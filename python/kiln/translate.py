@@ -276,10 +276,44 @@ def _addmm(e, n):
     return e.op("aten.addmm", [e.operand(a) for a in n.args[:3]], attrs)
 
 
+def _conv_transposed(e, n, x, w, b, stride, padding, dilation, output_padding, groups):
+    """A transposed convolution whose kernel equals its stride, with no
+    padding, no output padding and one group (a UNet's or a decoder's
+    upsampling, ConvTranspose2d(c, f, 2, stride=2)): each input pixel
+    writes its own KH x KW block of the output and no two blocks overlap,
+    so it is one matmul of the pixels' channels [N*H*W, C] by the weight
+    viewed as [C, F*KH*KW], its blocks then moved into place (a permute),
+    and the bias added. Other transposed convolutions (overlapping taps:
+    kernel 4, stride 2, padding 1) stay PyTorch's."""
+    xv, wv = x.meta["val"], w.meta["val"]
+    if xv.dim() != 4 or wv.dim() != 4:
+        raise Unsupported(f"{wv.dim() - 2}-D transposed convolution (kiln takes 2-D)")
+    C, F, KH, KW = (_static_int(d, "a weight size") for d in wv.shape)
+    stride = [_static_int(v, "stride") for v in stride]
+    if (list(padding) != [0, 0] or list(dilation) != [1, 1] or any(output_padding) or
+            groups != 1 or stride != [KH, KW]):
+        raise Unsupported(f"transposed convolution with kernel {KH}x{KW}, stride {stride}, "
+                          f"padding {list(padding)}, output padding {list(output_padding)}, "
+                          f"dilation {list(dilation)}, groups {groups} (kiln takes the "
+                          "kernel equal to the stride, no padding, one group)")
+    N, _, H, W = xv.shape
+    rows = e.op("aten.reshape", [e.op("aten.permute", [e.operand(x)], {"dims": "[0, 2, 3, 1]"})],
+                {"shape": _shape_list([N * H * W, C])})
+    wm = e.op("aten.view", [e.operand(w)], {"shape": _shape_list([C, F * KH * KW])})
+    y = e.op("aten.mm", [rows, wm])
+    y = e.op("aten.view", [y], {"shape": _shape_list([N, H, W, F, KH, KW])})
+    y = e.op("aten.permute", [y], {"dims": "[0, 3, 1, 4, 2, 5]"})
+    y = e.op("aten.reshape", [y], {"shape": _shape_list([N, F, H * KH, W * KW])})
+    if b is not None:
+        y = e.op("aten.add", [y, e.op("aten.view", [e.operand(b)], {"shape": f"[{F}, 1, 1]"})])
+    return y
+
+
 def _conv(e, n):
-    x, w, b, stride, padding, dilation, transposed, _, groups = n.args[:9]
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
     if transposed:
-        raise Unsupported("transposed convolution")
+        return _conv_transposed(e, n, x, w, b, stride, padding, dilation, output_padding,
+                                groups)
     if len(w.meta["val"].shape) != 4:
         raise Unsupported(f"{len(w.meta['val'].shape) - 2}-D convolution (kiln has 2-D)")
     xv = x.meta["val"]

@@ -312,6 +312,34 @@ def test_attention_with_dynamic_length_runs_in_kiln(causal):
             torch.testing.assert_close(compiled(x), model(x), **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("cin,cout,kernel,bias", [(64, 32, 2, True), (8, 5, (2, 3), False)],
+                         ids=["unet_up", "rect_nobias"])
+def test_transposed_convolution_kernel_equal_to_stride_runs_in_kiln(cin, cout, kernel, bias):
+    """ConvTranspose2d with the kernel equal to the stride (a UNet's
+    upsampling) is kiln's (fallback="error": a matmul and a permute), equal
+    to eager, with a second batch size (a symbolic batch) too."""
+    torch.manual_seed(0)
+    model = nn.ConvTranspose2d(cin, cout, kernel, stride=kernel, bias=bias)
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for n in (2, 3, 5):
+            x = torch.randn(n, cin, 7, 5)
+            check_close(compiled(x), model(x))
+
+
+def test_overlapping_transposed_convolution_stays_in_pytorch():
+    """A transposed convolution whose taps overlap (kernel 4, stride 2,
+    padding 1: a DCGAN's) is PyTorch's; the result is still right."""
+    torch.manual_seed(0)
+    model = nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1)
+    with torch.no_grad():
+        x = torch.randn(2, 8, 6, 6)
+        check_close(torch.compile(model, backend="kiln")(x), model(x))
+        strict = torch.compile(model, backend="kiln", options={"fallback": "error"})
+        with pytest.raises(Exception, match="transposed convolution with kernel 4x4"):
+            strict(x)
+
+
 class BufferCausalAttention(nn.Module):
     """GPT-2's (nanoGPT's) attention: the causal mask a registered buffer,
     cut to the sequence length (`bias[:, :, :t, :t]`), masked_fill, softmax."""
