@@ -1182,8 +1182,12 @@ void kiln_emit_view(kiln_emitter_t *e, const kiln_tv_t *x,
 
 // Slabs of at most this many elements: a slab is one bufferized copy
 // (memref.copy of subviews), and one lone insert_slice of that size is
-// what the vectorizer may turn into a single vector.
-enum { kInsertSlabElems = 16384 };
+// what the vectorizer may turn into a single vector. That vector is
+// unrolled into one transfer per row of its last dim, so a slab also has
+// at most kInsertSlabRows rows: a piece [64, 32, 4, 1] of a cat along its
+// last dim (8192 elements, each its own row) took LLVM 18 s to compile as
+// one vector<64x32x4x1xf32>.
+enum { kInsertSlabElems = 16384, kInsertSlabRows = 256 };
 
 void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
                             const kiln_tv_t *dst, const int64_t *offsets,
@@ -1192,16 +1196,22 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
   int r = st->rank;
   // Loops over dims [0, j), dim j in chunks of `cb`, whole dims after j:
   // j is the first dim whose trailing product fits a slab.
-  int64_t inner = 1;
+  // (rows: prod(dims[j..r-1)), the rows of the last dim.)
+  int64_t inner = 1, rows = 1;
   int j = r;
-  while (j > 0 && inner * st->dims[j - 1] <= kInsertSlabElems) inner *= st->dims[--j];
+  while (j > 0 && inner * st->dims[j - 1] <= kInsertSlabElems &&
+         (j == r || rows * st->dims[j - 1] <= kInsertSlabRows)) {
+    if (j < r) rows *= st->dims[j - 1];
+    inner *= st->dims[--j];
+  }
   // Here inner = prod(dims[j..]) fits; split dim j - 1 into chunks.
   int64_t cb = 1, iters = 1;
   if (j > 0) {
     --j;
     int64_t most = kInsertSlabElems / inner;
     for (int64_t c = st->dims[j] < most ? st->dims[j] : most; c >= 1; --c)
-      if (st->dims[j] % c == 0 && c * inner <= kInsertSlabElems) {
+      if (st->dims[j] % c == 0 && c * inner <= kInsertSlabElems &&
+          (j == r - 1 || c * rows <= kInsertSlabRows)) {
         cb = c;
         break;
       }
