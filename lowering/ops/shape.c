@@ -77,11 +77,106 @@ static kiln_status_t lower_slice(kiln_emitter_t *e, const kiln_node_t *n,
   return NULL;
 }
 
+// A stack: a static cat of 2-16 pieces of size 1 along `d` (torch.stack
+// traces as unsqueeze + cat; an interleaved rotary embedding stacks its two
+// halves along a new last dim) as one elementwise generic over the output
+// that reads piece i, its unit dim collapsed away, where index d is i. The
+// collapse folds into the unsqueeze before it, so elementwise fusion can
+// pull the pieces' producers into this loop. As inserts, each piece was
+// copied an element at a time (slabs of [.., 1]): a rotary embedding of
+// [4, 8, 128, 32] took 0.27 ms against eager's 0.10.
+static bool lower_stack(kiln_emitter_t *e, const kiln_node_t *n, int32_t d,
+                        const kiln_type_t *rt) {
+  int k = n->operand_count, r = rt->rank;
+  // (CPU only: the CUDA target's elementwise kernels were not tried with
+  // a linalg.index in the body.)
+  if (e->options.cuda || k < 2 || k > 16 || r < 2 || !kiln_type_is_static(rt) ||
+      rt->dims[d] != k)
+    return false;
+  for (int i = 0; i < k; ++i)
+    if (n->operands[i].kind != KILN_OPERAND_VALUE ||
+        e->values[n->operands[i].value].type.dims[d] != 1)
+      return false;
+  kiln_type_t pt = *rt;  // a piece without dim d
+  for (int i = d; i + 1 < r; ++i) pt.dims[i] = rt->dims[i + 1];
+  pt.rank = r - 1;
+  char pty[256], oty[256], names[16][24];
+  kiln_mlir_tensor_type(&pt, pty, sizeof(pty));
+  kiln_mlir_tensor_type(rt, oty, sizeof(oty));
+  kiln_sbuf_t *b = &e->out;
+  for (int i = 0; i < k; ++i) {
+    kiln_tv_t y;
+    if (kiln_emit_convert(e, &e->values[n->operands[i].value], rt->dtype, &y)) return false;
+    char yty[256];
+    kiln_mlir_tensor_type(&y.type, yty, sizeof(yty));
+    kiln_emit_fresh(e, names[i]);
+    // Dim d joins its neighbour (the one before it when it is the last).
+    int g = d == r - 1 ? d - 1 : d;
+    kiln_sbuf_printf(b, "    %s = tensor.collapse_shape %s [", names[i], y.ssa);
+    for (int j = 0, o = 0; j < r; ++j) {
+      if (j == g + 1) continue;
+      kiln_sbuf_printf(b, "%s[%d", o++ ? ", " : "", j);
+      if (j == g) kiln_sbuf_printf(b, ", %d", j + 1);
+      kiln_sbuf_puts(b, "]");
+    }
+    kiln_sbuf_printf(b, "] : %s into %s\n", yty, pty);
+  }
+  char empty[24];
+  kiln_emit_empty(e, rt, empty);
+  kiln_tv_t out;
+  kiln_emit_fresh(e, out.ssa);
+  out.type = *rt;
+  char in_map[256], id_map[256];
+  size_t a = (size_t)snprintf(in_map, sizeof(in_map), "affine_map<(");
+  size_t c = (size_t)snprintf(id_map, sizeof(id_map), "affine_map<(");
+  for (int j = 0; j < r; ++j) {
+    a += (size_t)snprintf(in_map + a, sizeof(in_map) - a, "%sd%d", j ? ", " : "", j);
+    c += (size_t)snprintf(id_map + c, sizeof(id_map) - c, "%sd%d", j ? ", " : "", j);
+  }
+  a += (size_t)snprintf(in_map + a, sizeof(in_map) - a, ") -> (");
+  c += (size_t)snprintf(id_map + c, sizeof(id_map) - c, ") -> (");
+  for (int j = 0, o = 0; j < r; ++j) {
+    if (j != d) a += (size_t)snprintf(in_map + a, sizeof(in_map) - a, "%sd%d", o++ ? ", " : "", j);
+    c += (size_t)snprintf(id_map + c, sizeof(id_map) - c, "%sd%d", j ? ", " : "", j);
+  }
+  snprintf(in_map + a, sizeof(in_map) - a, ")>");
+  snprintf(id_map + c, sizeof(id_map) - c, ")>");
+  const char *el = kiln_mlir_storage_elem(rt->dtype);
+  kiln_sbuf_printf(b, "    %s = linalg.generic {indexing_maps = [", out.ssa);
+  for (int i = 0; i < k; ++i) kiln_sbuf_printf(b, "%s, ", in_map);
+  kiln_sbuf_printf(b, "%s], iterator_types = [", id_map);
+  for (int j = 0; j < r; ++j) kiln_sbuf_printf(b, "%s\"parallel\"", j ? ", " : "");
+  kiln_sbuf_puts(b, "]} ins(");
+  for (int i = 0; i < k; ++i) kiln_sbuf_printf(b, "%s%s", i ? ", " : "", names[i]);
+  kiln_sbuf_puts(b, " : ");
+  for (int i = 0; i < k; ++i) kiln_sbuf_printf(b, "%s%s", i ? ", " : "", pty);
+  kiln_sbuf_printf(b, ") outs(%s : %s) {\n    ^bb0(", empty, oty);
+  for (int i = 0; i < k; ++i) kiln_sbuf_printf(b, "%%sk%d_%s: %s, ", i, out.ssa + 1, el);
+  kiln_sbuf_printf(b, "%%sko_%s: %s):\n", out.ssa + 1, el);
+  kiln_sbuf_printf(b, "      %%ski_%s = linalg.index %d : index\n", out.ssa + 1, d);
+  // Piece 0, then piece i where the index is i.
+  const char *id = out.ssa + 1;
+  char prev[128];
+  snprintf(prev, sizeof(prev), "%%sk0_%s", id);
+  for (int i = 1; i < k; ++i) {
+    kiln_sbuf_printf(b,
+                     "      %%skc%d_%s = arith.constant %d : index\n"
+                     "      %%ske%d_%s = arith.cmpi eq, %%ski_%s, %%skc%d_%s : index\n"
+                     "      %%skv%d_%s = arith.select %%ske%d_%s, %%sk%d_%s, %s : %s\n",
+                     i, id, i, i, id, id, i, id, i, id, i, id, i, id, prev, el);
+    snprintf(prev, sizeof(prev), "%%skv%d_%s", i, id);
+  }
+  kiln_sbuf_printf(b, "      linalg.yield %s : %s\n    } -> %s\n", prev, el, oty);
+  kiln_emit_set_result(e, n, 0, &out);
+  return true;
+}
+
 static kiln_status_t lower_cat(kiln_emitter_t *e, const kiln_node_t *n,
                                const kiln_type_t *rt) {
   int32_t d;
   const kiln_type_t *x0 = &e->values[n->operands[0].value].type;
   kiln_normalize_dim(kiln_node_attr_int(n, "dim", 0), x0->rank, &d);
+  if (lower_stack(e, n, d, rt)) return NULL;
   char oty[256], cur[24];
   kiln_mlir_tensor_type(rt, oty, sizeof(oty));
   kiln_emit_empty(e, rt, cur);
