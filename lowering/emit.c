@@ -1204,9 +1204,12 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
     if (j < r) rows *= st->dims[j - 1];
     inner *= st->dims[--j];
   }
-  // Here inner = prod(dims[j..]) fits; split dim j - 1 into chunks.
+  // Here inner = prod(dims[j..]) fits; split dim j - 1 into chunks. (A
+  // piece with no elements is one empty insert: a last dim of 0 makes inner
+  // 0 and would stop the walk at the row cap.)
   int64_t cb = 1, iters = 1;
-  if (j > 0) {
+  bool empty = inner == 0 || rows == 0;
+  if (!empty && j > 0) {
     --j;
     int64_t most = kInsertSlabElems / inner;
     for (int64_t c = st->dims[j] < most ? st->dims[j] : most; c >= 1; --c)
@@ -1217,7 +1220,7 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
       }
     for (int k = 0; k < j; ++k) iters *= st->dims[k];
     iters *= st->dims[j] / cb;
-  } else if (loop_one_slab) {
+  } else if (!empty && loop_one_slab) {
     // All of src fits one slab: a loop over its first dim that is not 1.
     while (j < r && st->dims[j] == 1) ++j;
     if (j < r) iters = st->dims[j];

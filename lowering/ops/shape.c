@@ -106,7 +106,11 @@ static bool lower_stack(kiln_emitter_t *e, const kiln_node_t *n, int32_t d,
   kiln_sbuf_t *b = &e->out;
   for (int i = 0; i < k; ++i) {
     kiln_tv_t y;
-    if (kiln_emit_convert(e, &e->values[n->operands[i].value], rt->dtype, &y)) return false;
+    kiln_status_t cs = kiln_emit_convert(e, &e->values[n->operands[i].value], rt->dtype, &y);
+    if (cs) {  // (lower_cat converts again and reports it; what was emitted is dead)
+      kiln_status_free(cs);
+      return false;
+    }
     char yty[256];
     kiln_mlir_tensor_type(&y.type, yty, sizeof(yty));
     kiln_emit_fresh(e, names[i]);
