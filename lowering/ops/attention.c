@@ -37,9 +37,9 @@
 // dynamic sequence length: blocks of query rows counted at run time, the
 // keys past S masked, any S). An additive mask may have L and S among its
 // sizes (a padding mask [B, 1, 1, S]): its strides are then SSA values and
-// its last vector of keys is read masked; under a dynamic batch a mask per
-// head is not taken (one per batch is, where the batch is the outermost
-// dim). A boolean mask (where(m, -inf, s): masked_fill of a causal buffer;
+// its last vector of keys is read masked; under a dynamic batch masks per
+// batch and per head are taken where the batch is the view's outermost
+// dim and its one symbolic leading dim. A boolean mask (where(m, -inf, s): masked_fill of a causal buffer;
 // where(keep, s, -inf)) is made the additive one (0 / -inf) by one generic
 // and read as such.
 //
@@ -378,10 +378,11 @@ static bool neg_inf_operand(const kiln_graph_t *g, const kiln_operand_t *o) {
 }
 
 // Whether `mt` broadcasts to the scores' view `ct` as a mask the kernel
-// reads flat: each size 1 or the view's own; under a symbolic batch only
-// per query row and key, and per batch where the batch is the view's
-// outermost dim and its one symbolic leading dim (a padding mask [B, 1, 1,
-// S]), the head's offset in it then (bh / inner) * stride, no modulus.
+// reads flat: each size 1 or the view's own. Under a symbolic batch a
+// mask per batch or head (a padding mask [B, 1, 1, S], a bias [B, H, L,
+// S]) needs the batch to be the view's outermost dim and its one symbolic
+// leading dim: the head's offset in the mask is then (bh / inner) *
+// stride for it, with no modulus, and the usual terms for the static dims.
 static bool mask_broadcasts(const attn_chain_t *ch, const kiln_type_t *mt,
                             const kiln_type_t *ct) {
   if (mt->rank < 1 || mt->rank > ct->rank) return false;
@@ -392,7 +393,7 @@ static bool mask_broadcasts(const attn_chain_t *ch, const kiln_type_t *mt,
     int64_t m = mt->dims[d], want = ct->dims[pos];
     if (m != 1 && m != want) return false;
     if (KILN_IS_SYM(ch->BH) && m != 1 && pos < ct->rank - 2 &&
-        (pos != 0 || !KILN_IS_SYM(ct->dims[0]) || !lead_static))
+        (!KILN_IS_SYM(ct->dims[0]) || !lead_static))
       return false;
   }
   return true;

@@ -850,9 +850,9 @@ def _fused_attention_takes(qv, kv, vv, S, Ev, E) -> bool:
 def _mask_fuses(mv, scores) -> bool:
     """Whether the fused kernel takes additive mask `mv` over the [B, H, L,
     S] scores under symbolic sizes (lowering/ops/attention.c, chain
-    detection): f32, each size 1 or the scores' own (the same symbol), and
-    under a symbolic batch the heads' dim broadcast (a mask per batch, query
-    row and key: a padding mask)."""
+    detection): f32, each size 1 or the scores' own (the same symbol). (A
+    symbolic batch is the scores' outermost dim and the heads are static,
+    so masks per batch and per head are both taken.)"""
     if mv.dtype != torch.float32 or not 1 <= mv.dim() <= 4:
         return False
     for i, d in enumerate(mv.shape):
@@ -860,8 +860,6 @@ def _mask_fuses(mv, scores) -> bool:
         if isinstance(d, int) and d == 1:
             continue
         if str(d) != str(want):
-            return False
-        if not isinstance(scores[0], int) and 4 - mv.dim() + i == 1:
             return False
     return True
 

@@ -389,6 +389,28 @@ class PaddedAttention(nn.Module):
 
 
 @pytest.mark.skipif(not _avx512f(), reason="the fused attention kernel needs AVX-512")
+def test_per_head_bias_attention_with_dynamic_batch_runs_in_kiln():
+    """SDPA with a float bias per batch and head ([B, H, T, T], as ALiBi or
+    a relative-position bias gives) under a dynamic batch and length: the
+    fused kernel's mask offsets take the batch's symbolic stride
+    (fallback="error"); equal to eager."""
+    torch.manual_seed(0)
+    qkv = nn.Linear(64, 192)
+
+    def fn(x, bias):
+        b, t, d = x.shape
+        q, k, v = qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return y.transpose(1, 2).reshape(b, t, d)
+
+    compiled = torch.compile(fn, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for b, t in [(2, 16), (3, 24), (1, 5), (4, 33)]:
+            x, bias = torch.randn(b, t, 64), torch.randn(b, 4, t, t)
+            check_close(compiled(x, bias), fn(x, bias))
+
+
+@pytest.mark.skipif(not _avx512f(), reason="the fused attention kernel needs AVX-512")
 @pytest.mark.parametrize("dynamic_batch", [False, True], ids=["length", "batch_and_length"])
 def test_padding_mask_attention_with_dynamic_sizes_runs_in_kiln(dynamic_batch):
     """SDPA with a padding mask under a dynamic sequence length (and batch):
