@@ -39,9 +39,10 @@
 // sizes (a padding mask [B, 1, 1, S]): its strides are then SSA values and
 // its last vector of keys is read masked; under a dynamic batch masks per
 // batch and per head are taken where the batch is the view's outermost
-// dim and its one symbolic leading dim. A boolean mask (where(m, -inf, s): masked_fill of a causal buffer;
-// where(keep, s, -inf)) is made the additive one (0 / -inf) by one generic
-// and read as such.
+// dim and its one symbolic leading dim. A boolean mask (where(m, -inf,
+// s): masked_fill of a causal buffer; where(keep, s, -inf); HuggingFace's
+// finfo.min in place of -inf) is made the additive one (0 / the fill) by
+// one generic and read as such.
 //
 // Against PyTorch's softmax + bmm: a key masked with -inf (causal lanes, a
 // -inf mask entry) weighs exp's smallest result, about 1.2e-38, not 0 (the
@@ -52,7 +53,9 @@
 // boolean mask is added as -inf, so a NaN or +inf score at a masked key
 // (a NaN in K at a padded slot) makes the row NaN, where PyTorch's where
 // would have set that score to -inf.
+#include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -73,6 +76,7 @@ typedef struct attn_chain {
   // from a buffer); 0 for an additive one.
   int32_t mask;
   int mask_bool;
+  float mask_fill;  // a boolean mask's fill: -inf, or a finfo.min
   kiln_type_t mview;
   // Query row i sees keys j <= i only (SDPA's is_causal as translate.py
   // writes it: where(rows >= cols, s, -inf) over constant aranges).
@@ -358,23 +362,32 @@ static bool causal_cond(const kiln_graph_t *g, int32_t cond, int64_t L, int64_t 
   return arange_const(g, c->operands[0].value, L) && arange_const(g, c->operands[1].value, S);
 }
 
-// Whether operand `o` is -inf: the number, or a one-element f32 tensor
-// that aten.full or kiln.constant makes (masked_fill's value as Dynamo
-// traces it: full([], -inf)).
-static bool neg_inf_operand(const kiln_graph_t *g, const kiln_operand_t *o) {
-  if (o->kind == KILN_OPERAND_FLOAT) return o->f < 0 && isinf(o->f);
-  if (o->kind != KILN_OPERAND_VALUE) return false;
-  const kiln_value_t *v = &g->values[o->value];
-  if (v->node < 0 || v->type.dtype != KILN_F32) return false;
-  for (int d = 0; d < v->type.rank; ++d)
-    if (v->type.dims[d] != 1) return false;
-  const kiln_node_t *p = &g->nodes[v->node];
-  const kiln_attr_t *a = kiln_node_attr(p, "value");
-  if (!a || (p->op != KILN_OP_FULL && p->op != KILN_OP_CONSTANT)) return false;
-  double f = a->kind == KILN_ATTR_FLOAT ? a->f
-             : a->kind == KILN_ATTR_LIST && a->count == 1 ? a->floats[0]
-                                                          : 0;
-  return f < 0 && isinf(f);
+// Whether operand `o` is a masking fill, -inf or a finite value at or
+// below -1e30 (HuggingFace's torch.finfo(f32).min), as the number or a
+// one-element f32 tensor that aten.full or kiln.constant makes (the fill as
+// Dynamo traces it: full([], -inf)); its value in `*fill`. (Added to a
+// score s instead of replacing it, a finite fill F gives s + F, which is F
+// itself for |s| below about 1e31: the same softmax.)
+static bool mask_fill_operand(const kiln_graph_t *g, const kiln_operand_t *o, float *fill) {
+  double f = 0;
+  if (o->kind == KILN_OPERAND_FLOAT) {
+    f = o->f;
+  } else {
+    if (o->kind != KILN_OPERAND_VALUE) return false;
+    const kiln_value_t *v = &g->values[o->value];
+    if (v->node < 0 || v->type.dtype != KILN_F32) return false;
+    for (int d = 0; d < v->type.rank; ++d)
+      if (v->type.dims[d] != 1) return false;
+    const kiln_node_t *p = &g->nodes[v->node];
+    const kiln_attr_t *a = kiln_node_attr(p, "value");
+    if (!a || (p->op != KILN_OP_FULL && p->op != KILN_OP_CONSTANT)) return false;
+    f = a->kind == KILN_ATTR_FLOAT ? a->f
+        : a->kind == KILN_ATTR_LIST && a->count == 1 ? a->floats[0]
+                                                     : 0;
+  }
+  if (!(f <= -1e30)) return false;  // (NaN too)
+  *fill = f < -FLT_MAX ? -INFINITY : (float)f;
+  return true;
 }
 
 // Whether `mt` broadcasts to the scores' view `ct` as a mask the kernel
@@ -549,22 +562,27 @@ static bool attention_chain(const kiln_emitter_t *e, int first, attn_chain_t *ch
         break;
       }
       case KILN_OP_WHERE: {
-        // where(m, -inf, x) or where(m, x, -inf) with m a bool tensor that
-        // is not the causal pattern below: a boolean mask (masked_fill of
-        // a mask buffer), after the scale, in place of an additive one.
+        // where(m, fill, x) or where(m, x, fill) with m a bool tensor that
+        // is not the causal pattern below and fill -inf or a finfo.min: a
+        // boolean mask (masked_fill of a mask buffer), after the scale, in
+        // place of an additive one.
         if (!masked && !soft && !ch->causal && c->operand_count == 3 &&
             c->operands[0].kind == KILN_OPERAND_VALUE && kiln_type_equal(ct, &g->values[v].type)) {
           int32_t m = c->operands[0].value;
           const kiln_type_t *mt = &g->values[m].type;
+          float fill = 0;
           bool fill_true = c->operands[2].kind == KILN_OPERAND_VALUE &&
-                           c->operands[2].value == v && neg_inf_operand(g, &c->operands[1]);
-          bool fill_false = c->operands[1].kind == KILN_OPERAND_VALUE &&
-                            c->operands[1].value == v && neg_inf_operand(g, &c->operands[2]);
+                           c->operands[2].value == v &&
+                           mask_fill_operand(g, &c->operands[1], &fill);
+          bool fill_false = !fill_true && c->operands[1].kind == KILN_OPERAND_VALUE &&
+                            c->operands[1].value == v &&
+                            mask_fill_operand(g, &c->operands[2], &fill);
           if ((fill_true || fill_false) && mt->dtype == KILN_BOOL &&
               !causal_cond(g, m, ch->L, ch->S) && !bmm_after(g, m, first) &&
               mask_broadcasts(ch, mt, ct)) {
             ch->mask = m;
             ch->mask_bool = fill_true ? 1 : -1;
+            ch->mask_fill = fill;
             ch->mview = *ct;
             masked = true;
             break;
@@ -1403,17 +1421,19 @@ static void emit_attention(kiln_emitter_t *e, const attn_chain_t *ch, const out_
     char zero[24], ninf[24];
     snprintf(zero, sizeof(zero), "%%amz_%d", id);
     snprintf(ninf, sizeof(ninf), "%%ami_%d", id);
+    uint32_t fill_bits;
+    memcpy(&fill_bits, &ch->mask_fill, 4);
     kiln_sbuf_printf(o,
         "]} ins(%s : %s) outs(%s : %s) {\n"
         "    ^bb0(%%amb_%d: i8, %%amx_%d: f32):\n"  // (kiln's bools are bytes)
         "      %%amt_%d = arith.constant 0 : i8\n"
         "      %%amc_%d = arith.cmpi ne, %%amb_%d, %%amt_%d : i8\n"
         "      %s = arith.constant 0.0 : f32\n"
-        "      %s = arith.constant 0xFF800000 : f32\n"
+        "      %s = arith.constant 0x%08X : f32\n"
         "      %%ams_%d = arith.select %%amc_%d, %s, %s : f32\n"
         "      linalg.yield %%ams_%d : f32\n"
         "    } -> %s\n",
-        mb->ssa, bty, empty, fty, id, id, id, id, id, id, zero, ninf, id, id,
+        mb->ssa, bty, empty, fty, id, id, id, id, id, id, zero, ninf, fill_bits, id, id,
         ch->mask_bool > 0 ? ninf : zero, ch->mask_bool > 0 ? zero : ninf, id, fty);
   }
   if (ch->mask >= 0) {

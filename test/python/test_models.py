@@ -358,13 +358,33 @@ class BufferCausalAttention(nn.Module):
         return y.transpose(1, 2).reshape(b, t, d)
 
 
-def test_buffer_mask_sliced_to_dynamic_length_runs_in_kiln():
+class HFCausalAttention(BufferCausalAttention):
+    """HuggingFace GPT-2's eager attention: a bool tril buffer, and
+    torch.where(causal, scores, finfo.min) in place of -inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = self.bias.bool()
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * 0.25
+        att = torch.where(self.bias[:, :, :t, :t], att, torch.finfo(att.dtype).min)
+        y = torch.softmax(att, dim=-1) @ v
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
+@pytest.mark.parametrize("make", [BufferCausalAttention, HFCausalAttention],
+                         ids=["masked_fill_inf", "where_finfo_min"])
+def test_buffer_mask_sliced_to_dynamic_length_runs_in_kiln(make):
     """A buffer sliced to the symbolic sequence length (a slice whose end is
     a size: kiln checks at each call that it is within the buffer) is
     kiln's, with the rest of the block (fallback="error"); equal to eager
-    at lengths across 16 and 128."""
+    at lengths across 16 and 128. Both fills: masked_fill with -inf and
+    HuggingFace's where with finfo.min."""
     torch.manual_seed(0)
-    model = BufferCausalAttention()
+    model = make()
     compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
     with torch.no_grad():
         for t in (16, 24, 5, 33, 140):
