@@ -276,7 +276,7 @@ def _addmm(e, n):
     return e.op("aten.addmm", [e.operand(a) for a in n.args[:3]], attrs)
 
 
-def _conv_transposed(e, n, x, w, b, stride, padding, dilation, output_padding, groups):
+def _conv_transposed(e, x, w, b, stride, padding, dilation, output_padding, groups):
     """A transposed convolution whose kernel equals its stride, with no
     padding, no output padding and one group (a UNet's or a decoder's
     upsampling, ConvTranspose2d(c, f, 2, stride=2)): each input pixel
@@ -312,8 +312,7 @@ def _conv_transposed(e, n, x, w, b, stride, padding, dilation, output_padding, g
 def _conv(e, n):
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
     if transposed:
-        return _conv_transposed(e, n, x, w, b, stride, padding, dilation, output_padding,
-                                groups)
+        return _conv_transposed(e, x, w, b, stride, padding, dilation, output_padding, groups)
     if len(w.meta["val"].shape) != 4:
         raise Unsupported(f"{len(w.meta['val'].shape) - 2}-D convolution (kiln has 2-D)")
     xv = x.meta["val"]

@@ -187,11 +187,51 @@ def test_encoder_layer_fast_path_runs_in_kiln(name, kw):
             torch.testing.assert_close(compiled(x), layer(x), **TOL[torch.float32])
 
 
+class BufferCausalAttention(nn.Module):
+    """GPT-2's (nanoGPT's) attention: the causal mask a registered buffer,
+    cut to the sequence length (`bias[:, :, :t, :t]`), masked_fill, softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+        self.register_buffer("bias", torch.tril(torch.ones(256, 256)).view(1, 1, 256, 256))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * 0.25
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = torch.softmax(att, dim=-1) @ v
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
+class HFCausalAttention(BufferCausalAttention):
+    """HuggingFace GPT-2's eager attention: a bool tril buffer, and
+    torch.where(causal, scores, finfo.min) in place of -inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = self.bias.bool()
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * 0.25
+        att = torch.where(self.bias[:, :, :t, :t], att, torch.finfo(att.dtype).min)
+        y = torch.softmax(att, dim=-1) @ v
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
 DYNAMIC_BATCH = [
     ("attention", lambda: BenchAttention(64, 4)),
     ("encoder_layer", lambda: nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0,
                                                          batch_first=True).eval()),
 ]
+# With the length dynamic also GPT-2's causal buffer sliced to the length (a
+# slice whose end is a size, checked at each call against the buffer), with
+# masked_fill's -inf and with HuggingFace's where and finfo.min.
+DYNAMIC_LENGTH = DYNAMIC_BATCH + [("buffer_masked_fill", BufferCausalAttention),
+                                  ("buffer_where_finfo_min", HFCausalAttention)]
 
 
 @pytest.mark.parametrize("name,make", DYNAMIC_BATCH, ids=[c[0] for c in DYNAMIC_BATCH])
@@ -219,7 +259,7 @@ def test_dynamic_batch_runs_in_kiln(name, make, capfd, monkeypatch):
     assert symbolic, err
 
 
-@pytest.mark.parametrize("name,make", DYNAMIC_BATCH, ids=[c[0] for c in DYNAMIC_BATCH])
+@pytest.mark.parametrize("name,make", DYNAMIC_LENGTH, ids=[c[0] for c in DYNAMIC_LENGTH])
 def test_dynamic_length_runs_in_kiln(name, make):
     """Sequence lengths that change (16, then 24: Dynamo recompiles with the
     length symbolic, then 7, 33 and 130) run wholly in kiln: the fused
@@ -338,58 +378,6 @@ def test_overlapping_transposed_convolution_stays_in_pytorch():
         strict = torch.compile(model, backend="kiln", options={"fallback": "error"})
         with pytest.raises(Exception, match="transposed convolution with kernel 4x4"):
             strict(x)
-
-
-class BufferCausalAttention(nn.Module):
-    """GPT-2's (nanoGPT's) attention: the causal mask a registered buffer,
-    cut to the sequence length (`bias[:, :, :t, :t]`), masked_fill, softmax."""
-
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(64, 192)
-        self.register_buffer("bias", torch.tril(torch.ones(256, 256)).view(1, 1, 256, 256))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-2, -1)) * 0.25
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-        y = torch.softmax(att, dim=-1) @ v
-        return y.transpose(1, 2).reshape(b, t, d)
-
-
-class HFCausalAttention(BufferCausalAttention):
-    """HuggingFace GPT-2's eager attention: a bool tril buffer, and
-    torch.where(causal, scores, finfo.min) in place of -inf."""
-
-    def __init__(self):
-        super().__init__()
-        self.bias = self.bias.bool()
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, 4, 16).permute(2, 0, 3, 1, 4)
-        att = (q @ k.transpose(-2, -1)) * 0.25
-        att = torch.where(self.bias[:, :, :t, :t], att, torch.finfo(att.dtype).min)
-        y = torch.softmax(att, dim=-1) @ v
-        return y.transpose(1, 2).reshape(b, t, d)
-
-
-@pytest.mark.parametrize("make", [BufferCausalAttention, HFCausalAttention],
-                         ids=["masked_fill_inf", "where_finfo_min"])
-def test_buffer_mask_sliced_to_dynamic_length_runs_in_kiln(make):
-    """A buffer sliced to the symbolic sequence length (a slice whose end is
-    a size: kiln checks at each call that it is within the buffer) is
-    kiln's, with the rest of the block (fallback="error"); equal to eager
-    at lengths across 16 and 128. Both fills: masked_fill with -inf and
-    HuggingFace's where with finfo.min."""
-    torch.manual_seed(0)
-    model = make()
-    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
-    with torch.no_grad():
-        for t in (16, 24, 5, 33, 140):
-            x = torch.randn(2, t, 64)
-            check_close(compiled(x), model(x))
 
 
 class PaddedAttention(nn.Module):

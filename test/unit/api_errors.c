@@ -316,6 +316,17 @@ static void test_symbolic_and_targets(void) {
 // for a [s0, 128, ...] tensor seen as a matrix) parses, prints back,
 // verifies views between the two as equal element counts, binds s0 from
 // either form, and reports sizes that do not fit.
+// `g` compiled under the AUTO (policy 0) or ALWAYS (1) dynamic policy;
+// NULL (and a failed check) when it does not compile.
+static kiln_function_t *compile_policy(kiln_graph_t *g, int policy) {
+  kiln_compile_options_t opts;
+  kiln_compile_options_init(&opts);
+  opts.dynamic = policy ? KILN_DYNAMIC_ALWAYS : KILN_DYNAMIC_AUTO;
+  kiln_function_t *fn = NULL;
+  CHECK_OK(kiln_function_compile(ctx, g, &opts, &fn));
+  return fn;
+}
+
 // A slice to a symbolic end (a causal-mask buffer cut to the sequence
 // length): right under both policies while the end is within the buffer;
 // past it each call is INVALID_ARGUMENT naming the slice, and the output
@@ -341,11 +352,7 @@ static void test_symbolic_slices(void) {
   for (int i = 0; i < 32; ++i) m[i] = (float)(100 * i);
   for (int i = 0; i < 40; ++i) x[i] = (float)i;
   for (int policy = 0; policy < 2; ++policy) {
-    kiln_compile_options_t opts;
-    kiln_compile_options_init(&opts);
-    opts.dynamic = policy ? KILN_DYNAMIC_ALWAYS : KILN_DYNAMIC_AUTO;
-    kiln_function_t *fn = NULL;
-    CHECK_OK(kiln_function_compile(ctx, g, &opts, &fn));
+    kiln_function_t *fn = compile_policy(g, policy);
     if (!fn) continue;
     for (int64_t n = 3; n <= 8; n += 5) {  // 3, then 8: the whole buffer
       int64_t sm[2] = {8, 4}, sx[2] = {n, 4};
@@ -416,11 +423,7 @@ static void test_derived_sizes(void) {
   }
   DLDataType f32 = {kDLFloat, 32, 1};
   for (int policy = 0; policy < 2; ++policy) {
-    kiln_compile_options_t opts;
-    kiln_compile_options_init(&opts);
-    opts.dynamic = policy ? KILN_DYNAMIC_ALWAYS : KILN_DYNAMIC_AUTO;
-    kiln_function_t *fn = NULL;
-    CHECK_OK(kiln_function_compile(ctx, g, &opts, &fn));
+    kiln_function_t *fn = compile_policy(g, policy);
     if (!fn) continue;
     for (int64_t n = 1; n <= 5; n += 2) {
       float x[60], y[60], out[60];
