@@ -3273,13 +3273,31 @@ static kiln_status_t emit_prepadded(kiln_emitter_t *e, int32_t v, int64_t lo_h,
   kiln_tv_t wf;
   kiln_emit_view(e, wide, &ft, &wf);
   kiln_mlir_tensor_type(&ft, flat_ty, sizeof(flat_ty));
-  // The whole buffer is zero filled first (a write-only pass the schedule
-  // distributes): the blocks then write one slice each. Head and tail
-  // fills of their own slices in the loop made one-shot bufferization
+  // Only each plane's head (the top padding rows and the first row's left
+  // padding) and tail are zero filled ahead of the loop, by slabs; the
+  // blocks then write everything between. A fill of the whole buffer
+  // wrote it twice (the resnet block's 7 MB: 0.2-0.3 ms). Head and tail
+  // fills of their own slices inside the loop made one-shot bufferization
   // copy every block out and back (slices of the shared output at
   // run-time offsets it cannot tell apart).
   kiln_tv_t init;
-  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, 0, &init));
+  {
+    char empty[24];
+    kiln_emit_empty(e, &pt, empty);
+    kiln_tv_t cur = {.type = pt}, ends[2];
+    snprintf(cur.ssa, sizeof(cur.ssa), "%s", empty);
+    const int64_t len[2] = {off, tail}, at[2] = {0, off + HW};
+    for (int k = 0; k < 2; ++k) {
+      if (!len[k]) continue;
+      kiln_type_t zt = {.dtype = KILN_F32, .rank = 3, .dims = {N, C, len[k]}};
+      kiln_tv_t z;
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &zt, 0, &z));
+      const int64_t offsets[3] = {0, 0, at[k]};
+      kiln_emit_insert_slabs(e, &z, &cur, offsets, true, &ends[k]);
+      cur = ends[k];
+    }
+    init = cur;
+  }
   char res[24];
   kiln_emit_fresh(e, res);
   kiln_sbuf_printf(b,
