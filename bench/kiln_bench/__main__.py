@@ -211,7 +211,7 @@ def main(argv=None):
     ap.add_argument("--demo", action="store_true", help="the few cases `make demo` shows")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--groups", default="kernels,blocks,training",
-                    help="comma-separated: kernels, blocks, training, dynamic")
+                    help="comma-separated: kernels, blocks, training, dynamic, models")
     ap.add_argument("--backends", default=None, help="comma-separated subset")
     ap.add_argument("--cases", default=None, help="comma-separated subset")
     ap.add_argument("--results", default="bench-results")
@@ -274,7 +274,7 @@ def main(argv=None):
     prog.close()
     print_table(records, [n for n, _ in active])
     summary = {}
-    for g in ("kernels", "blocks", "training", "dynamic"):
+    for g in ("kernels", "blocks", "training", "dynamic", "models"):
         ratios = []
         for r in records:
             if r["group"] != g or r["backend"] != "kiln" or "seconds" not in r:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 @dataclasses.dataclass
 class Case:
     name: str
-    group: str                   # kernels | blocks | training | dynamic
+    group: str                   # kernels | blocks | training | dynamic | models
     build: Callable              # (device, dtype) -> (callable, inputs)
     dtype: torch.dtype = torch.float32
     flops: float = 0.0           # per call, for the roofline
@@ -364,4 +364,7 @@ def suite(device: str) -> list[Case]:
     cases += [
         Case("adam_step", "training", adam_step(layers, dim), f32, bytes=7 * 4 * n),
     ]
+    # Whole models (--groups models; not in the default run's groups).
+    from . import zoo
+    cases += [Case(name, "models", zoo.build(name), f32) for name in zoo.MODELS]
     return cases

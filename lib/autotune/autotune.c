@@ -93,9 +93,19 @@ static void init_config(const kiln_kernel_desc_t *d, kiln_tile_config_t *c) {
 }
 
 // A contraction whose output tiles may be partial: a plain matmul's three
-// loops (no convolution taps folded into sums).
+// loops, or a batched one's four (no convolution taps folded into sums).
+// Batched: a ViT's 197 tokens made q @ k^T [6, 197, 64] x [6, 64, 197] one
+// scalar FMA per tile (1 x 1 tiles, the only divisors of 197), 4 ms of its
+// 32 ms layer stack.
 static bool ragged_contraction(const kiln_kernel_desc_t *d) {
-  return d->kind == KILN_KERNEL_CONTRACTION && d->loop_count == 3 && !d->sum_maps;
+  if (d->kind != KILN_KERNEL_CONTRACTION || d->sum_maps || d->m_dim < 0 || d->n_dim < 0)
+    return false;
+  if (d->loop_count == 3) return true;
+  // One batch loop besides m, n and the reduction.
+  int batch = 0;
+  for (int i = 0; i < d->loop_count; ++i)
+    if (!is_reduction(d, i) && i != d->m_dim && i != d->n_dim) batch++;
+  return d->loop_count == 4 && batch == 1 && __builtin_popcount(d->reduction_mask) == 1;
 }
 
 static void heuristic_contraction(const kiln_kernel_desc_t *d,

@@ -309,12 +309,56 @@ def _conv_transposed(e, x, w, b, stride, padding, dilation, output_padding, grou
     return y
 
 
+def _patches(e, x, w, b, stride, padding, dilation, groups):
+    """A convolution whose kernel equals its stride (KH x KW > 1), with no
+    padding, no dilation and one group (a ViT's patch embedding, Conv2d(3,
+    d, 16, stride=16)) as one matmul, or None for any other: each output
+    pixel reads its own KH x KW patch and no two patches overlap, so the
+    input's patches, moved next to each other (a permute of a view), are
+    the rows [N*OH*OW, C*KH*KW] of a linear layer with the weight viewed
+    as [F, C*KH*KW]; its result [N, OH, OW, F] is permuted to [N, F, OH,
+    OW]. Rows and columns past the last whole patch are sliced off, as the
+    convolution drops them. As a convolution, kiln split the stride into
+    KH x KW phases: 256 for a 16 x 16 patch, which compiled for 47 s."""
+    xv, wv = x.meta["val"], w.meta["val"]
+    if xv.dim() != 4 or wv.dim() != 4:
+        return None
+    # (The batch may be symbolic: Dynamo's dynamic batch.)
+    ints = list(xv.shape[1:]) + list(wv.shape) + list(stride) + list(padding) + list(dilation)
+    if not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in ints + [groups]):
+        return None
+    N, C, H, W = xv.shape
+    F, _, KH, KW = wv.shape
+    if (list(stride) != [KH, KW] or KH * KW == 1 or list(padding) != [0, 0] or
+            list(dilation) != [1, 1] or groups != 1 or H < KH or W < KW):
+        return None
+    OH, OW = H // KH, W // KW
+    src = e.operand(x)
+    for dim, keep, size in ((2, OH * KH, H), (3, OW * KW, W)):
+        if keep != size:
+            src = e.op("aten.slice", [src], {"dim": str(dim), "start": "0", "end": str(keep),
+                                              "step": "1"})
+    v = e.op("aten.view", [src], {"shape": _shape_list([N, C, OH, KH, OW, KW])})
+    v = e.op("aten.permute", [v], {"dims": "[0, 2, 4, 1, 3, 5]"})
+    rows = e.op("aten.reshape", [v], {"shape": _shape_list([N * OH * OW, C * KH * KW])})
+    wt = e.op("aten.permute", [e.op("aten.view", [e.operand(w)],
+                                    {"shape": _shape_list([F, C * KH * KW])})], {"dims": "[1, 0]"})
+    y = (e.op("aten.addmm", [e.operand(b), rows, wt]) if b is not None
+         else e.op("aten.mm", [rows, wt]))
+    y = e.op("aten.view", [y], {"shape": _shape_list([N, OH, OW, F])})
+    return e.op("aten.permute", [y], {"dims": "[0, 3, 1, 2]"})
+
+
 def _conv(e, n):
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = n.args[:9]
     if transposed:
         return _conv_transposed(e, x, w, b, stride, padding, dilation, output_padding, groups)
     if len(w.meta["val"].shape) != 4:
         raise Unsupported(f"{len(w.meta['val'].shape) - 2}-D convolution (kiln has 2-D)")
+    patches = _patches(e, x, w, b, stride, padding, dilation, groups)
+    if patches is not None:
+        return patches  # (a matmul: bf16 too)
     xv = x.meta["val"]
     if xv.dtype == torch.bfloat16 and xv.device.type == "cpu":
         # kiln's convolution microkernel is f32; a bf16 layer took the
@@ -842,8 +886,15 @@ def _fused_attention_takes(qv, kv, vv, S, Ev, E) -> bool:
     time). It keeps its scores in cache."""
     return (all(t.dtype == torch.float32 for t in (qv, kv, vv)) and _avx512f_host() and
             os.environ.get("KILN_F32_DOT") != "0" and os.environ.get("KILN_ATTENTION") != "0"
-            and (isinstance(S, torch.SymInt) or (S % 16 == 0 and 16 <= S <= 8192))
+            and (isinstance(S, torch.SymInt) or 16 <= _keys16(S) <= 8192)
             and Ev % 16 == 0 and 16 <= Ev <= 4096 and E <= 4096)
+
+
+def _keys16(S: int) -> int:
+    """A static key count rounded up to whole vectors of 16: the fused
+    kernel's keys. _sdpa_cpu pads K and V with zero keys up to it and
+    masks them out (-inf)."""
+    return (S + 15) // 16 * 16
 
 
 def _mask_fuses(mv, scores) -> bool:
@@ -946,12 +997,39 @@ def _sdpa_cpu(e, n):
                  {"shape": _shape_list([B, Hkv, H // Hkv, S, D])})
         return e.op("aten.reshape", [g], {"shape": _shape_list([bh, S, D])})
 
-    kt = e.op("aten.transpose", [heads(e.operand(k), E)], {"dim0": "1", "dim1": "2"})
+    kh, vh = heads(e.operand(k), E), heads(e.operand(v), Ev)
+    # A static S that is not whole vectors of 16 keys (a ViT's 197 tokens):
+    # for the fused kernel, K and V padded with zero keys up to S16 and the
+    # padded keys' scores made -inf by an additive mask [S16] (the user's
+    # mask padded with -inf where it has S keys), so they weigh 0. Op by op
+    # the scores' rows of 197 ran one lane at a time.
+    S16 = _keys16(S) if isinstance(S, int) else S
+    key_mask = None
+    if fused and S16 != S and (mask is None or mask.meta["val"].dtype == torch.float32):
+        pad = S16 - S
+
+        def full(shape, value):
+            return e.op("aten.full", [], {"shape": _shape_list(shape), "value": _scalar(value),
+                                          "dtype": "f32"})
+        kh = e.op("aten.cat", [kh, full([bh, pad, E], 0.0)], {"dim": "1"})
+        vh = e.op("aten.cat", [vh, full([bh, pad, Ev], 0.0)], {"dim": "1"})
+        key_mask = e.op("aten.cat", [full([S], 0.0), full([pad], float("-inf"))], {"dim": "0"})
+        if mask is not None and mask.meta["val"].shape[-1] == S:
+            mv = mask.meta["val"]
+            key_mask = e.op("aten.cat", [e.operand(mask),
+                                         full(list(mv.shape[:-1]) + [pad], float("-inf"))],
+                            {"dim": str(mv.dim() - 1)})
+        elif mask is not None:  # one column, broadcast over the keys
+            key_mask = e.op("aten.add", [e.operand(mask), key_mask])
+        S = S16
+    kt = e.op("aten.transpose", [kh], {"dim0": "1", "dim1": "2"})
     s = e.op("aten.bmm", [view(e.operand(q), [bh, L, E]), kt])
     s = e.op("aten.mul", [s, _scalar(float(scale))])
-    if mask is not None or causal:
+    if mask is not None or causal or key_mask is not None:
         s4 = view(s, [B, H, L, S])
-        if mask is not None:
+        if key_mask is not None:
+            s4 = e.op("aten.add", [s4, key_mask])
+        elif mask is not None:
             s4 = e.op("aten.add", [s4, e.operand(mask)])
         if causal and not (isinstance(L, int) and isinstance(S, int)):
             # A symbolic length: the positions as kiln.arange.
@@ -971,7 +1049,7 @@ def _sdpa_cpu(e, n):
             s4 = e.op("aten.where", [keep, s4, "-inf"])
         s = view(s4, [bh, L, S])
     p = e.op("aten._softmax", [s], {"dim": "-1", "half_to_float": "false"})
-    o = view(e.op("aten.bmm", [p, heads(e.operand(v), Ev)]), [B, H, L, Ev])
+    o = view(e.op("aten.bmm", [p, vh]), [B, H, L, Ev])
     e.lines[-1] += " : " + tensor_type(out_val)
     return [o, None]
 

@@ -7,9 +7,12 @@ import os
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from kiln_bench.cases import Attention as BenchAttention  # q @ k^T, softmax, @ v written out
 
 from conftest import TOL
+
+import kiln.backend
 
 
 def check_close(got, want):
@@ -367,6 +370,111 @@ def test_transposed_convolution_kernel_equal_to_stride_runs_in_kiln(cin, cout, k
             check_close(compiled(x), model(x))
 
 
+def _kiln_texts(monkeypatch):
+    """The graph text of every partition kiln compiles from here on."""
+    texts = []
+    init = kiln.backend.CompiledSubgraph.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        texts.append(self.text)
+    monkeypatch.setattr(kiln.backend.CompiledSubgraph, "__init__", record)
+    return texts
+
+
+@pytest.mark.parametrize("shape,kernel,bias", [((2, 3, 32, 32), 8, True),
+                                               ((2, 3, 37, 35), (4, 5), False)],
+                         ids=["vit_patches", "ragged_nobias"])
+def test_patch_embedding_convolution_is_a_matmul(shape, kernel, bias, monkeypatch):
+    """A convolution whose kernel equals its stride (a ViT's patch
+    embedding) is kiln's as one matmul over the patches (translate.py
+    _patches): no convolution in the partition; the rows and columns past
+    the last whole patch are dropped, as PyTorch's convolution drops them.
+    Against eager, with a second batch size (a symbolic batch) too."""
+    texts = _kiln_texts(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Conv2d(shape[1], 24, kernel, stride=kernel, bias=bias)
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for n in (shape[0], 3, 5):
+            x = torch.randn(n, *shape[1:])
+            check_close(compiled(x), model(x))
+    assert texts and not any("aten.convolution" in t for t in texts)
+    assert all("aten.mm" in t or "aten.addmm" in t for t in texts)
+
+
+class OddLengthAttention(nn.Module):
+    """SDPA over a key length with no whole vector of 16 (197: a ViT's
+    patches and class token), causal where `kind` says so, with the float
+    mask given (or none)."""
+
+    def __init__(self, kind="none"):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                              is_causal=self.kind == "causal")
+
+
+@pytest.mark.parametrize("kind,L,S", [("none", 197, 197), ("causal", 197, 197),
+                                      ("padding", 50, 197), ("rows", 197, 77),
+                                      ("none", 20, 5)])
+def test_odd_key_length_attention_against_eager(kind, L, S, monkeypatch):
+    """Attention over a static key length that is not whole vectors of 16:
+    K and V get zero keys up to the next 16 and those keys a -inf mask
+    (translate.py _sdpa_cpu), so the fused kernel takes it; the user's
+    mask is padded with -inf or added to the key mask. Against eager, all
+    in kiln; on AVX-512 hosts the partition pads its keys (aten.full)."""
+    texts = _kiln_texts(monkeypatch)
+    torch.manual_seed(0)
+    model = OddLengthAttention(kind)
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for _ in range(2):
+            q = torch.randn(2, 3, L, 64)
+            k, v = torch.randn(2, 3, S, 64), torch.randn(2, 3, S, 64)
+            mask = None
+            if kind == "padding":  # [B, 1, 1, S]: batch 1's last 7 keys masked
+                mask = torch.zeros(2, 1, 1, S)
+                mask[1, ..., S - 7:] = float("-inf")
+            elif kind == "rows":  # [B, 1, L, 1]: a bias per query row
+                mask = torch.randn(2, 1, L, 1)
+            args = (q, k, v) if mask is None else (q, k, v, mask)
+            check_close(compiled(*args), model(*args))
+    if _avx512f():
+        assert any("aten.full" in t and "aten.bmm" in t for t in texts)
+
+
+@pytest.mark.skipif(not _avx512f(), reason="the fused attention kernel needs AVX-512")
+def test_odd_key_length_attention_compiles_to_the_fused_kernel(tmp_path):
+    """At 197 keys the attention reaches the fused kernel: no batch matmul
+    left in the partition's linalg. In a fresh process, for
+    KILN_DUMP_DIR."""
+    import inspect
+    import subprocess
+    import sys
+    import textwrap
+    script = ("import torch\nfrom torch import nn\nimport torch.nn.functional as F\n" +
+              inspect.getsource(OddLengthAttention))
+    script += textwrap.dedent("""
+        torch.manual_seed(0)
+        m = OddLengthAttention()
+        q, k, v = (torch.randn(2, 3, 197, 64) for _ in range(3))
+        with torch.no_grad():
+            got = torch.compile(m, backend="kiln", options={"fallback": "error"})(q, k, v)
+            torch.testing.assert_close(got, m(q, k, v), atol=2e-4, rtol=2e-4)
+    """)
+    env = dict(os.environ, KILN_DUMP_DIR=str(tmp_path / "dump"),
+               KILN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("KILN_ATTENTION", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    linalg = [p.read_text() for p in (tmp_path / "dump").glob("*-1-linalg.mlir")]
+    assert linalg, "no linalg dumped"
+    assert not any("linalg.batch_matmul" in t for t in linalg)
+
+
 def test_overlapping_transposed_convolution_stays_in_pytorch():
     """A transposed convolution whose taps overlap (kernel 4, stride 2,
     padding 1: a DCGAN's) is PyTorch's; the result is still right."""
@@ -524,23 +632,25 @@ def test_attention_training_compiles_math_form(capfd, monkeypatch):
 
 
 def test_sdpa_with_large_scores_stays_pytorchs_unless_fused(capfd, monkeypatch):
-    """Attention whose [B*H, L, S] scores kiln would write out (a shape its
-    fused kernel does not take: 40 keys) stays PyTorch's flash kernel above
-    translate's score-size limit, here lowered to 1 KiB; a shape the kernel
-    takes (48 keys, f32, AVX-512) stays kiln's. Both match eager."""
+    """Attention whose [B*H, L, S] scores kiln would write out (a call its
+    fused kernel does not take: f64) stays PyTorch's flash kernel above
+    translate's score-size limit, here lowered to 1 KiB; a call the kernel
+    takes (f32, 40 keys padded to 48, AVX-512) stays kiln's. Both match
+    eager."""
     from kiln import translate
     monkeypatch.setattr(translate, "_SDPA_SCORES_BYTES", 1024)
     monkeypatch.setenv("KILN_LOG", "fallbacks")
     torch.manual_seed(0)
-    q = torch.randn(1, 2, 24, 32)
-    k, v = torch.randn(1, 2, 40, 32), torch.randn(1, 2, 40, 32)
+    q = torch.randn(1, 2, 24, 32, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 40, 32, dtype=torch.float64) for _ in range(2))
     model = Attention()
     with torch.no_grad():
         check_close(torch.compile(model, backend="kiln", dynamic=False)(q, k, v), model(q, k, v))
     err = capfd.readouterr().err
     assert "scores (0 MiB) would be written out" in err, err
     if _avx512f():
-        k, v = torch.randn(1, 2, 48, 32), torch.randn(1, 2, 48, 32)
+        q = q.float()
+        k, v = torch.randn(1, 2, 40, 32), torch.randn(1, 2, 40, 32)
         compiled = torch.compile(model, backend="kiln", dynamic=False,
                                  options={"fallback": "error"})
         with torch.no_grad():
@@ -830,3 +940,28 @@ def test_conv_input_gradients_as_convolutions(monkeypatch):
     convs = [t for kind, targets in seen if kind == "backward" for t in targets
              if t is torch.ops.aten.convolution.default]
     assert len(convs) == 3, seen
+
+
+@pytest.mark.parametrize("name,inputs", [
+    ("resnet18", lambda: (torch.randn(1, 3, 64, 64),)),
+    ("mobilenet_v2", lambda: (torch.randn(1, 3, 64, 64),)),
+    ("vit_tiny", lambda: (torch.randn(2, 3, 64, 64),)),
+    ("gpt2_small", lambda: (torch.randint(0, 5000, (2, 40)),)),
+    ("llama_tiny", lambda: (torch.randint(0, 4000, (2, 40)),)),
+    ("unet_small", lambda: (torch.randn(1, 3, 32, 32),)),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_bench_models_against_eager(name, inputs):
+    """kiln-bench's whole models (bench/kiln_bench/zoo.py: ResNet-18,
+    MobileNetV2, a ViT, GPT-2 and Llama blocks, a UNet) at small input
+    sizes, inference, all in kiln (fallback="error"), against eager on
+    fresh random inputs. The ViT at 64 x 64 has 17 tokens: its patches are
+    a matmul and its attention pads the keys to 32."""
+    from kiln_bench import zoo
+    make = {"vit_tiny": lambda: zoo.ViT(image=64)}.get(name, zoo.MODELS[name][0])
+    torch.manual_seed(0)
+    model = make().eval()
+    compiled = torch.compile(model, backend="kiln", options={"fallback": "error"})
+    with torch.no_grad():
+        for _ in range(2):
+            xs = inputs()
+            check_close(compiled(*xs), model(*xs))

@@ -184,6 +184,17 @@ static void test_heuristic_matmul(void) {
   CHECK(c.reg[0] == 8 && c.reg[1] == 32);
   CHECK(c.forall[1] > 0 && c.forall[1] % 32 == 0 && c.forall[0] > 0 && c.forall[0] % 8 == 0);
   CHECK(kiln_autotune_config_valid(&d, &kAvx512x2, &c, NULL, 0));
+  // Batched too: a ViT's q @ k^T over 197 tokens ([6, 197, 64] x [6, 64,
+  // 197]) keeps the 8 x 32 register tile (197 has no other divisor than
+  // 1, which made every tile one scalar FMA); a batch per thread tile.
+  d = batch_matmul(6, 197, 197, 64);
+  kiln_autotune_heuristic(&d, &kAvx512x2, &c);
+  CHECK(c.reg[1] == 8 && c.reg[2] == 32 && c.forall[0] == 1);
+  CHECK(kiln_autotune_config_valid(&d, &kAvx512x2, &c, NULL, 0));
+  // A partial tile of the batch or of K is still refused.
+  kiln_tile_config_t bad = c;
+  bad.forall[0] = 4;
+  CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, NULL, 0));
 }
 
 // The f32 microkernel's tiles: the heuristic's documented choices, valid
