@@ -246,12 +246,23 @@ MODELS = {
 }
 
 
+def randomize_batch_norms(model):
+    """Running statistics as a trained model's (mean about 0, variance
+    0.5-1.5), not the identity of a fresh BatchNorm2d."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
 def build(name):
-    """A Case's build function: the model in eval mode on the device, and
-    its inputs."""
+    """A Case's build function: the model in eval mode on the device (batch
+    norms with random statistics), and its inputs."""
     make, inputs = MODELS[name]
 
     def b(dev, dt):
         torch.manual_seed(0)
-        return make().to(dev, dt).eval(), inputs(dev, dt)
+        return randomize_batch_norms(make()).to(dev, dt).eval(), inputs(dev, dt)
     return b
