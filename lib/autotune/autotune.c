@@ -141,6 +141,14 @@ static void heuristic_contraction(const kiln_kernel_desc_t *d,
         ragged_m = true;
         break;
       }
+  // A convolution's grid with no even width (one or three output columns:
+  // P = 1, 9, 15) gets no register tile of its filters either: with one
+  // pixel a tile the vector runs along the filters, not the output's
+  // innermost dim, and after the schedule folds the tile's unit dims MLIR
+  // 22's vector code wrote only the first lane of each vector (a 1x1
+  // convolution on a 1x1 map, a 3x3 one on 3x3: wrong results). Such
+  // grids are small; translate.py gives 1x1 ones a matmul.
+  if (d->sum_maps && rn == 1) rm = 1;
   c->reg[m] = rm;
   c->reg[n] = rn;
   if (d->nested || kiln_kernel_work(d) < KILN_MIN_PARALLEL_WORK) return;
@@ -644,6 +652,17 @@ bool kiln_autotune_config_valid(const kiln_kernel_desc_t *d,
     }
     if (c->forall[i] > 0 && (d->nested || is_reduction(d, i))) {
       snprintf(why, why_len, "loop %d: cannot be distributed", i);
+      return false;
+    }
+  }
+  if (d->kind == KILN_KERNEL_CONTRACTION && d->sum_maps && d->m_dim >= 0 && d->n_dim >= 0) {
+    // (See heuristic_contraction: a one-pixel register tile keeps one
+    // filter too.)
+    int64_t rm = c->reg[d->m_dim] > 0 ? c->reg[d->m_dim] : d->range[d->m_dim];
+    int64_t rn = c->reg[d->n_dim] > 0 ? c->reg[d->n_dim] : d->range[d->n_dim];
+    if (rn == 1 && rm > 1) {
+      snprintf(why, why_len, "a convolution's register tile of one pixel and %lld filters "
+               "(MLIR 22 vectorizes it wrongly)", (long long)rm);
       return false;
     }
   }

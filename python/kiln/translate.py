@@ -310,9 +310,10 @@ def _conv_transposed(e, x, w, b, stride, padding, dilation, output_padding, grou
 
 
 def _patches(e, x, w, b, stride, padding, dilation, groups):
-    """A convolution whose kernel equals its stride (KH x KW > 1), with no
-    padding, no dilation and one group (a ViT's patch embedding, Conv2d(3,
-    d, 16, stride=16)) as one matmul, or None for any other: each output
+    """A convolution whose kernel equals its stride (KH x KW > 1, or 1x1 on
+    at most 16 pixels), with no padding, no dilation and one group (a ViT's
+    patch embedding, Conv2d(3, d, 16, stride=16)) as one matmul, or None
+    for any other: each output
     pixel reads its own KH x KW patch and no two patches overlap, so the
     input's patches, moved next to each other (a permute of a view), are
     the rows [N*OH*OW, C*KH*KW] of a linear layer with the weight viewed
@@ -330,8 +331,15 @@ def _patches(e, x, w, b, stride, padding, dilation, groups):
         return None
     N, C, H, W = xv.shape
     F, _, KH, KW = wv.shape
-    if (list(stride) != [KH, KW] or KH * KW == 1 or list(padding) != [0, 0] or
+    if (list(stride) != [KH, KW] or list(padding) != [0, 0] or
             list(dilation) != [1, 1] or groups != 1 or H < KH or W < KW):
+        return None
+    # A 1x1 convolution is one too, but kiln's convolution kernel reads its
+    # NCHW input in place; a matmul only pays where the map is a few pixels
+    # (a network's last stages, squeeze-and-excitation's 1x1 maps: 320 ->
+    # 1280 channels on [2, 320, 3, 3] took 3.2 ms as a convolution, eager
+    # 0.27).
+    if KH * KW == 1 and H * W > 16:
         return None
     OH, OW = H // KH, W // KW
     src = e.operand(x)
@@ -882,8 +890,8 @@ def _fused_attention_takes(qv, kv, vv, S, Ev, E) -> bool:
     """Whether lowering/ops/attention.c's kernel takes this attention (its
     conditions, checked again here): f32 on an AVX-512 CPU with the f32
     microkernels and the fused kernel on, Ev a multiple of 16 up to 4096, E
-    up to 4096, and S a multiple of 16 up to 8192 or symbolic (masked at run
-    time). It keeps its scores in cache."""
+    up to 4096, and S up to 8192 once rounded up to 16 (_sdpa_cpu pads the
+    keys) or symbolic (masked at run time). It keeps its scores in cache."""
     return (all(t.dtype == torch.float32 for t in (qv, kv, vv)) and _avx512f_host() and
             os.environ.get("KILN_F32_DOT") != "0" and os.environ.get("KILN_ATTENTION") != "0"
             and (isinstance(S, torch.SymInt) or 16 <= _keys16(S) <= 8192)
@@ -967,6 +975,9 @@ def _sdpa_cpu(e, n):
     if Hkv != H and (H % Hkv or vv.shape[1] != Hkv):
         raise Unsupported(f"{H} query heads over {Hkv} key and {vv.shape[1]} value heads")
     fused = _fused_attention_takes(qv, kv, vv, S, Ev, E)
+    if (fused and isinstance(S, int) and S % 16 and mask is not None and
+            mask.meta["val"].dtype != torch.float32):
+        fused = False  # (the key padding below pads f32 masks only)
     if qv.dtype in (torch.bfloat16, torch.float16) and not fused:
         # Op by op (batched matmuls off kiln's bf16 microkernels, the scores
         # written out) it ran 1.7-5.5x slower than PyTorch's flash kernel
@@ -1005,7 +1016,7 @@ def _sdpa_cpu(e, n):
     # the scores' rows of 197 ran one lane at a time.
     S16 = _keys16(S) if isinstance(S, int) else S
     key_mask = None
-    if fused and S16 != S and (mask is None or mask.meta["val"].dtype == torch.float32):
+    if fused and S16 != S:
         pad = S16 - S
 
         def full(shape, value):

@@ -383,12 +383,14 @@ def _kiln_texts(monkeypatch):
 
 
 @pytest.mark.parametrize("shape,kernel,bias", [((2, 3, 32, 32), 8, True),
-                                               ((2, 3, 37, 35), (4, 5), False)],
-                         ids=["vit_patches", "ragged_nobias"])
+                                               ((2, 3, 37, 35), (4, 5), False),
+                                               ((4, 64, 3, 3), 1, True)],
+                         ids=["vit_patches", "ragged_nobias", "small_map_1x1"])
 def test_patch_embedding_convolution_is_a_matmul(shape, kernel, bias, monkeypatch):
     """A convolution whose kernel equals its stride (a ViT's patch
-    embedding) is kiln's as one matmul over the patches (translate.py
-    _patches): no convolution in the partition; the rows and columns past
+    embedding; a 1x1 one on a map of a few pixels) is kiln's as one matmul
+    over the patches (translate.py _patches): no convolution in the
+    partition; the rows and columns past
     the last whole patch are dropped, as PyTorch's convolution drops them.
     Against eager, with a second batch size (a symbolic batch) too."""
     texts = _kiln_texts(monkeypatch)
@@ -944,7 +946,7 @@ def test_conv_input_gradients_as_convolutions(monkeypatch):
 
 @pytest.mark.parametrize("name,inputs", [
     ("resnet18", lambda: (torch.randn(1, 3, 64, 64),)),
-    ("mobilenet_v2", lambda: (torch.randn(1, 3, 64, 64),)),
+    ("mobilenet_v2", lambda: (torch.randn(1, 3, 72, 72),)),  # last stages 3 x 3
     ("vit_tiny", lambda: (torch.randn(2, 3, 64, 64),)),
     ("gpt2_small", lambda: (torch.randint(0, 5000, (2, 40)),)),
     ("llama_tiny", lambda: (torch.randint(0, 4000, (2, 40)),)),

@@ -191,10 +191,30 @@ static void test_heuristic_matmul(void) {
   kiln_autotune_heuristic(&d, &kAvx512x2, &c);
   CHECK(c.reg[1] == 8 && c.reg[2] == 32 && c.forall[0] == 1);
   CHECK(kiln_autotune_config_valid(&d, &kAvx512x2, &c, NULL, 0));
-  // A partial tile of the batch or of K is still refused.
+  // A partial tile of the batch is still refused.
   kiln_tile_config_t bad = c;
   bad.forall[0] = 4;
   CHECK(!kiln_autotune_config_valid(&d, &kAvx512x2, &bad, NULL, 0));
+  // A convolution's contraction (n, g, f, p, c, kh, kw; the input's index
+  // a sum of loops) over a grid of odd width: a register tile of one
+  // pixel keeps one filter (several were vectorized wrongly), and the
+  // search may not ask for more.
+  kiln_kernel_desc_t cv;
+  memset(&cv, 0, sizeof(cv));
+  cv.kind = KILN_KERNEL_CONTRACTION;
+  cv.loop_count = 7;
+  const int64_t cr[7] = {2, 1, 32, 9, 16, 1, 1};
+  memcpy(cv.range, cr, sizeof(cr));
+  cv.reduction_mask = 7u << 4;
+  cv.m_dim = 2, cv.n_dim = 3;
+  cv.elem_bytes = 4;
+  cv.sum_maps = true;
+  kiln_autotune_heuristic(&cv, &kAvx512x2, &c);
+  CHECK(c.reg[3] == 1 && c.reg[2] == 1);
+  check_space(&cv, &kAvx512x2);
+  bad = c;
+  bad.reg[2] = 8;
+  CHECK(!kiln_autotune_config_valid(&cv, &kAvx512x2, &bad, NULL, 0));
 }
 
 // The f32 microkernel's tiles: the heuristic's documented choices, valid
