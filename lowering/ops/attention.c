@@ -49,7 +49,8 @@
 // exp polynomial clamps its argument at -87.3, as the op-by-op softmax
 // does), and the causal form never reads the keys past a tile's last row,
 // so an inf or NaN in V there does not turn the row NaN as 0 * inf does in
-// PyTorch. A row whose every key is masked is NaN, as in PyTorch. A
+// PyTorch. A row whose every key is masked is 0, as PyTorch's SDPA gives
+// it (torch 2.13; its math form gives NaN). A
 // boolean mask is added as -inf, so a NaN or +inf score at a masked key
 // (a NaN in K at a padded slot) makes the row NaN, where PyTorch's where
 // would have set that score to -inf.
@@ -1010,12 +1011,21 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     kiln_emit_vec_max(e, a, b, m[r]);
   }
   close_vec_loop(o, m, rm);
+  // A row whose every key is masked (its max -inf) is 0, as PyTorch's SDPA
+  // kernels give it (its math form, softmax then bmm, gives NaN): its max
+  // is taken as 0 so exp(s - max) stays finite, and 1 / sum as 0.
   for (int r = 0; r < rm; ++r) {
     char a[24], mm[24];
     snprintf(a, sizeof(a), "%%mx_%d_%d#%d", id, t, r);
     kiln_emit_vec_hmax(e, a, mm);
-    kiln_sbuf_printf(o, "        %%mb%d_%d_%d = vector.broadcast %s : f32 to vector<16xf32>\n",
-                     r, id, t, mm);
+    kiln_sbuf_printf(o,
+        "        %%mnf%d_%d_%d = arith.constant 0xFF800000 : f32\n"
+        "        %%mz%d_%d_%d = arith.constant 0.0 : f32\n"
+        "        %%mall%d_%d_%d = arith.cmpf oeq, %s, %%mnf%d_%d_%d : f32\n"
+        "        %%mfin%d_%d_%d = arith.select %%mall%d_%d_%d, %%mz%d_%d_%d, %s : f32\n"
+        "        %%mb%d_%d_%d = vector.broadcast %%mfin%d_%d_%d : f32 to vector<16xf32>\n",
+        r, id, t, r, id, t, r, id, t, mm, r, id, t, r, id, t, r, id, t, r, id, t, mm, r, id, t,
+        r, id, t);
   }
   kiln_sbuf_printf(o,
       "        %%ex_%d_%d:%d = scf.for %%xj_%d_%d = %%c0_%d to %s step %%c1_%d "
@@ -1058,9 +1068,11 @@ static void emit_tile(kiln_emitter_t *e, const attn_chain_t *ch, const reads_t *
     kiln_sbuf_printf(o,
         "        %%su%d_%d_%d = vector.reduction <add>, %%ex_%d_%d#%d : vector<16xf32> "
         "into f32\n"
-        "        %%rc%d_%d_%d = arith.divf %%one_%d, %%su%d_%d_%d : f32\n"
+        "        %%rd%d_%d_%d = arith.divf %%one_%d, %%su%d_%d_%d : f32\n"
+        "        %%rc%d_%d_%d = arith.select %%mall%d_%d_%d, %%mz%d_%d_%d, %%rd%d_%d_%d : f32\n"
         "        %%rb%d_%d_%d = vector.broadcast %%rc%d_%d_%d : f32 to vector<16xf32>\n",
-        r, id, t, id, t, r + 1, r, id, t, id, r, id, t, r, id, t, r, id, t);
+        r, id, t, id, t, r + 1, r, id, t, id, r, id, t, r, id, t, r, id, t, r, id, t, r, id, t,
+        r, id, t, r, id, t);
     snprintf(rcp[r], sizeof(rcp[r]), "%%rb%d_%d_%d", r, id, t);
   }
   snprintf(cur, sizeof(cur), "%%ex_%d_%d#0", id, t);

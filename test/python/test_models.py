@@ -780,6 +780,28 @@ def test_masked_sdpa_against_eager():
         check_close(compiled(q, k, v), model(q, k, v))
 
 
+@pytest.mark.parametrize("S", [48, 40], ids=["whole_vectors", "padded_keys"])
+def test_fully_masked_attention_rows_are_zero(S):
+    """A query row whose every key is masked is 0, as PyTorch's SDPA gives
+    it (torch 2.13; softmax then bmm would give NaN), in the fused kernel
+    and with the keys padded to whole vectors; the other rows match
+    eager."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 20, 32)
+    k, v = torch.randn(2, 2, S, 32), torch.randn(2, 2, S, 32)
+    mask = torch.zeros(2, 1, 20, S)
+    mask[0, 0, 3] = float("-inf")
+    mask[1, 0, :, 5:] = float("-inf")
+    model = Attention(mask=mask)
+    compiled = torch.compile(model, backend="kiln", dynamic=False,
+                             options={"fallback": "error"})
+    with torch.no_grad():
+        got, want = compiled(q, k, v), model(q, k, v)
+    assert torch.equal(want[0, :, 3], torch.zeros_like(want[0, :, 3]))
+    assert not got.isnan().any()
+    check_close(got, want)
+
+
 @pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax], ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape", [(7, 33), (4, 8, 128, 128), (2048, 4096)],
                          ids=["flat", "cached", "row_blocks"])
