@@ -109,7 +109,8 @@ static kiln_status_t emit_rows_view(kiln_emitter_t *e, const kiln_tv_t *x,
 }
 
 // Softmax / log_softmax of short f32 rows on the CPU in one pass: each row
-// (C floats, a multiple of 16, at most 1024) is read once into vectors,
+// (C floats, 16 to 1024) is read once into vectors (the last one masked
+// where C is not a multiple of 16, its padding -inf, which exp makes 0),
 // its max and sum of exp(x - max) reduced in registers, and written once.
 // The linalg form (softmax_core) ran four passes, a parallel region each,
 // over an attention block's [32, 128, 128] scores: 0.16 ms where one pass
@@ -124,7 +125,7 @@ static bool short_rows_apply(const kiln_emitter_t *e, const kiln_tv_t *x,
       !kiln_type_is_static(&x->type))
     return false;
   int64_t C = x->type.dims[rank - 1], numel = kiln_type_numel(&x->type);
-  return C >= 16 && C <= 1024 && C % 16 == 0 && numel / C >= 2 && numel * 4 <= (8 << 20);
+  return C >= 16 && C <= 1024 && numel / C >= 2 && numel * 4 <= (8 << 20);
 }
 
 // The positive scalar `s` of x = mul(y, s) where x (graph value `v`) is
@@ -216,17 +217,31 @@ static void emit_softmax_row(kiln_emitter_t *e, const kiln_node_t *n, const char
                              const char *pad, const char *sv, const char *c0,
                              const char *cur, char next[24]) {
   kiln_sbuf_t *o = &e->out;
-  int nv = (int)(C / 16);
+  int nv = (int)((C + 15) / 16);
+  bool ragged = C % 16 != 0;
   char v[64][24];
   for (int j = 0; j < nv; ++j) {
     char c[24], r[24];
     kiln_emit_fresh(e, c);
     kiln_emit_fresh(e, r);
-    kiln_sbuf_printf(o,
-        "        %s = arith.constant %d : index\n"
-        "        %s = vector.transfer_read %s[%s, %s], %s {in_bounds = [true]} : "
-        "%s, vector<16xf32>\n",
-        c, j * 16, r, x2, row, c, pad, ty);
+    bool last = ragged && j == nv - 1;
+    if (last) {
+      // The lanes past C read as -inf: they add 0 to the sum.
+      char ninf[24];
+      kiln_emit_fresh(e, ninf);
+      kiln_sbuf_printf(o,
+          "        %s = arith.constant 0xFF800000 : f32\n"
+          "        %s = arith.constant %d : index\n"
+          "        %s = vector.transfer_read %s[%s, %s], %s {in_bounds = [false]} : "
+          "%s, vector<16xf32>\n",
+          ninf, c, j * 16, r, x2, row, c, ninf, ty);
+    } else {
+      kiln_sbuf_printf(o,
+          "        %s = arith.constant %d : index\n"
+          "        %s = vector.transfer_read %s[%s, %s], %s {in_bounds = [true]} : "
+          "%s, vector<16xf32>\n",
+          c, j * 16, r, x2, row, c, pad, ty);
+    }
     if (sv) {
       kiln_emit_fresh(e, v[j]);
       kiln_sbuf_printf(o, "        %s = arith.mulf %s, %s : vector<16xf32>\n", v[j], r, sv);
@@ -275,24 +290,42 @@ static void emit_softmax_row(kiln_emitter_t *e, const kiln_node_t *n, const char
   // into the block viewed as [rows, nv, 16]: a chain of nv writes into
   // the tensor cost one-shot bufferization time superlinear in the chain
   // (rows of 1024, two per step: 6.5 s of analysis).
+  // (Rows of C not a multiple of 16: one vector<nv*16> into the block's
+  // row [rows, C], its tail lanes masked off.)
   char at[24];
   kiln_emit_fresh(e, at);
-  kiln_sbuf_printf(o, "        %s = ub.poison : vector<%dx16xf32>\n", at, nv);
+  if (ragged)
+    kiln_sbuf_printf(o, "        %s = ub.poison : vector<%dxf32>\n", at, nv * 16);
+  else
+    kiln_sbuf_printf(o, "        %s = ub.poison : vector<%dx16xf32>\n", at, nv);
   for (int j = 0; j < nv; ++j) {
     char r[24], w[24];
     kiln_emit_fresh(e, r);
     kiln_emit_fresh(e, w);
-    kiln_sbuf_printf(o,
-        "        %s = %s %s, %s : vector<16xf32>\n"
-        "        %s = vector.insert %s, %s [%d] : vector<16xf32> into vector<%dx16xf32>\n",
-        r, soft ? "arith.mulf" : "arith.subf", soft ? ex[j] : xm[j], fin, w, r, at, j, nv);
+    kiln_sbuf_printf(o, "        %s = %s %s, %s : vector<16xf32>\n", r,
+                     soft ? "arith.mulf" : "arith.subf", soft ? ex[j] : xm[j], fin);
+    if (ragged)
+      kiln_sbuf_printf(o,
+          "        %s = vector.insert_strided_slice %s, %s {offsets = [%d], strides = [1]} : "
+          "vector<16xf32> into vector<%dxf32>\n",
+          w, r, at, j * 16, nv * 16);
+    else
+      kiln_sbuf_printf(o,
+          "        %s = vector.insert %s, %s [%d] : vector<16xf32> into vector<%dx16xf32>\n",
+          w, r, at, j, nv);
     memcpy(at, w, 24);
   }
   kiln_emit_fresh(e, next);
-  kiln_sbuf_printf(o,
-      "        %s = vector.transfer_write %s, %s[%s, %s, %s] {in_bounds = [true, true]} : "
-      "vector<%dx16xf32>, tensor<?x%dx16xf32>\n",
-      next, at, cur, brow, c0, c0, nv, nv);
+  if (ragged)
+    kiln_sbuf_printf(o,
+        "        %s = vector.transfer_write %s, %s[%s, %s] {in_bounds = [false]} : "
+        "vector<%dxf32>, tensor<?x%lldxf32>\n",
+        next, at, cur, brow, c0, nv * 16, (long long)C);
+  else
+    kiln_sbuf_printf(o,
+        "        %s = vector.transfer_write %s, %s[%s, %s, %s] {in_bounds = [true, true]} : "
+        "vector<%dx16xf32>, tensor<?x%dx16xf32>\n",
+        next, at, cur, brow, c0, c0, nv, nv);
 }
 
 static kiln_status_t emit_softmax_rows(kiln_emitter_t *e, const kiln_node_t *n,
@@ -322,6 +355,14 @@ static kiln_status_t emit_softmax_rows(kiln_emitter_t *e, const kiln_node_t *n,
   int id = e->next_id++;
   char ty[96];
   kiln_mlir_tensor_type(&t2d, ty, sizeof(ty));
+  // The block as [rows, C / 16, 16] (whole vectors; one write per row), or
+  // [rows, C] where C is not a multiple of 16 (one masked write per row).
+  bool ragged = C % 16 != 0;
+  char bty[64];
+  if (ragged)
+    snprintf(bty, sizeof(bty), "tensor<?x%lldxf32>", (long long)C);
+  else
+    snprintf(bty, sizeof(bty), "tensor<?x%lldx16xf32>", (long long)(C / 16));
   kiln_sbuf_printf(o,
       "    %s = scf.forall (%%sb%d) in (%lld) shared_outs(%%so%d = %s) -> (%s) {\n"
       "      %%sc0_%d = arith.constant 0 : index\n"
@@ -330,15 +371,21 @@ static kiln_status_t emit_softmax_rows(kiln_emitter_t *e, const kiln_node_t *n,
       "      %%sr0_%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%sb%d)\n"
       "      %%srn_%d = affine.min affine_map<(d0) -> (%lld, %lld - d0 * %lld)>(%%sb%d)\n"
       "      %%sblk_%d = tensor.extract_slice %%so%d[%%sr0_%d, 0] [%%srn_%d, %lld] [1, 1] : "
-      "%s to tensor<?x%lldxf32>\n"
-      "      %%sbv_%d = tensor.expand_shape %%sblk_%d [[0], [1, 2]] output_shape "
-      "[%%srn_%d, %lld, 16] : tensor<?x%lldxf32> into tensor<?x%lldx16xf32>\n"
-      "      %%sout_%d = scf.for %%si%d = %%sc0_%d to %%srn_%d step %%scn_%d "
-      "iter_args(%%st%d = %%sbv_%d) -> (tensor<?x%lldx16xf32>) {\n",
+      "%s to tensor<?x%lldxf32>\n",
       res.ssa, id, (long long)NB, id, init.ssa, ty, id, id, nr, id, id, (long long)RB, id, id,
       (long long)RB, (long long)R, (long long)RB, id, id, id, id, id, (long long)C, ty,
-      (long long)C, id, id, id, (long long)(C / 16), (long long)C, (long long)(C / 16), id, id,
-      id, id, id, id, id, (long long)(C / 16));
+      (long long)C);
+  if (ragged)
+    kiln_sbuf_printf(o, "      %%sbv_%d = tensor.cast %%sblk_%d : %s to %s\n", id, id, bty, bty);
+  else
+    kiln_sbuf_printf(o,
+        "      %%sbv_%d = tensor.expand_shape %%sblk_%d [[0], [1, 2]] output_shape "
+        "[%%srn_%d, %lld, 16] : tensor<?x%lldxf32> into %s\n",
+        id, id, id, (long long)(C / 16), (long long)C, bty);
+  kiln_sbuf_printf(o,
+      "      %%sout_%d = scf.for %%si%d = %%sc0_%d to %%srn_%d step %%scn_%d "
+      "iter_args(%%st%d = %%sbv_%d) -> (%s) {\n",
+      id, id, id, id, id, id, id, bty);
   char sv[24] = "", pad[24], cur[24];
   if (scale != 1) {
     kiln_emit_fresh(e, sv);
@@ -362,18 +409,22 @@ static kiln_status_t emit_softmax_rows(kiln_emitter_t *e, const kiln_node_t *n,
     emit_softmax_row(e, n, x2.ssa, ty, C, row, brow, pad, sv[0] ? sv : NULL, c0, cur, next);
     memcpy(cur, next, 24);
   }
+  kiln_sbuf_printf(o, "        scf.yield %s : %s\n      }\n", cur, bty);
+  if (ragged)
+    kiln_sbuf_printf(o, "      %%sflat_%d = tensor.cast %%sout_%d : %s to %s\n", id, id, bty,
+                     bty);
+  else
+    kiln_sbuf_printf(o,
+        "      %%sflat_%d = tensor.collapse_shape %%sout_%d [[0], [1, 2]] : "
+        "%s into tensor<?x%lldxf32>\n",
+        id, id, bty, (long long)C);
   kiln_sbuf_printf(o,
-      "        scf.yield %s : tensor<?x%lldx16xf32>\n"
-      "      }\n"
-      "      %%sflat_%d = tensor.collapse_shape %%sout_%d [[0], [1, 2]] : "
-      "tensor<?x%lldx16xf32> into tensor<?x%lldxf32>\n"
       "      scf.forall.in_parallel {\n"
       "        tensor.parallel_insert_slice %%sflat_%d into %%so%d[%%sr0_%d, 0] [%%srn_%d, %lld] "
       "[1, 1] : tensor<?x%lldxf32> into %s\n"
       "      }\n"
       "    }\n",
-      cur, (long long)(C / 16), id, id, (long long)(C / 16), (long long)C, id, id, id, id,
-      (long long)C, (long long)C, ty);
+      id, id, id, id, (long long)C, (long long)C, ty);
   return kiln_emit_reshape(e, &res, rt, out);
 }
 

@@ -313,14 +313,14 @@ def _patches(e, x, w, b, stride, padding, dilation, groups):
     """A convolution whose kernel equals its stride (KH x KW > 1, or 1x1 on
     at most 16 pixels), with no padding, no dilation and one group (a ViT's
     patch embedding, Conv2d(3, d, 16, stride=16)) as one matmul, or None
-    for any other: each output
-    pixel reads its own KH x KW patch and no two patches overlap, so the
-    input's patches, moved next to each other (a permute of a view), are
-    the rows [N*OH*OW, C*KH*KW] of a linear layer with the weight viewed
-    as [F, C*KH*KW]; its result [N, OH, OW, F] is permuted to [N, F, OH,
-    OW]. Rows and columns past the last whole patch are sliced off, as the
-    convolution drops them. As a convolution, kiln split the stride into
-    KH x KW phases: 256 for a 16 x 16 patch, which compiled for 47 s."""
+    for any other. Each output pixel reads its own KH x KW patch and no two
+    patches overlap, so the input's patches, moved next to each other (a
+    permute of a view), are the rows [N*OH*OW, C*KH*KW] of a linear layer
+    with the weight viewed as [F, C*KH*KW]; its result [N, OH, OW, F] is
+    permuted to [N, F, OH, OW]. Rows and columns past the last whole patch
+    are sliced off, as the convolution drops them. As a convolution, kiln
+    split the stride into KH x KW phases: 256 for a 16 x 16 patch, which
+    compiled for 47 s."""
     xv, wv = x.meta["val"], w.meta["val"]
     # (CPU only: no GPU test has covered the form on kiln's CUDA target.)
     if xv.dim() != 4 or wv.dim() != 4 or xv.device.type != "cpu":
