@@ -1061,6 +1061,12 @@ def _sdpa_cpu(e, n):
             s4 = e.op("aten.where", [keep, s4, "-inf"])
         s = view(s4, [bh, L, S])
     p = e.op("aten._softmax", [s], {"dim": "-1", "half_to_float": "false"})
+    if mask is not None and not fused:
+        # A row whose every key is masked: PyTorch's SDPA gives 0 there,
+        # softmax NaN (the fused kernel does as SDPA does).
+        dead = e.op("aten.eq", [e.op("aten.amax", [s], {"dims": "[-1]", "keepdim": "true"}),
+                                "-inf"])
+        p = e.op("aten.where", [dead, "0.0", p])
     o = view(e.op("aten.bmm", [p, vh]), [B, H, L, Ev])
     e.lines[-1] += " : " + tensor_type(out_val)
     return [o, None]
