@@ -370,6 +370,20 @@ def test_transposed_convolution_kernel_equal_to_stride_runs_in_kiln(cin, cout, k
             check_close(compiled(x), model(x))
 
 
+def _linalg_of_fresh_process(script, tmp_path):
+    """Runs `script` in a fresh Python with KILN_DUMP_DIR set (kiln reads it
+    when its context is made) and the fused attention kernel allowed;
+    returns the text of every partition's dumped linalg stage."""
+    import subprocess
+    import sys
+    env = dict(os.environ, KILN_DUMP_DIR=str(tmp_path / "dump"),
+               KILN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("KILN_ATTENTION", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [p.read_text() for p in (tmp_path / "dump").glob("*-1-linalg.mlir")]
+
+
 def _kiln_texts(monkeypatch):
     """The graph text of every partition kiln compiles from here on."""
     texts = []
@@ -454,8 +468,6 @@ def test_odd_key_length_attention_compiles_to_the_fused_kernel(tmp_path):
     left in the partition's linalg. In a fresh process, for
     KILN_DUMP_DIR."""
     import inspect
-    import subprocess
-    import sys
     import textwrap
     script = ("import torch\nfrom torch import nn\nimport torch.nn.functional as F\n" +
               inspect.getsource(OddLengthAttention))
@@ -467,12 +479,7 @@ def test_odd_key_length_attention_compiles_to_the_fused_kernel(tmp_path):
             got = torch.compile(m, backend="kiln", options={"fallback": "error"})(q, k, v)
             torch.testing.assert_close(got, m(q, k, v), atol=2e-4, rtol=2e-4)
     """)
-    env = dict(os.environ, KILN_DUMP_DIR=str(tmp_path / "dump"),
-               KILN_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("KILN_ATTENTION", None)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    linalg = [p.read_text() for p in (tmp_path / "dump").glob("*-1-linalg.mlir")]
+    linalg = _linalg_of_fresh_process(script, tmp_path)
     assert linalg, "no linalg dumped"
     assert not any("linalg.batch_matmul" in t for t in linalg)
 
@@ -702,8 +709,6 @@ def test_attention_block_compiles_to_the_fused_kernel(tmp_path):
     kernel: its partition's linalg has no batch matmul left, and K^T is made
     per task (the kernel's 16 x 16 transposes). In a fresh process, so that
     KILN_DUMP_DIR (read when kiln's context is made) takes effect."""
-    import subprocess
-    import sys
     import textwrap
     script = textwrap.dedent(f"""
         import sys, torch
@@ -715,12 +720,7 @@ def test_attention_block_compiles_to_the_fused_kernel(tmp_path):
             got = torch.compile(m, backend="kiln", options={{"fallback": "error"}})(x)
             torch.testing.assert_close(got, m(x), atol=2e-4, rtol=2e-4)
     """)
-    env = dict(os.environ, KILN_DUMP_DIR=str(tmp_path / "dump"),
-               KILN_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("KILN_ATTENTION", None)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    linalg = [p.read_text() for p in (tmp_path / "dump").glob("*-1-linalg.mlir")]
+    linalg = _linalg_of_fresh_process(script, tmp_path)
     assert linalg, "no linalg dumped"
     assert not any("linalg.batch_matmul" in t for t in linalg)
     assert any("vector.transpose" in t for t in linalg)
@@ -733,8 +733,6 @@ def test_buffer_mask_attention_compiles_to_the_fused_kernel(tmp_path):
     static and then a dynamic length. In a fresh process, for
     KILN_DUMP_DIR."""
     import inspect
-    import subprocess
-    import sys
     import textwrap
     script = "import torch\nfrom torch import nn\n" + inspect.getsource(BufferCausalAttention)
     script += textwrap.dedent("""
@@ -746,12 +744,7 @@ def test_buffer_mask_attention_compiles_to_the_fused_kernel(tmp_path):
                 x = torch.randn(2, t, 64)
                 torch.testing.assert_close(c(x), m(x), atol=2e-4, rtol=2e-4)
     """)
-    env = dict(os.environ, KILN_DUMP_DIR=str(tmp_path / "dump"),
-               KILN_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("KILN_ATTENTION", None)
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    linalg = [p.read_text() for p in (tmp_path / "dump").glob("*-1-linalg.mlir")]
+    linalg = _linalg_of_fresh_process(script, tmp_path)
     assert len(linalg) >= 2, "expected a static and a symbolic variant"
     assert not any("linalg.batch_matmul" in t for t in linalg)
 
