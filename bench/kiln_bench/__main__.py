@@ -239,6 +239,8 @@ def main(argv=None):
     if args.backends:
         keep = set(args.backends.split(","))
         bks = [b for b in bks if b[0] in keep]
+    else:
+        bks = [b for b in bks if b[0] not in bk.OPT_IN]
     for name, fn, note in bks:
         if fn is None:
             print(f"note: {name}: {note}")
@@ -250,8 +252,9 @@ def main(argv=None):
           f"{torch.__version__}; bandwidth {roof['bandwidth_gbs']:.1f} GB/s "
           f"({roof.get('bandwidth_from', 'torch copy_')}), matmul peak "
           f"GFLOP/s {peaks} ({roof['matmul_peak_from']})")
-    compile_cases = [] if args.no_compile_times or args.demo else [
-        c for c in cases if c.group == "blocks"][:1 if quick else 3]
+    compile_cases = [] if args.no_compile_times or args.demo else (
+        [c for c in cases if c.group == "blocks"][:1 if quick else 3]
+        + [c for c in cases if c.group == "models"])
     prog = Progress(len(cases) * len(active) + 2 * len(compile_cases))
     records = []
     for case in cases:
@@ -266,7 +269,7 @@ def main(argv=None):
                     rec["roofline"], rec["bound"] = rf
             records.append(rec)
             prog.step(f"{case.name} / {name}")
-        for name in ("kiln", "inductor"):
+        for name in ("kiln", "kiln-whole", "inductor"):
             if case in compile_cases and any(n == name for n, _ in active):
                 r = next(r for r in records if r["case"] == case.name and r["backend"] == name)
                 r.update(compile_times(case, name, device))

@@ -10,6 +10,9 @@ import torch
 
 PEER_PACKAGES = ["openvino", "iree-turbine", "iree-base-compiler", "iree-base-runtime"]
 
+# Run only when named in --backends: kiln with an option off, for A/B runs.
+OPT_IN = {"kiln-whole"}
+
 
 def _has(module):
     try:
@@ -34,6 +37,10 @@ def backends(device: str, quick: bool):
     out.append(("kiln-max", (lambda m: torch.compile(m, backend="kiln", mode="max-autotune"))
                 if kiln_ok and not quick else None,
                 note or ("skipped in --quick" if quick else "")))
+    # Partitions compiled whole, repeated layers included (python/kiln/layers.py).
+    out.append(("kiln-whole", (lambda m: torch.compile(m, backend="kiln",
+                                                       options={"reuse_layers": False}))
+                if kiln_ok else None, note))
     if device == "cuda":
         # CUDA graphs: Inductor's cudagraph trees against kiln's recorded
         # graphs (lib/api, options.cuda_graphs).

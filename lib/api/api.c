@@ -657,10 +657,14 @@ static bool fused_attention_enabled(void) {
 }
 
 // The cache key of a variant: everything that decides its code. The graph
-// text is the specialized graph (symbolic sizes kept as symbols), so equal
-// subgraphs (N identical blocks) share one entry.
-static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
-                                  uint64_t strided_mask) {
+// is the specialized one (symbolic sizes kept as symbols), printed in its
+// canonical form (lib/graph/print.c): its name and its values' names are
+// labels, not code, so equal subgraphs (N identical layers, whatever their
+// values are called) share one entry.
+static kiln_status_t variant_key(const kiln_function_t *f, const kiln_graph_t *g,
+                                 uint64_t strided_mask, kiln_hash128_t *out_key) {
+  char *text = NULL;
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_graph_print_canonical(g, &text));
   pthread_once(&build_id_once, init_build_id);
   kiln_hasher_t h;
   kiln_hasher_init(&h);
@@ -682,10 +686,10 @@ static kiln_hash128_t variant_key(const kiln_function_t *f, const char *text,
                       fused_attention_enabled()};
   kiln_hasher_update(&h, opts, sizeof(opts));
   kiln_hasher_update(&h, &strided_mask, sizeof(strided_mask));
-  // The graph's name is a label, not code: hash the text without it.
-  const char *body = strchr(text, '(');
-  kiln_hasher_update_str(&h, body ? body : text);
-  return kiln_hasher_final(&h);
+  kiln_hasher_update_str(&h, text);
+  free(text);
+  *out_key = kiln_hasher_final(&h);
+  return NULL;
 }
 
 // MLIR and LLVM on a miss: the variant's object code (caller frees).
@@ -1412,7 +1416,7 @@ static kiln_status_t tune_cuda(kiln_function_t *f, kiln_variant_t *v, const char
 // cache (keyed like a CPU variant, plus the architecture); then the PTX
 // loaded, one function per launch.
 static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
-                                  const char *text, kiln_stats_t *st) {
+                                  kiln_stats_t *st) {
   kiln_context_t *c = f->context;
   int major = 0, minor = 0;
   KILN_RETURN_IF_ERROR_PLAIN(kiln_cuda_use_device(f->cuda_device));
@@ -1436,7 +1440,8 @@ static kiln_status_t compile_cuda(kiln_function_t *f, kiln_variant_t *v,
   bool loaded = false;
   kiln_status_t s = NULL;
   if (c->cache) {
-    kiln_hash128_t base = variant_key(f, text, 0);
+    kiln_hash128_t base;
+    KILN_RETURN_IF_ERROR_PLAIN(variant_key(f, v->graph, 0, &base));
     kiln_hasher_t h;
     kiln_hasher_init(&h);
     kiln_hasher_update(&h, &base, sizeof(base));
@@ -1567,16 +1572,14 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
   kiln_stats_t st;
   memset(&st, 0, sizeof(st));
   kiln_status_t s = kiln_graph_specialize(g, v->binding, &v->graph);
-  char *text = NULL;
-  if (!s) s = kiln_graph_print_text(v->graph, &text);
   kiln_hash128_t key = {0, 0};
   bool loaded = false;
   if (!s && f->cuda) {
     // The GPU variant: PTX and a launch program, not host code.
-    s = compile_cuda(f, v, text, &st);
+    s = compile_cuda(f, v, &st);
     loaded = true;  // nothing for the CPU path below
   }
-  if (!s && c->cache && !f->cuda) key = variant_key(f, text, strided_mask);
+  if (!s && c->cache && !f->cuda) s = variant_key(f, v->graph, strided_mask, &key);
   // With KILN_DUMP_DIR the point is to see the IR: compile, do not load.
   if (!s && c->cache && !c->dump_dir && !f->cuda) {
     double t0 = now_seconds();
@@ -1636,7 +1639,6 @@ static kiln_status_t compile_variant(kiln_function_t *f, const int64_t *binding,
     }
     free(obj);
   }
-  free(text);
   if (!s) {
     int32_t *ranks = malloc(sizeof(int32_t) *
                             ((size_t)g->input_count + (size_t)g->output_count + 1));

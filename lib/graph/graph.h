@@ -240,6 +240,10 @@ kiln_status_t kiln_graph_parse_text(const char *text, size_t length,
 // Infers every result type, checking annotated ones. Called by the parser.
 kiln_status_t kiln_graph_verify(kiln_graph_t *g, const char *filename);
 kiln_status_t kiln_graph_print_text(const kiln_graph_t *g, char **out_text);
+// The same text with the graph named @main and every value numbered in order
+// of definition (%v0, %v1, ...): graphs that differ only in names print the
+// same, which is what the compile cache keys on.
+kiln_status_t kiln_graph_print_canonical(const kiln_graph_t *g, char **out_text);
 void kiln_graph_free(kiln_graph_t *g);
 
 // Formats a type as "f32[4,s0]" into `buf`.

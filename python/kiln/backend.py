@@ -28,7 +28,7 @@ try:  # Dynamo's C++ tensor check (dtype, device, sizes, strides, dispatch keys)
 except ImportError:  # pragma: no cover - older or stripped builds
     _TensorGuards = None
 
-from . import _capi, hoist
+from . import _capi, hoist, layers
 from .translate import DTYPES, Unsupported, is_size_input, support_reason, translate
 
 log = logging.getLogger("kiln")
@@ -52,6 +52,10 @@ OPTIONS = {
     # (hoist.py); off by default, as Inductor's freezing: writes through
     # `p.data` are not seen
     "hoist_params": (True, False),
+    # repeated layers (a transformer's N encoder layers) are partitions of
+    # their own, each structure compiled once (layers.py); off: a partition
+    # is compiled whole
+    "reuse_layers": (True, False),
 }
 
 # Dynamo's allocators (what Inductor's generated code calls): a dense tensor
@@ -112,7 +116,7 @@ def parse_options(mode, options) -> dict:
                          f"{', '.join(repr(m) for m in MODES)}")
     opts = {"fallback": "partition", "opt_level": 3, "vectorize": True,
             "max_variants": 8, "mode": mode or "default", "autotune_budget": 20,
-            "hoist_params": False}
+            "hoist_params": False, "reuse_layers": True}
     for k, v in (options or {}).items():
         if k not in OPTIONS:
             raise ValueError(f"kiln: unknown option {k!r}; valid options: "
@@ -188,8 +192,9 @@ def _strided_layout(shape, stride) -> bool:
 
 def _function_for(text: str, name: str, opts: dict, dynamic: int,
                   target: str = "cpu", strided=None) -> _capi.Function:
-    """The kiln function of `text` (shared by identical partitions);
-    `strided`: per input, whether calls pass it strided (see Function)."""
+    """The kiln function of `text` (shared by identical partitions: translate
+    numbers their values alike); `strided`: per input, whether calls pass it
+    strided (see Function)."""
     body = text[text.index("("):]
     autotune = (_capi.AUTOTUNE_MEASURE if opts["mode"] == "max-autotune"
                 else _capi.AUTOTUNE_HEURISTIC)
@@ -567,6 +572,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
         partitioner = CapabilityBasedPartitioner(gm, support,
                                                  allows_single_node_partition=True)
         partitions = partitioner.propose_partitions()
+        if opts["reuse_layers"]:
+            partitions = layers.split_repeated(gm, partitions)
         owner = {n: p.id for p in partitions for n in p.nodes}
         late = {n.name for p in partitions for n in p.nodes
                 if n.target is torch.ops.aten.copy_.default

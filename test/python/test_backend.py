@@ -52,7 +52,7 @@ def test_unknown_option_lists_valid_ones():
     with pytest.raises(Exception, match="unknown option 'bogus'; valid options: "
                                         "autotune_budget, cuda_graphs, fallback, hoist_params, "
                                         "max_autotune, max_variants, opt_level, "
-                                        "vectorize"):
+                                        "reuse_layers, vectorize"):
         compiled(torch.randn(2))
 
 

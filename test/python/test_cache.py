@@ -1,5 +1,6 @@
 """The compile cache from PyTorch: a second process compiles nothing, 12
-identical blocks compile once, artifacts move between cache directories."""
+identical blocks compile once (as partitions of their own, or as repeated
+layers of one graph: layers.py), artifacts move between cache directories."""
 
 import os
 import subprocess
@@ -75,3 +76,85 @@ def test_identical_blocks_compile_once():
     compiled = (after["compiles"] - before["compiles"]) + (after["cache_hits"] - before["cache_hits"])
     # 12 partitions of one distinct graph: compiled (or loaded) once.
     assert compiled == 1, (before, after)
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class Stack(nn.Module):
+    """Layers between a first and a last op of the model's own (not layers)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.layers = nn.ModuleList([Layer() for _ in range(n)])
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = x * 2.0
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _compile_counts(capfd, model, *args, backward=False, **options):
+    """Runs the model compiled by kiln; returns the result, kiln's partitions
+    per graph kind (KILN_LOG=stats) and the variants made (compiled or
+    loaded from the cache)."""
+    before = kiln.compile_stats()
+    fn = torch.compile(model, backend="kiln", options=dict(fallback="error", **options))
+    out = fn(*args)
+    if backward:
+        out.pow(2).sum().backward()
+    after = kiln.compile_stats()
+    err = capfd.readouterr().err
+    parts = {}
+    for line in err.splitlines():
+        if "kiln partition(s)" in line:
+            kind, rest = line.split("] ", 1)[1].split(": ", 1)
+            parts[kind] = int(rest.split()[0])
+    made = (after["compiles"] - before["compiles"]) + (after["cache_hits"] - before["cache_hits"])
+    return out, parts, made
+
+
+def test_repeated_layers_in_one_graph_compile_once(capfd, monkeypatch):
+    monkeypatch.setenv("KILN_LOG", "stats")
+    torch.manual_seed(0)
+    model = Stack(5).eval()
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        got, parts, made = _compile_counts(capfd, model, x)
+        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+        # The scale, five layers, the head: seven partitions, three graphs.
+        assert parts == {"forward": 7} and made == 3, (parts, made)
+        # Whole, as before: one partition.
+        torch._dynamo.reset()
+        got, parts, made = _compile_counts(capfd, model, x, reuse_layers=False)
+        torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+        assert parts == {"forward": 1}, parts
+
+
+def test_repeated_layers_in_training(capfd, monkeypatch):
+    monkeypatch.setenv("KILN_LOG", "stats")
+    torch.manual_seed(0)
+    model = Stack(4)
+    ref = Stack(4)
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(8, 32)
+    got, parts, made = _compile_counts(capfd, model, x, backward=True)
+    ref(x).pow(2).sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
+    # The backward's layers are cut too (by the forward nodes' stacks). Three
+    # forward layers reuse the first's graph; of the backward's, the middle
+    # ones are alike (the last layer's takes the head's gradient, the first
+    # computes none for x), so at least five partitions reuse a graph.
+    assert parts["forward"] == 6 and parts["backward"] >= 4, parts
+    assert made <= parts["forward"] + parts["backward"] - 5, (parts, made)

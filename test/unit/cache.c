@@ -22,6 +22,16 @@ static const char *kGraphA =
 static const char *kGraphA2 =
     "graph @a_copy(%x: f32[8,32], %w: f32[32,16]) {\n"
     "  %h = aten.mm(%x, %w)\n  %y = aten._softmax(%h) {dim = 1}\n  return %y\n}\n";
+// And with every value named otherwise (as N layers of one model arrive).
+static const char *kGraphA3 =
+    "graph @layer7(%inp_7: f32[8,32], %w7: f32[32,16]) {\n"
+    "  %mm_13 = aten.mm(%inp_7, %w7)\n  %softmax_2 = aten._softmax(%mm_13) {dim = 1}\n"
+    "  return %softmax_2\n}\n";
+// The names of A3 but the operands swapped: other code, its own entry.
+static const char *kGraphA4 =
+    "graph @layer8(%inp_7: f32[32,16], %w7: f32[8,32]) {\n"
+    "  %mm_13 = aten.mm(%w7, %inp_7)\n  %softmax_2 = aten._softmax(%mm_13) {dim = 1}\n"
+    "  return %softmax_2\n}\n";
 static const char *kGraphB =
     "graph @b(%x: f32[8,32]) {\n  %y = aten.tanh(%x)\n  return %y\n}\n";
 static const char *kGraphC =
@@ -162,7 +172,26 @@ int main(int argc, char **argv) {
   kt_failures += compile_and_check(ctx, kGraphA2);
   kiln_context_stats(ctx, &st);
   CHECK(st.compiles == 1 && st.cache_hits == 1);
+  // So is the same graph with its values named otherwise.
+  kt_failures += compile_and_check(ctx, kGraphA3);
+  kiln_context_stats(ctx, &st);
+  CHECK(st.compiles == 1 && st.cache_hits == 2);
   kiln_context_destroy(ctx);
+  // Inputs in the other order are other code (in a directory of its own:
+  // the damage checks below take `dir` to hold A's entry alone).
+  char dir_order[240];
+  snprintf(dir_order, sizeof(dir_order), "%s-order", dir);
+  kiln_context_t *octx = open_ctx(dir_order, 0);
+  if (octx) {
+    kt_failures += compile_and_check(octx, kGraphA3);
+    kt_failures += compile_and_check(octx, kGraphA4);
+    kiln_context_stats(octx, &st);
+    CHECK(st.compiles == 2 && st.cache_hits == 0);
+    CHECK(entry_count(dir_order, NULL) == 2);
+    kiln_context_destroy(octx);
+  }
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir_order);
+  CHECK(system(cmd) == 0);
 
   // A second process compiles nothing.
   CHECK(wait_child(spawn_child(self, dir, "hit")) == 0);
