@@ -42,8 +42,8 @@ def measure(case_name: str, device: str = "cpu", dynamic: bool = False,
         total[self._bench_name].append(time.perf_counter() - t)
         return r
 
-    def named_init(self, gm, name, opts, *rest):
-        init(self, gm, name, opts, *rest)
+    def named_init(self, gm, name, opts, *rest, **kw):
+        init(self, gm, name, opts, *rest, **kw)
         self._bench_name = f"{name}/{len(gm.graph.nodes)} nodes"
 
     def timed_call(fn):

@@ -21,9 +21,15 @@
 
 //===--- context ----------------------------------------------------------===//
 
+// MLIR contexts a kiln context may hold: compiles run at once, each on a
+// context of its own (an MLIR context is single-threaded), up to the cores.
+enum { kMaxMlirContexts = 16 };
+
 struct kiln_context {
-  pthread_mutex_t lock;  // guards `mlir`: an MLIR context is single-threaded
-  kiln_mlir_t *mlir;
+  pthread_mutex_t lock;  // guards dump_counter and the pool below
+  pthread_cond_t mlir_freed;
+  kiln_mlir_t *mlir_free[kMaxMlirContexts];  // idle contexts
+  int mlir_free_count, mlir_made, mlir_max;
   kiln_cache_t *cache;   // NULL when off
   pthread_mutex_t stats_lock;
   kiln_stats_t stats;
@@ -78,6 +84,9 @@ kiln_status_t kiln_context_create(const kiln_context_options_t *options,
   kiln_context_t *c = calloc(1, sizeof(*c));
   if (!c) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "context");
   pthread_mutex_init(&c->lock, NULL);
+  pthread_cond_init(&c->mlir_freed, NULL);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  c->mlir_max = cores < 1 ? 1 : cores > kMaxMlirContexts ? kMaxMlirContexts : (int)cores;
   const char *dump = options && options->dump_dir ? options->dump_dir
                                                   : getenv("KILN_DUMP_DIR");
   if (dump && dump[0]) {
@@ -87,12 +96,15 @@ kiln_status_t kiln_context_create(const kiln_context_options_t *options,
       return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "context");
     }
   }
-  kiln_status_t s = kiln_mlir_create(&c->mlir);
+  // The first MLIR context now (its errors are the context's); more when
+  // compiles overlap (acquire_mlir).
+  kiln_status_t s = kiln_mlir_create(&c->mlir_free[0]);
   if (s) {
     free(c->dump_dir);
     free(c);
     return s;
   }
+  c->mlir_free_count = c->mlir_made = 1;
   pthread_mutex_init(&c->stats_lock, NULL);
   const char *env_cache = getenv("KILN_CACHE");
   bool off = (options && options->disable_cache) ||
@@ -151,7 +163,8 @@ void kiln_context_destroy(kiln_context_t *context) {
   if (!context) return;
   kiln_cache_close(context->cache);
   pthread_mutex_destroy(&context->stats_lock);
-  kiln_mlir_destroy(context->mlir);
+  for (int i = 0; i < context->mlir_free_count; ++i) kiln_mlir_destroy(context->mlir_free[i]);
+  pthread_cond_destroy(&context->mlir_freed);
   pthread_mutex_destroy(&context->lock);
   free(context->dump_dir);
   free(context);
@@ -692,6 +705,40 @@ static kiln_status_t variant_key(const kiln_function_t *f, const kiln_graph_t *g
   return NULL;
 }
 
+// An MLIR context for one compile: an idle one, else a new one while there
+// are fewer than the cores, else the next one freed. Compiles of different
+// graphs from several threads (the Python layer compiles a model's
+// partitions at once) then run in parallel; each context is kept for later
+// compiles. `*dump_tag` gets the dump counter's next value (KILN_DUMP_DIR).
+static kiln_status_t acquire_mlir(kiln_context_t *c, kiln_mlir_t **out, int *dump_tag) {
+  pthread_mutex_lock(&c->lock);
+  while (c->mlir_free_count == 0 && c->mlir_made >= c->mlir_max)
+    pthread_cond_wait(&c->mlir_freed, &c->lock);
+  if (dump_tag) *dump_tag = c->dump_counter++;
+  if (c->mlir_free_count) {
+    *out = c->mlir_free[--c->mlir_free_count];
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+  }
+  c->mlir_made++;
+  pthread_mutex_unlock(&c->lock);
+  kiln_status_t s = kiln_mlir_create(out);
+  if (s) {
+    pthread_mutex_lock(&c->lock);
+    c->mlir_made--;
+    pthread_cond_signal(&c->mlir_freed);
+    pthread_mutex_unlock(&c->lock);
+  }
+  return s;
+}
+
+static void release_mlir(kiln_context_t *c, kiln_mlir_t *m) {
+  pthread_mutex_lock(&c->lock);
+  c->mlir_free[c->mlir_free_count++] = m;
+  pthread_cond_signal(&c->mlir_freed);
+  pthread_mutex_unlock(&c->lock);
+}
+
 // MLIR and LLVM on a miss: the variant's object code (caller frees).
 static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
                                     const kiln_kernel_tiling_t *tiling,
@@ -715,12 +762,13 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   free(strided);
   double t1 = now_seconds();
   st->lower_seconds += t1 - t0;
-  pthread_mutex_lock(&c->lock);
+  kiln_mlir_t *mlir = NULL;
+  int dump_id = 0;
+  if (!s) s = acquire_mlir(c, &mlir, &dump_id);
   kiln_pipeline_options_t popts = {f->options.vectorize, f->options.num_threads,
                                    c->dump_dir, NULL, tiling};
   char tag[256];
-  snprintf(tag, sizeof(tag), "%s-%d", g->name ? g->name : "graph",
-           c->dump_counter++);
+  snprintf(tag, sizeof(tag), "%s-%d", g->name ? g->name : "graph", dump_id);
   popts.dump_tag = tag;
   MlirModule mod = {NULL};
   if (!s && c->dump_dir) {
@@ -731,15 +779,15 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
     }
     kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
   }
-  if (!s) s = kiln_mlir_parse(c->mlir, linalg, &mod);
+  if (!s) s = kiln_mlir_parse(mlir, linalg, &mod);
   if (!s)
-    s = kiln_pipeline_run(c->mlir, mod, KILN_STAGE_LINALG, KILN_STAGE_LLVM,
+    s = kiln_pipeline_run(mlir, mod, KILN_STAGE_LINALG, KILN_STAGE_LLVM,
                           &popts);
   double t2 = now_seconds();
   st->mlir_seconds += t2 - t1;
   if (!s) s = kiln_jit_compile_object(mod, f->options.opt_level, obj, size);
   if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
-  pthread_mutex_unlock(&c->lock);
+  if (mlir) release_mlir(c, mlir);
   free(linalg);
   st->llvm_seconds += now_seconds() - t2;
   return s;
@@ -1154,18 +1202,20 @@ static kiln_status_t cuda_program(kiln_function_t *f, const char *linalg, const 
   // program's: forget them (a search would time a kernel that is not there).
   tune_state_t *ts = tiling && tiling->choose == choose_tiles ? tiling->user : NULL;
   int count0 = ts ? ts->count : 0, next0 = ts ? ts->next : 0;
-  pthread_mutex_lock(&c->lock);
+  kiln_mlir_t *mlir = NULL;
+  int dump_id = 0;
+  KILN_RETURN_IF_ERROR_PLAIN(acquire_mlir(c, &mlir, &dump_id));
   char tag[256] = "";
   if (dump && c->dump_dir)
     snprintf(tag, sizeof(tag), "%s-cuda-%d",
-             f->graph->name ? f->graph->name : "graph", c->dump_counter++);
+             f->graph->name ? f->graph->name : "graph", dump_id);
   kiln_pipeline_options_t popts = {f->options.vectorize, 1, dump ? c->dump_dir : NULL, tag,
                                    tiling};
   if (popts.dump_dir) kiln_pipeline_dump(&popts, KILN_STAGE_LINALG, linalg);
   for (int attempt = 0; !s && attempt < 2; ++attempt) {
     MlirModule mod = {NULL};
-    s = kiln_mlir_parse(c->mlir, linalg, &mod);
-    if (!s) s = kiln_pipeline_run_gpu(c->mlir, mod, chip, &popts, out);
+    s = kiln_mlir_parse(mlir, linalg, &mod);
+    if (!s) s = kiln_pipeline_run_gpu(mlir, mod, chip, &popts, out);
     if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
     if (!s || !popts.vectorize) break;
     if (log_enabled("cuda"))
@@ -1180,7 +1230,7 @@ static kiln_status_t cuda_program(kiln_function_t *f, const char *linalg, const 
       ts->next = next0;
     }
   }
-  pthread_mutex_unlock(&c->lock);
+  release_mlir(c, mlir);
   return s;
 }
 
@@ -2658,9 +2708,14 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
     memcpy(mlir_text, text, length);
     mlir_text[length] = 0;
   }
-  pthread_mutex_lock(&context->lock);
+  kiln_mlir_t *mlir = NULL;
+  kiln_status_t s = acquire_mlir(context, &mlir, NULL);
+  if (s) {
+    free(mlir_text);
+    return s;
+  }
   MlirModule mod = {NULL};
-  kiln_status_t s = kiln_mlir_parse(context->mlir, mlir_text, &mod);
+  s = kiln_mlir_parse(mlir, mlir_text, &mod);
   kiln_kernel_tiling_t tiling = {{0}, NULL, NULL};
   cpu_target(resolve_threads(opts.num_threads), &tiling.target);
   kiln_pipeline_options_t popts = {opts.vectorize, tiling.target.threads,
@@ -2668,14 +2723,14 @@ kiln_status_t kiln_emit(kiln_context_t *context, const char *text,
   if (cuda) popts.threads = 1;
   if (!s && cuda && stop > KILN_STAGE_BUFFERIZED) {
     kiln_gpu_program_t program;
-    s = kiln_pipeline_run_gpu(context->mlir, mod, chip, &popts, &program);
+    s = kiln_pipeline_run_gpu(mlir, mod, chip, &popts, &program);
     kiln_gpu_program_free(&program);
   } else if (!s) {
-    s = kiln_pipeline_run(context->mlir, mod, KILN_STAGE_LINALG, stop, &popts);
+    s = kiln_pipeline_run(mlir, mod, KILN_STAGE_LINALG, stop, &popts);
   }
   if (!s) s = kiln_mlir_print(mod, out_text);
   if (!mlirModuleIsNull(mod)) mlirModuleDestroy(mod);
-  pthread_mutex_unlock(&context->lock);
+  release_mlir(context, mlir);
   free(mlir_text);
   return s;
 }

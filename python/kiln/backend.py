@@ -9,6 +9,7 @@ as they are, outputs allocated by torch and filled by kiln.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import logging
 import math
@@ -172,6 +173,7 @@ class _Support(OperatorSupportBase):
 # Compiled functions by graph text without its name: N identical blocks share
 # one kiln function (and one compile).
 _FUNCTIONS: dict[str, _capi.Function] = {}
+_FUNCTION_LOCKS: dict[str, threading.Lock] = {}
 _FUNCTIONS_LOCK = threading.Lock()
 
 
@@ -202,20 +204,26 @@ def _function_for(text: str, name: str, opts: dict, dynamic: int,
     key = (f"{opts['opt_level']}/{opts['vectorize']}/{opts['max_variants']}/"
            f"{dynamic}/{autotune}/{opts['autotune_budget']}/{target}/"
            f"{graphs}/{body}")
+    # One compile per key, while other keys compile on other threads: the
+    # key's own lock is held across its compile, the table's only briefly.
     with _FUNCTIONS_LOCK:
-        fn = _FUNCTIONS.get(key)
-        if fn is None:
-            fn = _capi.Function(_capi.Context.default(), text, name,
-                                opt_level=opts["opt_level"],
-                                vectorize=opts["vectorize"], dynamic=dynamic,
-                                max_variants=opts["max_variants"],
-                                autotune=autotune,
-                                autotune_budget=float(opts["autotune_budget"]),
-                                target=target, cuda_graphs=graphs,
-                                input_strided=strided)
-            _FUNCTIONS[key] = fn
-        else:
+        key_lock = _FUNCTION_LOCKS.setdefault(key, threading.Lock())
+    with key_lock:
+        with _FUNCTIONS_LOCK:
+            fn = _FUNCTIONS.get(key)
+        if fn is not None:
             _note("stats", f"{name}: same graph as an earlier partition, reused")
+            return fn
+        fn = _capi.Function(_capi.Context.default(), text, name,
+                            opt_level=opts["opt_level"],
+                            vectorize=opts["vectorize"], dynamic=dynamic,
+                            max_variants=opts["max_variants"],
+                            autotune=autotune,
+                            autotune_budget=float(opts["autotune_budget"]),
+                            target=target, cuda_graphs=graphs,
+                            input_strided=strided)
+        with _FUNCTIONS_LOCK:
+            _FUNCTIONS[key] = fn
         return fn
 
 
@@ -241,9 +249,11 @@ class CompiledSubgraph(torch.nn.Module):
     """A partition compiled by kiln; called like the submodule it replaces."""
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, opts: dict,
-                 written_later=frozenset()):
+                 written_later=frozenset(), compile_now: bool = True):
         """`written_later`: indices of inputs that a copy_ left to PyTorch
-        writes after this partition (not returned as views: see translate)."""
+        writes after this partition (not returned as views: see translate).
+        With `compile_now` False, kiln compiles the graph when `compile()`
+        is called (compile_graph does so for all partitions at once)."""
         super().__init__()
         # Graphs that arrive with SymInts (dynamic=True, mark_dynamic) are
         # symbolic from the start; static ones let kiln's policy decide.
@@ -275,9 +285,12 @@ class CompiledSubgraph(torch.nn.Module):
                     shape = tuple(shape[p] for p in perm)
                     stride = tuple(stride[p] for p in perm)
                 strided.append(_strided_layout(shape, stride))
-        self.fn = _function_for(text, name, opts,
-                                _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
-                                "cuda" if self.cuda else "cpu", strided)
+        self._fn_args = (text, name, opts,
+                         _capi.DYNAMIC_ALWAYS if symbolic else _capi.DYNAMIC_AUTO,
+                         "cuda" if self.cuda else "cpu", strided)
+        self.fn = None
+        if compile_now:
+            self.compile()
         self.in_dtypes = [v.dtype for v in vals_in]
         self.graph_outputs, self.out_inputs = tr.graph_outputs, tr.out_inputs
         self.out_alias_views = tr.out_alias_views
@@ -330,6 +343,12 @@ class CompiledSubgraph(torch.nn.Module):
         # Calls that took the full path (first calls, changed layouts): a
         # steady state adds none.
         self.full_calls = 0
+
+    def compile(self):
+        """kiln's function for the graph (a static graph is compiled now).
+        Python does nothing here but call kiln (which releases the GIL), so
+        compile_graph runs the partitions' compiles on threads at once."""
+        self.fn = _function_for(*self._fn_args)
 
     def _arg_structs(self):
         # Per-thread argument structs: calls may come from several threads.
@@ -556,6 +575,26 @@ class CompiledSubgraph(torch.nn.Module):
         return tuple(outs) if self.tuple_out else outs[0]
 
 
+def _compile_all(subgraphs: list) -> list:
+    """Compiles the partitions, on as many threads as there are cores (each
+    kiln compile runs on an MLIR context of its own, and kiln releases the
+    GIL); a model's distinct layers, its first and last pieces and its
+    backward pieces compile at once. Returns, per partition, None or the
+    KilnError that kept it from compiling."""
+    def one(cs):
+        try:
+            cs.compile()
+            return None
+        except _capi.KilnError as ex:
+            return ex
+
+    workers = min(len(subgraphs), os.cpu_count() or 1)
+    if workers <= 1:
+        return [one(cs) for cs in subgraphs]
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-compile") as ex:
+        return list(ex.map(one, subgraphs))
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
                   kind: str = "graph") -> torch.fx.GraphModule:
     """Partitions `gm`, compiles the supported parts with kiln, returns the
@@ -616,6 +655,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
                     if n.target is torch.ops.aten.copy_.default and not n.users}
     calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
     compiled = 0
+
+    def fall_back(name, ex):
+        _note("fallbacks", f"{kind}: partition {name} runs in PyTorch: {ex}")
+        if opts["fallback"] == "error":
+            raise KilnFallbackError(f"kiln: {kind} partition {name} failed to "
+                                    f"compile: {ex}") from ex
+
+    # Translated here, one after another (translate reads the FX graph and
+    # its fake tensors); compiled by kiln below, on threads at once.
+    ready = []
     for name, sub in list(fused.named_children()):
         if not name.startswith("fused_"):
             continue
@@ -625,16 +674,20 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
         tensor_args = [a for a, size in zip(call.args if call else (), sizes) if not size]
         written_later = frozenset(i for i, a in enumerate(tensor_args) if a in late_targets)
         try:
-            setattr(fused, name, CompiledSubgraph(sub, f"{kind}_{name}", opts,
-                                                  written_later))
-            compiled += 1
-            if call is not None and any(sizes):
-                call.args = tuple(tensor_args)
+            ready.append((name, call, sizes, tensor_args,
+                          CompiledSubgraph(sub, f"{kind}_{name}", opts, written_later,
+                                           compile_now=False)))
         except (Unsupported, _capi.KilnError) as ex:
-            _note("fallbacks", f"{kind}: partition {name} runs in PyTorch: {ex}")
-            if opts["fallback"] == "error":
-                raise KilnFallbackError(f"kiln: {kind} partition {name} failed to "
-                                        f"compile: {ex}") from ex
+            fall_back(name, ex)
+    errors = _compile_all([r[-1] for r in ready])
+    for (name, call, sizes, tensor_args, cs), ex in zip(ready, errors):
+        if ex is not None:
+            fall_back(name, ex)
+            continue
+        setattr(fused, name, cs)
+        compiled += 1
+        if call is not None and any(sizes):
+            call.args = tuple(tensor_args)
     # Call the compiled partitions as plain functions: nn.Module.__call__
     # (hooks, forward dispatch) costs microseconds per call.
     for node in fused.graph.nodes:

@@ -34,8 +34,8 @@ def test_compiled_step_matches_eager(name, monkeypatch):
     compiled_texts = []
     init = kb.CompiledSubgraph.__init__
 
-    def spy(self, gm, n, opts, *rest):
-        init(self, gm, n, opts, *rest)
+    def spy(self, gm, n, opts, *rest, **kw):
+        init(self, gm, n, opts, *rest, **kw)
         compiled_texts.append(self.text)
     monkeypatch.setattr(kb.CompiledSubgraph, "__init__", spy)
 
