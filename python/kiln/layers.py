@@ -41,26 +41,40 @@ MIN_NODES = 6
 _ITEM = re.compile(r"^(.*)\.(\d+)$")
 
 
+def _stack(n) -> list:
+    """(path, class) of the modules a node ran in, outermost first. A
+    backward graph's nodes carry their forward node's stack."""
+    stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack")
+    return [(v[0], str(v[1])) for v in stack.values()] if stack else []
+
+
 def _layer_paths(gm: torch.fx.GraphModule) -> dict:
-    """node -> the module path of its repeated layer, or None."""
-    stacks = {}
-    items: dict[str, set] = {}
-    for n in gm.graph.nodes:
-        # A backward graph's nodes carry the forward node's stack.
-        stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack")
-        paths = [v[0] for v in stack.values()] if stack else []
-        stacks[n] = paths
-        for p in paths:
-            m = _ITEM.match(p)
-            if m:
-                items.setdefault(m.group(1), set()).add(m.group(2))
+    """node -> the module path of its repeated layer, or None. A layer is an
+    item of a container (`layers.3`, `features.7`) that has modules of its
+    own (a block, not a Conv2d or a BatchNorm of a Sequential: cutting those
+    apart would undo the fusions between them) and whose class another item
+    of the same container has too. A node's layer is the outermost such
+    module on its stack."""
+    stacks = {n: _stack(n) for n in gm.graph.nodes}
+    classes: dict[str, dict] = {}  # container -> {class: item count}
+    seen = set()
+    composite = set()
+    for paths in stacks.values():
+        for k, (path, cls) in enumerate(paths):
+            if k:
+                composite.add(paths[k - 1][0])
+            m = _ITEM.match(path)
+            if m and path not in seen:
+                seen.add(path)
+                per = classes.setdefault(m.group(1), {})
+                per[cls] = per.get(cls, 0) + 1
     layer = {}
     for n, paths in stacks.items():
         layer[n] = None
-        for p in paths:
-            m = _ITEM.match(p)
-            if m and len(items[m.group(1)]) >= 2:
-                layer[n] = p
+        for path, cls in paths:
+            m = _ITEM.match(path)
+            if m and path in composite and classes[m.group(1)].get(cls, 0) >= 2:
+                layer[n] = path
                 break
     return layer
 
@@ -78,12 +92,14 @@ def _val(v):
 def _signature(run: list) -> tuple:
     """The structure of a run of nodes, independent of their names."""
     local = {n: i for i, n in enumerate(run)}
+    outside: dict = {}  # the values it reads from outside, numbered
 
     def arg(a):
         if isinstance(a, torch.fx.Node):
             if a in local:
                 return ("local", local[a])
-            return ("in", _val(a.meta.get("val")))
+            # Which outside value, too: add(x, x) and add(x, y) differ.
+            return ("in", outside.setdefault(a, len(outside)), _val(a.meta.get("val")))
         if isinstance(a, (list, tuple)):
             return tuple(arg(x) for x in a)
         if isinstance(a, dict):
@@ -95,6 +111,73 @@ def _signature(run: list) -> tuple:
     return tuple((str(n.target), arg(n.args), arg(n.kwargs), _val(n.meta.get("val")),
                   any(u not in local for u in n.users))
                  for n in run)
+
+
+def _symbols(v) -> set:
+    """The size symbols in a value's sizes."""
+    out = set()
+    if isinstance(v, torch.Tensor):
+        for d in v.shape:
+            if isinstance(d, torch.SymInt):
+                out |= {str(x) for x in d.node.expr.free_symbols}
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            out |= _symbols(x)
+    return out
+
+
+def _bound_symbols(v) -> set:
+    """The symbols kiln can read off a tensor input's sizes: a dim that is a
+    symbol, or a constant times one (kiln_graph_resolve_binding solves it)."""
+    out = set()
+    if isinstance(v, torch.Tensor):
+        for d in v.shape:
+            if isinstance(d, torch.SymInt):
+                free = d.node.expr.free_symbols
+                if len(free) == 1:
+                    out.add(str(next(iter(free))))
+    return out
+
+
+def _binds_its_sizes(run: list) -> bool:
+    """Whether a piece's tensor inputs determine every size symbol its
+    values use. A layer that reads only [s0*s1, E] and views it as [s0,
+    s1, E] does not: kiln would refuse it (`not determined by the inputs'
+    sizes`), where the whole partition had [s0, s1, E] among its inputs."""
+    inside = set(run)
+    need, have = set(), set()
+    for n in run:
+        need |= _symbols(n.meta.get("val"))
+        for a in n.all_input_nodes:
+            if a not in inside:
+                have |= _bound_symbols(a.meta.get("val"))
+    return need <= have
+
+
+def _views_only(nodes: list) -> bool:
+    """A piece of views computes nothing kiln would return: PyTorch's views
+    are free, so such a piece is left out of kiln."""
+    from .translate import _VIEW_OPS
+    return all(n.target in _VIEW_OPS for n in nodes)
+
+
+def _place_copies(pieces: list) -> None:
+    """Moves each copy_ (a buffer update: a BatchNorm's running statistics)
+    into the piece that reads its target, so that the piece may write it in
+    place (backend.compile_graph sends a copy_ to PyTorch when another
+    partition reads the old value). Where the target's readers are in more
+    than one piece, or the piece is before the copied value's, it stays."""
+    where = {n: k for k, piece in enumerate(pieces) for n in piece}
+    for k, piece in enumerate(pieces):
+        for n in [n for n in piece if n.target is torch.ops.aten.copy_.default]:
+            readers = {where[u] for u in n.args[0].users if u is not n and u in where}
+            src = where.get(n.args[1], -1) if len(n.args) > 1 else -1
+            if len(readers) == 1:
+                r = next(iter(readers))
+                if r != k and src <= r:
+                    piece.remove(n)
+                    pieces[r].append(n)
+                    where[n] = r
 
 
 def split_repeated(gm: torch.fx.GraphModule, partitions: list) -> list:
@@ -118,9 +201,28 @@ def split_repeated(gm: torch.fx.GraphModule, partitions: list) -> list:
                 runs[-1][1].append(n)
             else:
                 runs.append((path, [n]))
+        # A few nodes of no layer between layer runs (a backward graph's
+        # gradient sums at residual connections, which carry no module
+        # stack) belong to the layer around them, else to the layer after
+        # them: each layer then takes its own, alike, where as pieces of
+        # their own they were a call each.
+        glued: list = []
+        for path, run in runs:
+            if glued and glued[-1][0] is None and len(glued[-1][1]) < MIN_NODES and \
+                    path is not None and len(glued) >= 2 and glued[-2][0] is not None:
+                gap = glued.pop()[1]
+                if glued[-1][0] == path:
+                    glued[-1][1].extend(gap + run)
+                    continue
+                run = gap + run
+            if glued and glued[-1][0] == path:
+                glued[-1][1].extend(run)
+            else:
+                glued.append((path, run))
+        runs = glued
         runs_of.append(runs)
         for path, run in runs:
-            if path is not None and len(run) >= MIN_NODES:
+            if path is not None and len(run) >= MIN_NODES and _binds_its_sizes(run):
                 sig = sigs[id(run)] = _signature(run)
                 counts[sig] = counts.get(sig, 0) + 1
     out = []
@@ -142,7 +244,9 @@ def split_repeated(gm: torch.fx.GraphModule, partitions: list) -> list:
         if len(pieces) == 1:
             out.append(p)
             continue
+        _place_copies(pieces)
         for piece in pieces:
-            out.append(Partition(id=next_id, nodes=piece))
-            next_id += 1
+            if piece and not _views_only(piece):
+                out.append(Partition(id=next_id, nodes=piece))
+                next_id += 1
     return out

@@ -158,3 +158,120 @@ def test_repeated_layers_in_training(capfd, monkeypatch):
     # computes none for x), so at least five partitions reuse a graph.
     assert parts["forward"] == 6 and parts["backward"] >= 4, parts
     assert made <= parts["forward"] + parts["backward"] - 5, (parts, made)
+
+
+class NormLayer(nn.Module):
+    """A layer whose BatchNorm updates buffers (copy_ into inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(32)
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+def test_repeated_layers_update_their_buffers_in_kiln(capfd, monkeypatch):
+    """Each layer's running statistics are written by the piece that reads
+    them: nothing falls back (fallback="error") and the buffers match."""
+    monkeypatch.setenv("KILN_LOG", "stats")
+    torch.manual_seed(0)
+    model = nn.ModuleList([NormLayer() for _ in range(3)])
+    ref = nn.ModuleList([NormLayer() for _ in range(3)])
+    ref.load_state_dict(model.state_dict())
+
+    def run(layers, x):
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    class Net(nn.Module):
+        def __init__(self, layers):
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, x):
+            return run(self.layers, x)
+
+    x = torch.randn(8, 32)
+    got, parts, _ = _compile_counts(capfd, Net(model), x, backward=True)
+    Net(ref)(x).pow(2).sum().backward()
+    assert parts["forward"] == 3, parts
+    for (name, b), b_ref in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(b, b_ref, atol=1e-5, rtol=1e-5, msg=name)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_sequential_of_single_modules_is_not_cut(capfd, monkeypatch):
+    """Items of a Sequential that are single modules (Linear, LayerNorm)
+    are not layers: cutting them apart would undo the fusions between them."""
+    monkeypatch.setenv("KILN_LOG", "stats")
+    model = nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.GELU(),
+                          nn.Linear(32, 32), nn.LayerNorm(32), nn.GELU())
+    x = torch.randn(8, 32)
+    got, parts, _ = _compile_counts(capfd, model, x, backward=True)
+    assert parts == {"forward": 1, "backward": 1}, parts
+
+
+class FlatLayer(nn.Module):
+    """Reads [B*L, E] and views it as [B, L, E]: under dynamic shapes its
+    inputs do not give B and L apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x, B, L):
+        h = torch.relu(self.fc(x)).view(B, L, 32).softmax(1).view(B * L, 32)
+        return x + h * 0.5
+
+
+class FlatStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([FlatLayer() for _ in range(3)])
+
+    def forward(self, x):
+        B, L, E = x.shape
+        x = x.reshape(B * L, E) * 2.0
+        for layer in self.layers:
+            x = layer(x, B, L)
+        # Views between layers leave a piece of views only (PyTorch's).
+        return x.view(B, L, E)
+
+
+def test_repeated_layers_under_dynamic_shapes_stay_in_kiln():
+    """A layer whose inputs cannot bind its sizes is not cut out (kiln would
+    refuse it); the partition compiles whole, in kiln."""
+    torch.manual_seed(0)
+    model = FlatStack().eval()
+    fn = torch.compile(model, backend="kiln", dynamic=True, options={"fallback": "error"})
+    with torch.no_grad():
+        for shape in ((2, 3, 32), (3, 5, 32)):
+            x = torch.randn(*shape)
+            torch.testing.assert_close(fn(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_views_between_repeated_layers_run_in_pytorch():
+    """A piece between layers holding only views is left to PyTorch (it
+    computes nothing kiln would return)."""
+    torch.manual_seed(0)
+
+    class Views(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Layer() for _ in range(3)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x).view(2, 4, 32).view(8, 32)
+            return x
+
+    model = Views().eval()
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        got = torch.compile(model, backend="kiln", options={"fallback": "error"})(x)
+    torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
