@@ -105,11 +105,17 @@ static bool is_view(MlirOperation op) {
   return named_any(op, kViews);
 }
 
-// Host ops that stay in place: they neither read nor write buffers.
+// Host ops that stay in place: they neither read nor write buffers. Not a
+// memref.reshape: it reads its shape operand, a buffer the sizes were
+// stored into (a reshape between shapes with two symbolic sizes in a group),
+// and the stores move to the run's end with the loops. Left in place it
+// read the sizes before they were stored: garbage bounds, reads past a
+// buffer (a dynamic-shape training step's backward segfaulted).
 static bool is_inert(MlirOperation op) {
   static const char *const kInert[] = {"arith.constant", "ub.poison", "memref.alloc",
                                        "memref.alloca", "memref.get_global", NULL};
-  return named_any(op, kInert) || is_view(op);
+  return named_any(op, kInert) ||
+         (is_view(op) && !kiln_gpu_op_named(op, "memref.reshape"));
 }
 
 MlirValue kiln_memref_view_root(MlirValue v) {

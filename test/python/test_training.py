@@ -159,3 +159,34 @@ def test_dynamic_batch_training(name):
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
             p.grad, q.grad = None, None
+
+
+def test_dynamic_training_through_two_symbol_reshapes():
+    """LayerNorm -> Linear -> ReLU -> Linear on [B, T, E] with both B and T
+    dynamic: the backward views [B*T, E] as [B, T, E] (a reshape whose sizes
+    are stored into a buffer), and its horizontally fused loops once read
+    those sizes before they were stored (a segfault; lit
+    pipeline/cpu-hfuse-reshape.kiln)."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(32)
+            self.fc1 = nn.Linear(32, 64)
+            self.fc2 = nn.Linear(64, 32)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+    model, ref = Net(), Net()
+    ref.load_state_dict(model.state_dict())
+    fn = torch.compile(model, backend="kiln", dynamic=True, options={"fallback": "error"})
+    for shape in ((2, 5, 32), (3, 7, 32)):
+        x = torch.randn(*shape)
+        model.zero_grad()
+        ref.zero_grad()
+        fn(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
