@@ -105,17 +105,27 @@ static bool is_view(MlirOperation op) {
   return named_any(op, kViews);
 }
 
+// Whether `op` is a memref.reshape whose sizes come from a buffer the
+// function stores them into (a reshape between shapes with two symbolic
+// sizes in a group) rather than from a constant global.
+static bool reshape_of_stored_sizes(MlirOperation op) {
+  if (!kiln_gpu_op_named(op, "memref.reshape") || mlirOperationGetNumOperands(op) < 2)
+    return false;
+  MlirValue shape = mlirOperationGetOperand(op, 1);
+  return !mlirValueIsAOpResult(shape) ||
+         !kiln_gpu_op_named(mlirOpResultGetOwner(shape), "memref.get_global");
+}
+
 // Host ops that stay in place: they neither read nor write buffers. Not a
-// memref.reshape: it reads its shape operand, a buffer the sizes were
-// stored into (a reshape between shapes with two symbolic sizes in a group),
-// and the stores move to the run's end with the loops. Left in place it
-// read the sizes before they were stored: garbage bounds, reads past a
-// buffer (a dynamic-shape training step's backward segfaulted).
+// reshape of stored sizes: it reads that buffer, and the stores move to
+// the run's end with the loops. Left in place it read the sizes before they
+// were stored: garbage bounds, reads past a buffer (a dynamic-shape
+// training step's backward segfaulted). As a node of the run it follows
+// the stores.
 static bool is_inert(MlirOperation op) {
   static const char *const kInert[] = {"arith.constant", "ub.poison", "memref.alloc",
                                        "memref.alloca", "memref.get_global", NULL};
-  return named_any(op, kInert) ||
-         (is_view(op) && !kiln_gpu_op_named(op, "memref.reshape"));
+  return named_any(op, kInert) || (is_view(op) && !reshape_of_stored_sizes(op));
 }
 
 MlirValue kiln_memref_view_root(MlirValue v) {
