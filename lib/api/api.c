@@ -760,11 +760,11 @@ static kiln_status_t compile_object(kiln_function_t *f, kiln_variant_t *v,
   lopts.tiling = tiling;
   kiln_status_t s = kiln_lower_to_linalg(v->graph, strided, &lopts, &linalg);
   free(strided);
-  double t1 = now_seconds();
-  st->lower_seconds += t1 - t0;
+  st->lower_seconds += now_seconds() - t0;
   kiln_mlir_t *mlir = NULL;
   int dump_id = 0;
   if (!s) s = acquire_mlir(c, &mlir, &dump_id);
+  double t1 = now_seconds();  // (not counting a wait for an MLIR context)
   kiln_pipeline_options_t popts = {f->options.vectorize, f->options.num_threads,
                                    c->dump_dir, NULL, tiling};
   char tag[256];

@@ -575,12 +575,21 @@ class CompiledSubgraph(torch.nn.Module):
         return tuple(outs) if self.tuple_out else outs[0]
 
 
-def _compile_all(subgraphs: list) -> list:
-    """Compiles the partitions, on as many threads as there are cores (each
-    kiln compile runs on an MLIR context of its own, and kiln releases the
-    GIL); a model's distinct layers, its first and last pieces and its
-    backward pieces compile at once. Returns, per partition, None or the
-    KilnError that kept it from compiling."""
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _compile_all(subgraphs: list, opts: dict) -> list:
+    """Compiles the partitions, on as many threads as the process may use
+    cores (each kiln compile runs on an MLIR context of its own, and kiln
+    releases the GIL); a model's distinct layers, its first and last pieces
+    and its backward pieces compile at once. Under max-autotune one at a
+    time: a search times its candidates on every core, and a compile beside
+    it would skew what goes into the tuning database. Returns, per
+    partition, None or the KilnError that kept it from compiling."""
     def one(cs):
         try:
             cs.compile()
@@ -588,7 +597,7 @@ def _compile_all(subgraphs: list) -> list:
         except _capi.KilnError as ex:
             return ex
 
-    workers = min(len(subgraphs), os.cpu_count() or 1)
+    workers = 1 if opts["mode"] == "max-autotune" else min(len(subgraphs), _usable_cores())
     if workers <= 1:
         return [one(cs) for cs in subgraphs]
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kiln-compile") as ex:
@@ -679,7 +688,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, opts: dict,
                                            compile_now=False)))
         except (Unsupported, _capi.KilnError) as ex:
             fall_back(name, ex)
-    errors = _compile_all([r[-1] for r in ready])
+    errors = _compile_all([r[-1] for r in ready], opts)
     for (name, call, sizes, tensor_args, cs), ex in zip(ready, errors):
         if ex is not None:
             fall_back(name, ex)

@@ -169,7 +169,8 @@ def _place_copies(pieces: list) -> None:
     than one piece, or the piece is before the copied value's, it stays."""
     where = {n: k for k, piece in enumerate(pieces) for n in piece}
     for k, piece in enumerate(pieces):
-        for n in [n for n in piece if n.target is torch.ops.aten.copy_.default]:
+        for n in [n for n in piece
+                  if n.target is torch.ops.aten.copy_.default and not n.users]:
             readers = {where[u] for u in n.args[0].users if u is not n and u in where}
             src = where.get(n.args[1], -1) if len(n.args) > 1 else -1
             if len(readers) == 1:
@@ -241,7 +242,10 @@ def split_repeated(gm: torch.fx.GraphModule, partitions: list) -> list:
                 rest.extend(run)
         if rest:
             pieces.append(rest)
-        if len(pieces) == 1:
+        # Every piece must bind its size symbols, the leftover ones too (a
+        # head reading [s0*s1, E] as [s0, s1, E]): else the partition stays
+        # whole.
+        if len(pieces) == 1 or not all(_binds_its_sizes(piece) for piece in pieces):
             out.append(p)
             continue
         _place_copies(pieces)

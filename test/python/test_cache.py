@@ -255,6 +255,44 @@ def test_repeated_layers_under_dynamic_shapes_stay_in_kiln():
             torch.testing.assert_close(fn(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+class MaskedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(32, 32)
+        self.fc2 = nn.Linear(32, 32)
+
+    def forward(self, x, mask, B, L):
+        h = torch.relu(self.fc1(x)).view(B, L, 32) * mask[..., None]
+        return x + self.fc2(h.view(B * L, 32)) * 0.5
+
+
+class MaskedNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([MaskedLayer() for _ in range(3)])
+
+    def forward(self, x, mask):
+        B, L, E = x.shape
+        x = x.reshape(B * L, E)
+        for layer in self.layers:
+            x = layer(x, mask, B, L)
+        # The head reads only [B*L, E]: as a piece of its own it could not
+        # bind B and L.
+        return x.view(B, L, E).softmax(1).sum(1)
+
+
+def test_leftover_pieces_must_bind_their_sizes_too():
+    """The layers bind their sizes (the mask gives B and L), the head alone
+    would not: the partition stays whole, in kiln."""
+    torch.manual_seed(0)
+    model = MaskedNet().eval()
+    fn = torch.compile(model, backend="kiln", dynamic=True, options={"fallback": "error"})
+    with torch.no_grad():
+        for shape in ((2, 3), (3, 5)):
+            x, m = torch.randn(*shape, 32), torch.rand(*shape)
+            torch.testing.assert_close(fn(x, m), model(x, m), atol=1e-5, rtol=1e-5)
+
+
 def test_views_between_repeated_layers_run_in_pytorch():
     """A piece between layers holding only views is left to PyTorch (it
     computes nothing kiln would return)."""
