@@ -11,14 +11,16 @@ them within a process, and the compile cache's entry serves later processes.
 
 Where the layers are comes from Dynamo's `nn_module_stack` metadata (kept by
 AOTAutograd on forward graphs, and as `fwd_nn_module_stack` on the backward
-nodes of each forward node): a node belongs to the outermost module on its
-stack that is an item of a container (`encoder.layers.3`, `features.7`) whose
-items number two or more in the graph. Runs of a partition's nodes (in graph
-order) with one such layer are candidate pieces; a piece is cut out only if
-another piece has the same structure (ops, attributes, the types and layouts
-of everything it reads) and it is big enough for a call of its own to pay.
-Everything else stays together, so a partition with no repeated layer is left
-as it was.
+nodes of each forward node): a layer is an item of a container
+(`encoder.layers.3`, `features.7`) with modules of its own, whose class
+another item shares (`_layer_paths`). Runs of a partition's nodes (in
+graph order) within one such layer are candidate pieces; a piece is cut out
+only if another piece has the same structure (ops, attributes, the types and
+layouts of everything it reads), it is big enough for a call of its own to
+pay, and its inputs' sizes determine its symbolic sizes. The outermost
+layers are tried first; one that repeats nowhere (stages of other widths) is
+looked into for layers of its own (their blocks). Everything else stays
+together, so a partition with no repeated layer is left as it was.
 
 The cost is at the cuts: the value passing between layers is written to
 memory (in the models measured it was anyway, as the next layer's residual
@@ -49,12 +51,11 @@ def _stack(n) -> list:
 
 
 def _layer_paths(gm: torch.fx.GraphModule) -> dict:
-    """node -> the module path of its repeated layer, or None. A layer is an
-    item of a container (`layers.3`, `features.7`) that has modules of its
-    own (a block, not a Conv2d or a BatchNorm of a Sequential: cutting those
-    apart would undo the fusions between them) and whose class another item
-    of the same container has too. A node's layer is the outermost such
-    module on its stack."""
+    """node -> the module paths of its layers, outermost first. A layer is
+    an item of a container (`layers.3`, `features.7`) that has modules of
+    its own (a block, not a Conv2d or a BatchNorm of a Sequential: cutting
+    those apart would undo the fusions between them) and whose class
+    another item of the same container has too."""
     stacks = {n: _stack(n) for n in gm.graph.nodes}
     classes: dict[str, dict] = {}  # container -> {class: item count}
     seen = set()
@@ -70,12 +71,9 @@ def _layer_paths(gm: torch.fx.GraphModule) -> dict:
                 per[cls] = per.get(cls, 0) + 1
     layer = {}
     for n, paths in stacks.items():
-        layer[n] = None
-        for path, cls in paths:
-            m = _ITEM.match(path)
-            if m and path in composite and classes[m.group(1)].get(cls, 0) >= 2:
-                layer[n] = path
-                break
+        layer[n] = [path for path, cls in paths
+                    if (m := _ITEM.match(path)) and path in composite
+                    and classes[m.group(1)].get(cls, 0) >= 2]
     return layer
 
 
@@ -181,65 +179,95 @@ def _place_copies(pieces: list) -> None:
                     where[n] = r
 
 
+def _runs(nodes: list, key) -> list:
+    """`nodes` (in graph order) as runs of one layer: [(path, [nodes])].
+    Nodes of no layer (the model's own forward: a ViT's class token, its
+    head) are runs of their own, never part of a layer's; but a few of them
+    between layer runs (a backward graph's gradient sums at residual
+    connections, which carry no module stack) belong to the layer around
+    them, else to the layer after them: each layer then takes its own,
+    alike, where as pieces of their own they were a call each."""
+    runs: list = []
+    for n in nodes:
+        path = key(n)
+        if runs and path == runs[-1][0]:
+            runs[-1][1].append(n)
+        else:
+            runs.append((path, [n]))
+    glued: list = []
+    for path, run in runs:
+        if glued and glued[-1][0] is None and len(glued[-1][1]) < MIN_NODES and \
+                path is not None and len(glued) >= 2 and glued[-2][0] is not None:
+            gap = glued.pop()[1]
+            if glued[-1][0] == path:
+                glued[-1][1].extend(gap + run)
+                continue
+            run = gap + run
+        if glued and glued[-1][0] == path:
+            glued[-1][1].extend(run)
+        else:
+            glued.append((path, run))
+    return glued
+
+
 def split_repeated(gm: torch.fx.GraphModule, partitions: list) -> list:
     """The partitions with repeated layers cut out as partitions of their
-    own (see the module's docstring)."""
+    own (see the module's docstring). Level by level: the outermost layers
+    first; a layer that repeats nowhere (a ResNet or Swin stage, whose
+    stages differ) is looked into for repeated layers of its own (the
+    stage's blocks)."""
     layer = _layer_paths(gm)
     if not any(layer.values()):
         return partitions
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    runs_of = []  # per partition: [(layer path, [nodes])]
-    counts: dict[tuple, int] = {}
-    sigs = {}
-    for p in partitions:
-        nodes = sorted(p.nodes, key=order.__getitem__)
-        runs: list = []
-        for n in nodes:
-            path = layer[n]
-            # Nodes of no layer (the model's own forward: a ViT's class token,
-            # its head) are runs of their own, never part of a layer's.
-            if runs and path == runs[-1][0]:
-                runs[-1][1].append(n)
-            else:
-                runs.append((path, [n]))
-        # A few nodes of no layer between layer runs (a backward graph's
-        # gradient sums at residual connections, which carry no module
-        # stack) belong to the layer around them, else to the layer after
-        # them: each layer then takes its own, alike, where as pieces of
-        # their own they were a call each.
-        glued: list = []
-        for path, run in runs:
-            if glued and glued[-1][0] is None and len(glued[-1][1]) < MIN_NODES and \
-                    path is not None and len(glued) >= 2 and glued[-2][0] is not None:
-                gap = glued.pop()[1]
-                if glued[-1][0] == path:
-                    glued[-1][1].extend(gap + run)
+    # Per partition, its segments in graph order: ("todo", nodes) to split
+    # at the current level, ("layer", nodes) cut out, ("rest", nodes) kept
+    # with its neighbours.
+    segments = [[("todo", sorted(p.nodes, key=order.__getitem__))] for p in partitions]
+    depth = max(len(v) for v in layer.values())
+    for level in range(depth):
+        def key(n, level=level):
+            return layer[n][level] if len(layer[n]) > level else None
+
+        split = []  # per partition, per segment: its runs (None if done)
+        counts: dict[tuple, int] = {}
+        sigs = {}
+        for segs in segments:
+            split.append([_runs(nodes, key) if kind == "todo" else None
+                          for kind, nodes in segs])
+            for runs in split[-1]:
+                for path, run in runs or ():
+                    if path is not None and len(run) >= MIN_NODES and _binds_its_sizes(run):
+                        sig = sigs[id(run)] = _signature(run)
+                        counts[sig] = counts.get(sig, 0) + 1
+        for k, segs in enumerate(segments):
+            new = []
+            for (kind, nodes), runs in zip(segs, split[k]):
+                if runs is None:
+                    new.append((kind, nodes))
                     continue
-                run = gap + run
-            if glued and glued[-1][0] == path:
-                glued[-1][1].extend(run)
-            else:
-                glued.append((path, run))
-        runs = glued
-        runs_of.append(runs)
-        for path, run in runs:
-            if path is not None and len(run) >= MIN_NODES and _binds_its_sizes(run):
-                sig = sigs[id(run)] = _signature(run)
-                counts[sig] = counts.get(sig, 0) + 1
+                for path, run in runs:
+                    sig = sigs.get(id(run))
+                    if sig is not None and counts[sig] >= 2:
+                        new.append(("layer", run))
+                    elif path is not None and any(len(layer[n]) > level + 1 for n in run):
+                        new.append(("todo", run))  # a layer of layers: look inside
+                    else:
+                        new.append(("rest", run))
+            segments[k] = new
     out = []
     next_id = max((p.id or 0 for p in partitions), default=0) + 1
-    for p, runs in zip(partitions, runs_of):
+    for p, segs in zip(partitions, segments):
         pieces: list = []
         rest: list = []
-        for path, run in runs:
-            sig = sigs.get(id(run))
-            if sig is not None and counts[sig] >= 2:
+        for kind, nodes in segs:
+            if kind == "layer":
                 if rest:
                     pieces.append(rest)
                     rest = []
-                pieces.append(run)
+                pieces.append(list(nodes))
             else:
-                rest.extend(run)
+                rest.extend(nodes)
         if rest:
             pieces.append(rest)
         # Every piece must bind its size symbols, the leftover ones too (a

@@ -160,6 +160,57 @@ def test_repeated_layers_in_training(capfd, monkeypatch):
     assert made <= parts["forward"] + parts["backward"] - 5, (parts, made)
 
 
+class WideBlock(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 2 * dim)
+        self.fc2 = nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+
+
+class Stage(nn.Module):
+    def __init__(self, dim_in, dim):
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim)
+        self.blocks = nn.ModuleList([WideBlock(dim) for _ in range(3)])
+
+    def forward(self, x):
+        x = self.proj(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class Stages(nn.Module):
+    """Stages of one class but of other widths (a ResNet's, a Swin's): the
+    stages repeat nowhere, their blocks do."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.ModuleList([Stage(12, 24), Stage(24, 40)])
+
+    def forward(self, x):
+        for stage in self.stages:
+            x = stage(x)
+        return x
+
+
+def test_repeated_blocks_inside_stages_compile_once(capfd, monkeypatch):
+    monkeypatch.setenv("KILN_LOG", "stats")
+    torch.manual_seed(0)
+    model = Stages().eval()
+    x = torch.randn(6, 12)
+    with torch.no_grad():
+        got, parts, made = _compile_counts(capfd, model, x)
+    torch.testing.assert_close(got, model(x), atol=1e-4, rtol=1e-4)
+    # Per stage its projection and three blocks: eight partitions, four
+    # graphs (two projections, a block of each width).
+    assert parts == {"forward": 8} and made == 4, (parts, made)
+
+
 class NormLayer(nn.Module):
     """A layer whose BatchNorm updates buffers (copy_ into inputs)."""
 
