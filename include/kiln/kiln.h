@@ -268,8 +268,9 @@ typedef struct kiln_compile_options_t {
   // Variants one function may hold (default 8); past it only fully symbolic
   // variants are compiled, so a call never fails for lack of room.
   int max_variants;
-  // Threads a kernel may use (OpenMP): 0 = every online core (default),
-  // 1 = single-threaded. KILN_NUM_THREADS overrides the default.
+  // Threads a kernel may use (OpenMP): 0 = every CPU the process may run on
+  // (its affinity mask; the default), 1 = single-threaded. KILN_NUM_THREADS
+  // overrides the default.
   int num_threads;
   // Tile-size choice (default KILN_AUTOTUNE_HEURISTIC) and, for
   // KILN_AUTOTUNE_MEASURE, the search budget per variant in seconds (0: 20).

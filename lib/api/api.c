@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,20 @@
 // MLIR contexts a kiln context may hold: compiles run at once, each on a
 // context of its own (an MLIR context is single-threaded), up to the cores.
 enum { kMaxMlirContexts = 16 };
+
+// The CPUs this process may run on: its affinity mask (what taskset, a
+// container's cpuset or a job scheduler allows), else the online ones. The
+// default thread count: with the online count, a process limited to 2 of a
+// host's 64 cores forked 64 threads per parallel loop.
+static int usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
 
 struct kiln_context {
   pthread_mutex_t lock;  // guards dump_counter and the pool below
@@ -85,8 +100,8 @@ kiln_status_t kiln_context_create(const kiln_context_options_t *options,
   if (!c) return kiln_make_status(KILN_STATUS_OUT_OF_MEMORY, "context");
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->mlir_freed, NULL);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  c->mlir_max = cores < 1 ? 1 : cores > kMaxMlirContexts ? kMaxMlirContexts : (int)cores;
+  int cores = usable_cpus();
+  c->mlir_max = cores > kMaxMlirContexts ? kMaxMlirContexts : cores;
   const char *dump = options && options->dump_dir ? options->dump_dir
                                                   : getenv("KILN_DUMP_DIR");
   if (dump && dump[0]) {
@@ -579,7 +594,7 @@ static int resolve_threads(int requested) {
   int n = requested;
   if (n <= 0) {
     const char *env = getenv("KILN_NUM_THREADS");
-    n = env && atoi(env) > 0 ? atoi(env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    n = env && atoi(env) > 0 ? atoi(env) : usable_cpus();
   }
   if (n < 1) n = 1;
   if (n > 1 && !kiln_jit_openmp_available()) n = 1;
