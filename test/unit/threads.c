@@ -68,13 +68,8 @@ static void *worker(void *arg) {
 }
 
 // Graphs that differ (a softmax over rows of 8 << id): compiled at once.
-typedef struct {
-  int id;
-  int failures;
-} compiler_t;
-
 static void *compile_worker(void *arg) {
-  compiler_t *w = arg;
+  worker_t *w = arg;
   int n = 8 << w->id;
   char text[256];
   snprintf(text, sizeof(text),
@@ -117,23 +112,30 @@ static void *compile_worker(void *arg) {
   return NULL;
 }
 
+// Runs `fn` on THREADS threads at once; returns their failures.
+static int run_threads(void *(*fn)(void *)) {
+  pthread_t t[THREADS];
+  worker_t w[THREADS];
+  for (int i = 0; i < THREADS; ++i) {
+    w[i].id = i;
+    w[i].failures = 0;
+    pthread_create(&t[i], NULL, fn, &w[i]);
+  }
+  int failures = 0;
+  for (int i = 0; i < THREADS; ++i) {
+    pthread_join(t[i], NULL);
+    failures += w[i].failures;
+  }
+  return failures;
+}
+
 int main(void) {
   CHECK_OK(kiln_context_create(NULL, &ctx));
   CHECK_OK(kiln_graph_parse(ctx, kText, strlen(kText), "threads", &graph));
   if (!graph) return 1;
   CHECK_OK(kiln_function_compile(ctx, graph, NULL, &fn));
   if (!fn) return 1;
-  pthread_t t[THREADS];
-  worker_t w[THREADS];
-  for (int i = 0; i < THREADS; ++i) {
-    w[i].id = i;
-    w[i].failures = 0;
-    pthread_create(&t[i], NULL, worker, &w[i]);
-  }
-  for (int i = 0; i < THREADS; ++i) {
-    pthread_join(t[i], NULL);
-    kt_failures += w[i].failures;
-  }
+  kt_failures += run_threads(worker);
   kiln_function_release(fn);
   kiln_graph_destroy(graph);
   kiln_context_destroy(ctx);
@@ -145,16 +147,7 @@ int main(void) {
   o.disable_cache = 1;
   CHECK_OK(kiln_context_create(&o, &ctx));
   if (!ctx) return kt_finish("threads");
-  compiler_t cw[THREADS];
-  for (int i = 0; i < THREADS; ++i) {
-    cw[i].id = i;
-    cw[i].failures = 0;
-    pthread_create(&t[i], NULL, compile_worker, &cw[i]);
-  }
-  for (int i = 0; i < THREADS; ++i) {
-    pthread_join(t[i], NULL);
-    kt_failures += cw[i].failures;
-  }
+  kt_failures += run_threads(compile_worker);
   kiln_stats_t st;
   kiln_context_stats(ctx, &st);
   CHECK(st.compiles == THREADS);
