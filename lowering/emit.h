@@ -149,6 +149,19 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
                             const kiln_tv_t *dst, const int64_t *offsets,
                             bool loop_one_slab, kiln_tv_t *out);
 
+// Planes padded with `value` (CPU, static): pieces [N, C_i, H, W] of one
+// dtype, stacked along dim 1 in order, become `pt` = [N, sum C_i, Hp, Wp]
+// with the pieces at rows lo_h.. and columns lo_w... The pieces are
+// inserted by slabs, then only the border is filled (rows above and below,
+// columns left and right of the pieces' rows), in place, by slabs. A fill
+// of the whole buffer before the copy into it wrote the interior twice;
+// the border filled after the copy finds its lines in cache (UNet's and
+// MobileNetV2's pads: 0.4-0.8 ms less a call). Pieces let a cat feeding a
+// convolution write into the padded buffer, with no cat buffer of its own.
+kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, int count,
+                                   const kiln_type_t *pt, int64_t lo_h, int64_t lo_w,
+                                   double value, kiln_tv_t *out);
+
 // tensor.empty of type `t`, with the SSA sizes of its symbolic dims.
 void kiln_emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]);
 // The index SSA value (or "N" literal is not allowed in operand lists, so a

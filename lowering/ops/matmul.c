@@ -2452,49 +2452,76 @@ kiln_status_t kiln_lower_matmul(kiln_emitter_t *e, const kiln_node_t *n) {
   return NULL;
 }
 
-// Zero padding of the spatial dims of x[N, C, H, W].
+// The pieces of a cat along the channels that makes graph value v
+// (static, 4-D, v's dtype), or 0 when v is no such cat.
+static int cat_pieces(const kiln_emitter_t *e, int32_t v, kiln_tv_t *pieces, int most) {
+  if (v < 0) return 0;
+  const kiln_graph_t *g = e->g;
+  int32_t p = g->values[v].node;
+  if (p < 0) return 0;
+  const kiln_node_t *cn = &g->nodes[p];
+  const kiln_type_t *vt = &g->values[v].type;
+  int32_t d;
+  if (cn->op != KILN_OP_CAT || vt->rank != 4 || cn->operand_count > most ||
+      !kiln_normalize_dim(kiln_node_attr_int(cn, "dim", 0), 4, &d) || d != 1)
+    return 0;
+  for (int k = 0; k < cn->operand_count; ++k) {
+    if (cn->operands[k].kind != KILN_OPERAND_VALUE) return 0;
+    const kiln_tv_t *y = &e->values[cn->operands[k].value];
+    if (y->type.rank != 4 || y->type.dtype != vt->dtype || !kiln_type_is_static(&y->type) ||
+        y->type.dims[1] == 0)
+      return 0;
+    pieces[k] = *y;
+  }
+  return cn->operand_count;
+}
+
+enum { kPadPieces = 16 };
+
+// Zero padding of the spatial dims of x[N, C, H, W], graph value v (-1
+// when x is no graph value).
 //
-// On the CPU as a zero fill of the padded tensor (a linalg op the schedule
-// distributes and vectorizes) and x inserted into its interior by slabs of
-// planes (kiln_emit_insert_slabs): bufferized, a strided copy per slab,
-// spread over the threads. A tensor.pad reached bufferization whole and
-// became a scalar fill loop and one strided memref.copy on one thread: 2.9
-// of the bench's resnet block's 21 ms. The CUDA target and symbolic sizes
-// keep tensor.pad.
-static kiln_status_t emit_pad(kiln_emitter_t *e, kiln_tv_t *x, int64_t lo_h, int64_t lo_w,
-                              int64_t hi_h, int64_t hi_w) {
+// On the CPU (static, more than one element) by kiln_emit_pad_planes: the
+// border zero filled, x inserted by slabs, a strided copy per slab spread
+// over the threads. When v is a cat along the channels, its pieces are
+// inserted straight into the padded buffer: the cat's own buffer is then
+// dead unless something else reads it (a UNet's skip connection: the cat
+// and the copy of it into the padded buffer were 0.48 of its 17 ms). A
+// tensor.pad reached bufferization whole and became a scalar fill loop and
+// one strided memref.copy on one thread: 2.9 of the bench's resnet block's
+// 21 ms. The CUDA target and symbolic sizes keep tensor.pad.
+static kiln_status_t emit_pad(kiln_emitter_t *e, int32_t v, kiln_tv_t *x, int64_t lo_h,
+                              int64_t lo_w, int64_t hi_h, int64_t hi_w) {
   if (!lo_h && !lo_w && !hi_h && !hi_w) return NULL;
   kiln_sbuf_t *b = &e->out;
   kiln_type_t pt = x->type;
   pt.dims[2] += lo_h + hi_h;
   pt.dims[3] += lo_w + hi_w;
+  // (One element keeps tensor.pad: its insert would be one plain
+  // insert_slice, whose f16 form crashed LLVM's soft promotion.)
+  if (!e->options.cuda && kiln_type_is_static(&x->type) && kiln_type_numel(&x->type) > 1) {
+    kiln_tv_t pieces[kPadPieces], p;
+    int count = cat_pieces(e, v, pieces, kPadPieces);
+    if (!count || strcmp(e->values[v].ssa, x->ssa) != 0) {
+      pieces[0] = *x;
+      count = 1;
+    }
+    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_pad_planes(e, pieces, count, &pt, lo_h, lo_w, 0, &p));
+    *x = p;
+    return NULL;
+  }
   char zero[24], xty[256], pty[256], padded[24];
   kiln_mlir_tensor_type(&x->type, xty, sizeof(xty));
   kiln_mlir_tensor_type(&pt, pty, sizeof(pty));
   int id = e->next_id++;
-  // (One element keeps tensor.pad: its insert would be one plain
-  // insert_slice, whose f16 form crashed LLVM's soft promotion.)
-  if (!e->options.cuda && kiln_type_is_static(&x->type) && kiln_type_numel(&x->type) > 1) {
-    // The fill is of the buffer flattened to one dim, so the schedule
-    // writes whole vectors: filled as [N, C, Hp, Wp], rows of 114 floats
-    // took 2-lane stores (MobileNetV2's pads: 1.8 ms of fills).
-    kiln_tv_t z, zf, p;
-    kiln_type_t ft = {.dtype = pt.dtype, .rank = 1, .dims = {kiln_type_numel(&pt)}};
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &ft, 0, &zf));
-    kiln_emit_view(e, &zf, &pt, &z);
-    int64_t offsets[4] = {0, 0, lo_h, lo_w};
-    kiln_emit_insert_slabs(e, x, &z, offsets, true, &p);
-    snprintf(padded, sizeof(padded), "%s", p.ssa);
-  } else {
-    kiln_emit_fresh(e, padded);
-    kiln_sbuf_printf(b, "    %s = tensor.pad %s low[0, 0, %lld, %lld] high[0, 0, %lld, %lld] {\n"
-                        "  ^bb0(%%p0_%d: index, %%p1_%d: index, %%p2_%d: index, %%p3_%d: index):\n",
-                     padded, x->ssa, (long long)lo_h, (long long)lo_w,
-                     (long long)hi_h, (long long)hi_w, id, id, id, id);
-    kiln_emit_scalar_const(e, b, x->type.dtype, 0, zero);
-    kiln_sbuf_printf(b, "    tensor.yield %s : %s\n  } : %s to %s\n", zero,
-                     kiln_mlir_elem(x->type.dtype), xty, pty);
-  }
+  kiln_emit_fresh(e, padded);
+  kiln_sbuf_printf(b, "    %s = tensor.pad %s low[0, 0, %lld, %lld] high[0, 0, %lld, %lld] {\n"
+                      "  ^bb0(%%p0_%d: index, %%p1_%d: index, %%p2_%d: index, %%p3_%d: index):\n",
+                   padded, x->ssa, (long long)lo_h, (long long)lo_w,
+                   (long long)hi_h, (long long)hi_w, id, id, id, id);
+  kiln_emit_scalar_const(e, b, x->type.dtype, 0, zero);
+  kiln_sbuf_printf(b, "    tensor.yield %s : %s\n  } : %s to %s\n", zero,
+                   kiln_mlir_elem(x->type.dtype), xty, pty);
   snprintf(x->ssa, sizeof(x->ssa), "%s", padded);
   x->type = pt;
   return NULL;
@@ -3165,7 +3192,7 @@ static kiln_status_t emit_conv_phases(kiln_emitter_t *e, kiln_tv_t x, const kiln
   const int64_t Ws = OW + KW1 - 1 + xc, Hs = OH + KH1 - 1 + xr;
   const int64_t hi_h = sh * Hs - H - pd[0], hi_w = sw * Ws - W - pd[1];
   if (hi_h < 0 || hi_w < 0) return NULL;
-  KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, &x, pd[0], pd[1], hi_h, hi_w));
+  KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, -1, &x, pd[0], pd[1], hi_h, hi_w));
   // [N, C, Hs, sh, Ws, sw] -> [N, sh, sw, C, Hs, Ws]
   kiln_type_t v6 = {.dtype = x.type.dtype, .rank = 6, .dims = {N, C, Hs, sh, Ws, sw}};
   kiln_type_t t6 = {.dtype = x.type.dtype, .rank = 6, .dims = {N, sh, sw, C, Hs, Ws}};
@@ -3523,7 +3550,7 @@ kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
     KILN_RETURN_IF_ERROR_PLAIN(emit_conv_phases(e, x, &w, &ot, st, pd, G, &conv, &wide,
                                                 &phased));
   if (depthwise) {
-    KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, &x, pd[0], pd[1], pd[0], pd[1]));
+    KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, n->operands[0].value, &x, pd[0], pd[1], pd[0], pd[1]));
     emit_conv_depthwise(e, &x, &w, &ot, st, &conv);
   }
   bool prepadded = phased || depthwise;
@@ -3532,7 +3559,8 @@ kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
         e, n->operands[0].value, pd[0], pd[1], x.type.dims[2] + 2 * pd[0] + xr,
         x.type.dims[3] + 2 * pd[1] + xc, &x, &prepadded));
   if (!prepadded)
-    KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, &x, pd[0], pd[1], pd[0] + xr, pd[1] + xc));
+    KILN_RETURN_IF_ERROR_PLAIN(
+        emit_pad(e, n->operands[0].value, &x, pd[0], pd[1], pd[0] + xr, pd[1] + xc));
   char attrs[256];
   snprintf(attrs, sizeof(attrs),
            "{dilations = dense<[%lld, %lld]> : tensor<2xi64>, "

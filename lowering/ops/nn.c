@@ -1335,8 +1335,8 @@ kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n) {
 }
 
 // max_pool2d (values; PyTorch's indices are not computed): the input,
-// padded with -inf where `padding` asks for it (a fill and the input's
-// slabs inserted by threads), and for each of the KH x KW taps its
+// padded with -inf where `padding` asks for it (kiln_emit_pad_planes: the
+// border filled, the input's slabs inserted by threads), and for each of the KH x KW taps its
 // strided window [N, C, OH, OW] (tensor.extract_slice at (kh*dh, kw*dw),
 // strides (sh, sw)); the taps are combined by maximum (NaN propagates, as
 // in PyTorch), ops that elementwise fusion makes one loop reading the
@@ -1357,9 +1357,13 @@ kiln_status_t kiln_lower_max_pool2d(kiln_emitter_t *e, const kiln_node_t *n) {
     pt.dims[2] += 2 * pd[0];
     pt.dims[3] += 2 * pd[1];
     kiln_tv_t z, p;
-    KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, -INFINITY, &z));
-    int64_t offsets[4] = {0, 0, pd[0], pd[1]};
-    kiln_emit_insert_slabs(e, &x, &z, offsets, true, &p);
+    if (kiln_type_is_static(&x.type)) {
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_pad_planes(e, &x, 1, &pt, pd[0], pd[1], -INFINITY, &p));
+    } else {
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_filled(e, &pt, -INFINITY, &z));
+      int64_t offsets[4] = {0, 0, pd[0], pd[1]};
+      kiln_emit_insert_slabs(e, &x, &z, offsets, true, &p);
+    }
     x = p;
   }
   char xty[256], wty[256];
