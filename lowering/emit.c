@@ -1296,30 +1296,45 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
 }
 
 // dst[N, C, rows at r0, cols at c0] = v (scalar SSA value), in place, by
-// an scf.forall over slabs (kInsertSlabElems elements and kInsertSlabRows
-// rows at most) each filled by a linalg.fill of its slice of the shared
-// output. A fill of a tensor of its own inserted by slabs went through
-// memrefCopy one element at a time for a one-column border (0.3 ms of a
-// UNet's pads).
+// an scf.forall over slabs [1, cb, rb, kb] (kInsertSlabElems elements and
+// kInsertSlabRows rows at most where the sizes have such divisors), each
+// filled by a linalg.fill of its slice of the shared output. A fill of a
+// tensor of its own inserted by slabs went through memrefCopy one element
+// at a time for a one-column border (0.3 ms of a UNet's pads).
 static void fill_slabs(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t r0, int64_t c0,
                        int64_t rows, int64_t cols, const char *v, kiln_tv_t *out) {
   const int64_t N = dst->type.dims[0], C = dst->type.dims[1];
-  int64_t rb = 1, cb = 1;
+  int64_t kb = cols, rb = 1, cb = 1;
+  if (cols > kInsertSlabElems)
+    for (int64_t k = kInsertSlabElems; k >= 1; --k)
+      if (cols % k == 0) {
+        kb = k;
+        break;
+      }
   for (int64_t r = rows < kInsertSlabRows ? rows : kInsertSlabRows; r >= 1; --r)
-    if (rows % r == 0 && r * cols <= kInsertSlabElems) {
+    if (rows % r == 0 && r * kb <= kInsertSlabElems) {
       rb = r;
       break;
     }
-  // At least two slabs where there are two planes: a loop of one
-  // iteration folds away, and its fill is then vectorized whole.
-  const int64_t most_c = N * (rows / rb) > 1 ? C : C / 2 > 0 ? C / 2 : 1;
-  if (rb == rows)
+  // At least two slabs wherever the sizes allow: a loop of one iteration
+  // folds away, and the insert of its fill left at the top level is then
+  // vectorized whole (a vector of the whole border).
+  const int64_t most_c = N * (rows / rb) * (cols / kb) > 1 ? C : C / 2 > 0 ? C / 2 : 1;
+  if (rb == rows && kb == cols)
     for (int64_t c = most_c; c >= 1; --c)
-      if (C % c == 0 && c * rb <= kInsertSlabRows && c * rb * cols <= kInsertSlabElems) {
+      if (C % c == 0 && c * rb <= kInsertSlabRows && c * rb * kb <= kInsertSlabElems) {
         cb = c;
         break;
       }
-  kiln_type_t slab = {.dtype = dst->type.dtype, .rank = 4, .dims = {1, cb, rb, cols}};
+  if (N * (C / cb) * (rows / rb) * (cols / kb) < 2) {
+    int64_t *d = rows > 1 ? &rb : &kb, size = rows > 1 ? rows : cols;
+    for (int64_t x = size / 2; x >= 1; --x)
+      if (size % x == 0) {
+        *d = x;
+        break;
+      }
+  }
+  kiln_type_t slab = {.dtype = dst->type.dtype, .rank = 4, .dims = {1, cb, rb, kb}};
   char sty[128], dty[256];
   kiln_mlir_tensor_type(&slab, sty, sizeof(sty));
   kiln_mlir_tensor_type(&dst->type, dty, sizeof(dty));
@@ -1328,17 +1343,19 @@ static void fill_slabs(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t r0, int6
   kiln_emit_fresh(e, out->ssa);
   out->type = dst->type;
   kiln_sbuf_printf(b,
-                   "    %s = scf.forall (%%fn%d, %%fc%d, %%fr%d) in (%lld, %lld, %lld) "
-                   "shared_outs(%%fo%d = %s) -> (%s) {\n",
-                   out->ssa, id, id, id, (long long)N, (long long)(C / cb),
-                   (long long)(rows / rb), id, dst->ssa, dty);
+                   "    %s = scf.forall (%%fn%d, %%fc%d, %%fr%d, %%fk%d) in (%lld, %lld, %lld, "
+                   "%lld) shared_outs(%%fo%d = %s) -> (%s) {\n",
+                   out->ssa, id, id, id, id, (long long)N, (long long)(C / cb),
+                   (long long)(rows / rb), (long long)(cols / kb), id, dst->ssa, dty);
   kiln_sbuf_printf(b,
                    "      %%fC%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%fc%d)\n"
-                   "      %%fR%d = affine.apply affine_map<(d0) -> (d0 * %lld + %lld)>(%%fr%d)\n",
-                   id, (long long)cb, id, id, (long long)rb, (long long)r0, id);
+                   "      %%fR%d = affine.apply affine_map<(d0) -> (d0 * %lld + %lld)>(%%fr%d)\n"
+                   "      %%fK%d = affine.apply affine_map<(d0) -> (d0 * %lld + %lld)>(%%fk%d)\n",
+                   id, (long long)cb, id, id, (long long)rb, (long long)r0, id, id,
+                   (long long)kb, (long long)c0, id);
   char at[160];
-  snprintf(at, sizeof(at), "[%%fn%d, %%fC%d, %%fR%d, %lld] [1, %lld, %lld, %lld] [1, 1, 1, 1]",
-           id, id, id, (long long)c0, (long long)cb, (long long)rb, (long long)cols);
+  snprintf(at, sizeof(at), "[%%fn%d, %%fC%d, %%fR%d, %%fK%d] [1, %lld, %lld, %lld] [1, 1, 1, 1]",
+           id, id, id, id, (long long)cb, (long long)rb, (long long)kb);
   kiln_sbuf_printf(b, "      %%fs%d = tensor.extract_slice %%fo%d%s : %s to %s\n", id, id, at,
                    dty, sty);
   kiln_sbuf_printf(b, "      %%ff%d = linalg.fill ins(%s : %s) outs(%%fs%d : %s) -> %s\n", id,
@@ -1370,7 +1387,12 @@ kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, i
                                 {lo_h, 0, H, lo_w},
                                 {lo_h, lo_w + W, H, hi_w}};
   char v[24];
-  kiln_emit_scalar_const(e, &e->out, pt->dtype, value, v);
+  if (pt->dtype == KILN_BOOL) {  // (bool is stored as i8, as kiln_emit_filled does)
+    kiln_emit_fresh(e, v);
+    kiln_sbuf_printf(&e->out, "    %s = arith.constant %d : i8\n", v, value != 0);
+  } else {
+    kiln_emit_scalar_const(e, &e->out, pt->dtype, value, v);
+  }
   int64_t c = 0;
   for (int i = 0; i < count; ++i) {
     kiln_tv_t next;
