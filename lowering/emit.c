@@ -1446,19 +1446,16 @@ static bool fill_border(kiln_emitter_t *e, const kiln_tv_t *dst, const int64_t b
   return true;
 }
 
-kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, int count,
-                                   const kiln_type_t *pt, int64_t lo_h, int64_t lo_w,
-                                   double value, kiln_tv_t *out) {
-  const int64_t Hp = pt->dims[2], Wp = pt->dims[3];
-  const int64_t H = pieces[0].type.dims[2], W = pieces[0].type.dims[3];
+kiln_status_t kiln_emit_pad_border(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t lo_h,
+                                   int64_t lo_w, int64_t H, int64_t W, double value,
+                                   kiln_tv_t *out) {
+  const int64_t Hp = dst->type.dims[2], Wp = dst->type.dims[3];
   const int64_t hi_h = Hp - lo_h - H, hi_w = Wp - lo_w - W;
   if (hi_h < 0 || hi_w < 0 || lo_h < 0 || lo_w < 0)
     return kiln_emit_error(e, KILN_STATUS_INTERNAL,
                            "padding planes of %lld x %lld into %lld x %lld at (%lld, %lld)",
                            (long long)H, (long long)W, (long long)Hp, (long long)Wp,
                            (long long)lo_h, (long long)lo_w);
-  kiln_tv_t cur = {.type = *pt};
-  kiln_emit_empty(e, pt, cur.ssa);
   // The border: whole rows above and below the planes, then the columns
   // left and right of their rows.
   const int64_t border[4][4] = {{0, 0, lo_h, Wp},
@@ -1466,25 +1463,14 @@ kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, i
                                 {lo_h, 0, H, lo_w},
                                 {lo_h, lo_w + W, H, hi_w}};
   char v[24];
-  if (pt->dtype == KILN_BOOL) {  // (bool is stored as i8, as kiln_emit_filled does)
+  if (dst->type.dtype == KILN_BOOL) {  // (bool is stored as i8, as kiln_emit_filled does)
     kiln_emit_fresh(e, v);
     kiln_sbuf_printf(&e->out, "    %s = arith.constant %d : i8\n", v, value != 0);
   } else {
-    kiln_emit_scalar_const(e, &e->out, pt->dtype, value, v);
+    kiln_emit_scalar_const(e, &e->out, dst->type.dtype, value, v);
   }
-  int64_t c = 0;
-  for (int i = 0; i < count; ++i) {
-    kiln_tv_t next;
-    const int64_t at[4] = {0, c, lo_h, lo_w};
-    kiln_emit_insert_slabs(e, &pieces[i], &cur, at, true, &next);
-    cur = next;
-    c += pieces[i].type.dims[1];
-  }
-  kiln_tv_t filled;
-  if (fill_border(e, &cur, border, v, &filled)) {
-    *out = filled;
-    return NULL;
-  }
+  if (fill_border(e, dst, border, v, out)) return NULL;
+  kiln_tv_t cur = *dst;
   for (int k = 0; k < 4; ++k) {
     if (!border[k][2] || !border[k][3]) continue;
     kiln_tv_t next;
@@ -1493,6 +1479,23 @@ kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, i
   }
   *out = cur;
   return NULL;
+}
+
+kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, int count,
+                                   const kiln_type_t *pt, int64_t lo_h, int64_t lo_w,
+                                   double value, kiln_tv_t *out) {
+  kiln_tv_t cur = {.type = *pt};
+  kiln_emit_empty(e, pt, cur.ssa);
+  int64_t c = 0;
+  for (int i = 0; i < count; ++i) {
+    kiln_tv_t next;
+    const int64_t at[4] = {0, c, lo_h, lo_w};
+    kiln_emit_insert_slabs(e, &pieces[i], &cur, at, true, &next);
+    cur = next;
+    c += pieces[i].type.dims[1];
+  }
+  return kiln_emit_pad_border(e, &cur, lo_h, lo_w, pieces[0].type.dims[2],
+                              pieces[0].type.dims[3], value, out);
 }
 
 kiln_status_t kiln_emit_reshape(kiln_emitter_t *e, const kiln_tv_t *x,

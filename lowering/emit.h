@@ -162,6 +162,16 @@ kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, i
                                    const kiln_type_t *pt, int64_t lo_h, int64_t lo_w,
                                    double value, kiln_tv_t *out);
 
+// The border of dst's planes [N, C, Hp, Wp] around an H x W interior at
+// (lo_h, lo_w) set to `value`, in place (CPU, static): one loop over blocks
+// of planes, or where a region of a plane is larger than a slab, one loop
+// of slabs per region. kiln_emit_pad_planes, and emit_prepadded
+// (lowering/ops/matmul.c) for interiors computed in place, write the
+// interior before it.
+kiln_status_t kiln_emit_pad_border(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t lo_h,
+                                   int64_t lo_w, int64_t H, int64_t W, double value,
+                                   kiln_tv_t *out);
+
 // tensor.empty of type `t`, with the SSA sizes of its symbolic dims.
 void kiln_emit_empty(kiln_emitter_t *e, const kiln_type_t *t, char ssa[24]);
 // The index SSA value (or "N" literal is not allowed in operand lists, so a

@@ -3275,6 +3275,14 @@ static kiln_status_t emit_conv_phases(kiln_emitter_t *e, kiln_tv_t x, const kiln
 // buffer. The narrow ops, emitted before, are dead unless something else
 // reads them. `*done` says whether `x` became that padded input
 // (emit_prepadded, below).
+//
+// A grid whose width is not the consumer's Wp (a 1x1 layer's, with no
+// padding, feeding a 3x3 one) is used in its W useful columns, by any
+// padded consumer, depthwise ones included (MobileNetV2's expand -> batch
+// norm -> relu6 -> depthwise): the ops run on [1, cb, H, W] blocks and
+// write the padded buffer's interior, whose border is then filled
+// (kiln_emit_pad_border); the batch norm's pass and the copy into the
+// padded buffer were two passes (emit_prepadded_narrow).
 
 // Right-aligned to rank 4: 1 or absent in dims 0, 2 and 3, 1 or C in dim 1.
 static bool per_channel(const kiln_type_t *t, int64_t C) {
@@ -3287,6 +3295,122 @@ static bool per_channel(const kiln_type_t *t, int64_t C) {
 }
 
 enum { kPrepadChain = 16 };
+
+// The ops chain[count - 1] .. chain[0] (elementwise, spatial[i] the full-size
+// operand of chain[i], the others per channel) on the first W columns of
+// wide[N, C, H, W or more], written block by block into the interior of a
+// padded buffer [N, C, Hp, Wp] at (lo_h, lo_w), whose border is then zero
+// filled (see emit_prepadded, above).
+static kiln_status_t emit_prepadded_narrow(kiln_emitter_t *e, int32_t v, const int *chain,
+                                           const int *spatial, int count,
+                                           const kiln_tv_t *wide, int64_t lo_h, int64_t lo_w,
+                                           int64_t Hp, int64_t Wp, kiln_tv_t *x, bool *done) {
+  const kiln_graph_t *g = e->g;
+  const kiln_type_t *nt = &g->values[v].type;
+  const int64_t N = nt->dims[0], C = nt->dims[1], H = nt->dims[2], W = nt->dims[3];
+  if (Hp < lo_h + H || Wp < lo_w + W) return NULL;
+  // Channel blocks of at most 16K elements; at least two iterations.
+  int64_t cb = 1;
+  for (int64_t c = N > 1 ? C : C / 2; c >= 1; --c)
+    if (C % c == 0 && c * H * W <= 16384) {
+      cb = c;
+      break;
+    }
+  if (N * (C / cb) < 2) return NULL;
+  kiln_sbuf_t *b = &e->out;
+  // Per-channel operands as [1, C or 1, 1, 1].
+  kiln_tv_t pc[kPrepadChain][3];
+  for (int i = 0; i < count; ++i) {
+    const kiln_node_t *pn = &g->nodes[chain[i]];
+    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
+      const kiln_operand_t *o = &pn->operands[k];
+      if (k == spatial[i] || o->kind != KILN_OPERAND_VALUE) continue;
+      const kiln_tv_t *src = &e->values[o->value];
+      kiln_type_t t4 = {.dtype = src->type.dtype, .rank = 4, .dims = {1, 1, 1, 1}};
+      if (src->type.rank >= 3) t4.dims[1] = src->type.dims[src->type.rank - 3];
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, src, &t4, &pc[i][k]));
+    }
+  }
+  kiln_type_t pt = {.dtype = KILN_F32, .rank = 4, .dims = {N, C, Hp, Wp}};
+  kiln_type_t slab = {.dtype = KILN_F32, .rank = 4, .dims = {1, cb, H, W}};
+  char pad_ty[128], slab_ty[128], wty[128], init[24], res[24];
+  kiln_mlir_tensor_type(&pt, pad_ty, sizeof(pad_ty));
+  kiln_mlir_tensor_type(&slab, slab_ty, sizeof(slab_ty));
+  kiln_mlir_tensor_type(&wide->type, wty, sizeof(wty));
+  kiln_emit_empty(e, &pt, init);
+  int id = e->next_id++;
+  kiln_emit_fresh(e, res);
+  kiln_sbuf_printf(b,
+      "    %s = scf.forall (%%qn%d, %%qc%d) in (%lld, %lld) shared_outs(%%qo%d = %s) -> (%s) {\n"
+      "      %%qf%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%qc%d)\n",
+      res, id, id, (long long)N, (long long)(C / cb), id, init, pad_ty, id, (long long)cb, id);
+  kiln_tv_t curv = {.type = slab};
+  kiln_emit_fresh(e, curv.ssa);
+  kiln_sbuf_printf(b, "      %s = tensor.extract_slice %s[%%qn%d, %%qf%d, 0, 0] [1, %lld, %lld, "
+                      "%lld] [1, 1, 1, 1] : %s to %s\n",
+                   curv.ssa, wide->ssa, id, id, (long long)cb, (long long)H, (long long)W, wty,
+                   slab_ty);
+  const kiln_node_t *saved = e->node;
+  for (int i = count - 1; i >= 0; --i) {
+    const kiln_node_t *pn = &g->nodes[chain[i]];
+    kiln_arg_t args[3];
+    e->node = pn;
+    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
+      const kiln_operand_t *o = &pn->operands[k];
+      if (k == spatial[i]) {
+        args[k] = kiln_arg_tensor(&curv);
+      } else if (o->kind == KILN_OPERAND_VALUE && pc[i][k].type.dims[1] == C && cb != C) {
+        kiln_tv_t sl = {.type = pc[i][k].type};
+        sl.type.dims[1] = cb;
+        char aty[128], sty[128];
+        kiln_mlir_tensor_type(&pc[i][k].type, aty, sizeof(aty));
+        kiln_mlir_tensor_type(&sl.type, sty, sizeof(sty));
+        kiln_emit_fresh(e, sl.ssa);
+        kiln_sbuf_printf(b, "      %s = tensor.extract_slice %s[0, %%qf%d, 0, 0] [1, %lld, 1, "
+                            "1] [1, 1, 1, 1] : %s to %s\n",
+                         sl.ssa, pc[i][k].ssa, id, (long long)cb, aty, sty);
+        args[k] = kiln_arg_tensor(&sl);
+      } else if (o->kind == KILN_OPERAND_VALUE) {
+        args[k] = kiln_arg_tensor(&pc[i][k]);
+      } else {
+        args[k] = kiln_arg_operand(e, k);
+      }
+    }
+    kiln_tv_t next;
+    kiln_status_t st = kiln_emit_ew(e, pn->op, pn, pn->operand_count, args, &slab, KILN_F32,
+                                    KILN_F32, &next);
+    if (st) {
+      e->node = saved;
+      return st;
+    }
+    curv = next;
+  }
+  e->node = saved;
+  // The block's values into its interior slice of the buffer (a copy that
+  // elementwise fusion merges with the ops).
+  kiln_sbuf_printf(b,
+      "      %%qd%d = tensor.extract_slice %%qo%d[%%qn%d, %%qf%d, %lld, %lld] [1, %lld, %lld, "
+      "%lld] [1, 1, 1, 1] : %s to %s\n"
+      "      %%qm%d = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d1, "
+      "d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>], iterator_types = "
+      "[\"parallel\", \"parallel\", \"parallel\", \"parallel\"]} ins(%s : %s) outs(%%qd%d : %s) {\n"
+      "      ^bb0(%%qx%d: f32, %%qy%d: f32):\n"
+      "        linalg.yield %%qx%d : f32\n"
+      "      } -> %s\n"
+      "      scf.forall.in_parallel {\n"
+      "        tensor.parallel_insert_slice %%qm%d into %%qo%d[%%qn%d, %%qf%d, %lld, %lld] [1, "
+      "%lld, %lld, %lld] [1, 1, 1, 1] : %s into %s\n"
+      "      }\n    }\n",
+      id, id, id, id, (long long)lo_h, (long long)lo_w, (long long)cb, (long long)H,
+      (long long)W, pad_ty, slab_ty, id, curv.ssa, slab_ty, id, slab_ty, id, id, id, slab_ty,
+      id, id, id, id, (long long)lo_h, (long long)lo_w, (long long)cb, (long long)H,
+      (long long)W, slab_ty, pad_ty);
+  kiln_tv_t r = {.type = pt};
+  snprintf(r.ssa, sizeof(r.ssa), "%s", res);
+  KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_pad_border(e, &r, lo_h, lo_w, H, W, 0, x));
+  *done = true;
+  return NULL;
+}
 
 static kiln_status_t emit_prepadded(kiln_emitter_t *e, int32_t v, int64_t lo_h,
                                     int64_t lo_w, int64_t Hp, int64_t Wp,
@@ -3325,9 +3449,12 @@ static kiln_status_t emit_prepadded(kiln_emitter_t *e, int32_t v, int64_t lo_h,
   }
   const kiln_tv_t *wide = &e->wide[cur];
   const int64_t HW = H * Wp, off = lo_h * Wp + lo_w, tail = Hp * Wp - off - HW;
-  if (wide->type.dims[0] != N || wide->type.dims[1] != C || wide->type.dims[2] != H ||
-      wide->type.dims[3] != Wp || tail < 0)
+  if (wide->type.dims[0] != N || wide->type.dims[1] != C || wide->type.dims[2] != H)
     return NULL;
+  if (wide->type.dims[3] != Wp || tail < 0)
+    return wide->type.dims[3] < W ? NULL
+                                  : emit_prepadded_narrow(e, v, chain, spatial, count, wide,
+                                                          lo_h, lo_w, Hp, Wp, x, done);
   // Channel blocks of at most 16K padded elements; at least two
   // iterations (one would fold into top-level ops).
   int64_t cb = 1;
@@ -3550,7 +3677,14 @@ kiln_status_t kiln_lower_conv(kiln_emitter_t *e, const kiln_node_t *n) {
     KILN_RETURN_IF_ERROR_PLAIN(emit_conv_phases(e, x, &w, &ot, st, pd, G, &conv, &wide,
                                                 &phased));
   if (depthwise) {
-    KILN_RETURN_IF_ERROR_PLAIN(emit_pad(e, n->operands[0].value, &x, pd[0], pd[1], pd[0], pd[1]));
+    bool made = false;
+    if (pd[0] || pd[1])
+      KILN_RETURN_IF_ERROR_PLAIN(emit_prepadded(e, n->operands[0].value, pd[0], pd[1],
+                                                x.type.dims[2] + 2 * pd[0],
+                                                x.type.dims[3] + 2 * pd[1], &x, &made));
+    if (!made)
+      KILN_RETURN_IF_ERROR_PLAIN(
+          emit_pad(e, n->operands[0].value, &x, pd[0], pd[1], pd[0], pd[1]));
     emit_conv_depthwise(e, &x, &w, &ot, st, &conv);
   }
   bool prepadded = phased || depthwise;
