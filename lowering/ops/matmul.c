@@ -3421,28 +3421,43 @@ static kiln_status_t emit_prepadded(kiln_emitter_t *e, int32_t v, int64_t lo_h,
   if (nt->rank != 4 || nt->dtype != KILN_F32 || !kiln_type_is_static(nt)) return NULL;
   const int64_t N = nt->dims[0], C = nt->dims[1], H = nt->dims[2], W = nt->dims[3];
   // The chain back from v to a value with a wide grid: chain[i] is a node,
-  // spatial[i] its full-size operand.
+  // spatial[i] its full-size operand. A chain that stops at a convolution
+  // with no wide grid (a 1x1 layer whose grid needed no extra columns)
+  // takes its result [N, C, H, W] as a grid of W columns. (Other sources
+  // gain nothing: their ops fuse with the source's producer, a max pool's
+  // taps say, in one pass before the copy into the padded buffer.)
   int chain[kPrepadChain], spatial[kPrepadChain], count = 0;
   int32_t cur = v;
   while (!e->wide[cur].ssa[0]) {
     int32_t p = g->values[cur].node;
-    if (p < 0 || count == kPrepadChain) return NULL;
-    const kiln_node_t *pn = &g->nodes[p];
-    kiln_op_class_t cls = kiln_op_class(pn->op);
-    if ((cls != KILN_CLASS_UNARY && cls != KILN_CLASS_UNARY_FLOAT &&
-         cls != KILN_CLASS_BINARY && cls != KILN_CLASS_BINARY_FLOAT) ||
-        pn->result_count != 1 || !kiln_type_equal(&g->values[cur].type, nt) ||
-        kiln_node_compute_dtype(g, pn) != KILN_F32)
-      return NULL;
+    if (count == kPrepadChain) return NULL;
+    const kiln_node_t *pn = p >= 0 ? &g->nodes[p] : NULL;
+    kiln_op_class_t cls = pn ? kiln_op_class(pn->op) : KILN_CLASS_SHAPE;
     int sp = -1;
-    for (int k = 0; k < pn->operand_count; ++k) {
-      const kiln_operand_t *o = &pn->operands[k];
-      if (o->kind != KILN_OPERAND_VALUE) continue;
-      const kiln_type_t *t = &g->values[o->value].type;
-      if (sp < 0 && kiln_type_equal(t, nt)) sp = k;
-      else if (!per_channel(t, C)) return NULL;
+    if ((cls == KILN_CLASS_UNARY || cls == KILN_CLASS_UNARY_FLOAT ||
+         cls == KILN_CLASS_BINARY || cls == KILN_CLASS_BINARY_FLOAT) &&
+        pn->result_count == 1 && kiln_type_equal(&g->values[cur].type, nt) &&
+        kiln_node_compute_dtype(g, pn) == KILN_F32) {
+      for (int k = 0; k < pn->operand_count; ++k) {
+        const kiln_operand_t *o = &pn->operands[k];
+        if (o->kind != KILN_OPERAND_VALUE) continue;
+        const kiln_type_t *t = &g->values[o->value].type;
+        if (sp < 0 && kiln_type_equal(t, nt)) {
+          sp = k;
+        } else if (!per_channel(t, C)) {
+          sp = -1;
+          break;
+        }
+      }
     }
-    if (sp < 0) return NULL;
+    if (sp < 0) {
+      const kiln_tv_t *src = &e->values[cur];
+      if (!count || !pn || pn->op != KILN_OP_CONVOLUTION || src->type.dtype != KILN_F32 ||
+          !kiln_type_equal(&src->type, nt))
+        return NULL;
+      return emit_prepadded_narrow(e, v, chain, spatial, count, src, lo_h, lo_w, Hp, Wp, x,
+                                   done);
+    }
     chain[count] = p;
     spatial[count++] = sp;
     cur = pn->operands[sp].value;
