@@ -1371,27 +1371,34 @@ static void fill_slabs(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t r0, int6
 // columns [0, lo_w) and [lo_w + W, Wp) of the rows between) = v, in place,
 // by one scf.forall over blocks of cb whole planes: each takes its block of
 // the shared output, writes the value into its up to four regions and
-// inserts the block. One loop per
+// inserts the block. The rows above and below are one vector write each,
+// unrolled (cb x rows writes of Wp lanes); the columns are an scf.for over
+// the H rows, one cb x 1 x width write each; the block is as many planes
+// as keep all that within kBorderStores stores. Unrolled, a 112-row column
+// was 224 scalar stores per block and tripled a max pool's compile time
+// (found by review); blocks of 256 stores took MobileNetV2's compile from
+// 4.4 to 7.5 s. One loop per
 // region was a parallel region of its own each (four forks and joins a
 // pad: 0.35 ms of MobileNetV2's); slices of the shared output per region
 // in one loop bufferized to copies of each out and back. (With one plane,
 // N = C = 1, the loop of one iteration folds away and the writes go
 // straight into the whole tensor on one thread.) False, and nothing
-// emitted, when a region of one plane would not fit a slab (rows wider
-// than a slab, or more than kInsertSlabRows rows).
+// emitted, when one plane's rows above and below take more than 256
+// stores (rows of thousands of floats), or a column is wider than
+// kBorderColumn.
+enum { kBorderStores = 32, kBorderColumn = 64 };
+
 static bool fill_border(kiln_emitter_t *e, const kiln_tv_t *dst, const int64_t border[4][4],
                         const char *v, kiln_tv_t *out) {
   const int64_t N = dst->type.dims[0], C = dst->type.dims[1];
   const int64_t Hp = dst->type.dims[2], Wp = dst->type.dims[3];
-  int64_t rows = 0, elems = 0;  // of one plane's largest region
-  for (int k = 0; k < 4; ++k) {
-    if (border[k][2] > rows) rows = border[k][2];
-    if (border[k][2] * border[k][3] > elems) elems = border[k][2] * border[k][3];
-  }
-  if (rows > kInsertSlabRows || elems > kInsertSlabElems) return false;
+  // 16-lane stores of one plane's rows above and below; the widest column.
+  const int64_t row_stores = (border[0][2] + border[1][2]) * ((Wp + 15) / 16);
+  const int64_t col = border[2][3] > border[3][3] ? border[2][3] : border[3][3];
+  if (row_stores > 256 || col > kBorderColumn) return false;
   int64_t cb = 1;
   for (int64_t c = N > 1 ? C : C / 2 > 0 ? C / 2 : 1; c >= 1; --c)
-    if (C % c == 0 && c * rows <= kInsertSlabRows && c * elems <= kInsertSlabElems) {
+    if (C % c == 0 && (c * (row_stores + 2) <= kBorderStores || c == 1)) {
       cb = c;
       break;
     }
@@ -1399,6 +1406,7 @@ static bool fill_border(kiln_emitter_t *e, const kiln_tv_t *dst, const int64_t b
   char dty[256], bty[256];
   kiln_mlir_tensor_type(&dst->type, dty, sizeof(dty));
   kiln_mlir_tensor_type(&block, bty, sizeof(bty));
+  const char *el = kiln_mlir_storage_elem(dst->type.dtype);
   int id = e->next_id++;
   kiln_sbuf_t *b = &e->out;
   kiln_emit_fresh(e, out->ssa);
@@ -1410,32 +1418,44 @@ static bool fill_border(kiln_emitter_t *e, const kiln_tv_t *dst, const int64_t b
                    "    %s = scf.forall (%%bn%d, %%bc%d) in (%lld, %lld) shared_outs(%%bo%d = %s) "
                    "-> (%s) {\n"
                    "      %%bC%d = affine.apply affine_map<(d0) -> (d0 * %lld)>(%%bc%d)\n"
-                   "      %%bb%d_0 = tensor.extract_slice %%bo%d%s : %s to %s\n",
+                   "      %%bb%d_0 = tensor.extract_slice %%bo%d%s : %s to %s\n"
+                   "      %%bz%d = arith.constant 0 : index\n"
+                   "      %%b1%d = arith.constant 1 : index\n",
                    out->ssa, id, id, (long long)N, (long long)(C / cb), id, dst->ssa, dty, id,
-                   (long long)cb, id, id, id, at, dty, bty);
-  // Each region is one vector.transfer_write of the value, broadcast, into
-  // the block (convert-vector-to-scf unrolls it into one write per row of
-  // the region, at most kInsertSlabRows): a linalg.fill of a slice inserted
-  // back was vectorized as the fill and then a copy of the region onto
-  // itself.
-  kiln_sbuf_printf(b, "      %%bz%d = arith.constant 0 : index\n", id);
+                   (long long)cb, id, id, id, at, dty, bty, id, id);
   int last = 0;
   for (int k = 0; k < 4; ++k) {
     if (!border[k][2] || !border[k][3]) continue;
-    kiln_sbuf_printf(b,
-                     "      %%br%d_%d = arith.constant %lld : index\n"
-                     "      %%bk%d_%d = arith.constant %lld : index\n",
-                     id, k, (long long)border[k][0], id, k, (long long)border[k][1]);
+    const bool column = k >= 2;
     char vty[128];
     snprintf(vty, sizeof(vty), "vector<1x%lldx%lldx%lldx%s>", (long long)cb,
-             (long long)border[k][2], (long long)border[k][3],
-             kiln_mlir_storage_elem(dst->type.dtype));
+             (long long)(column ? 1 : border[k][2]), (long long)border[k][3], el);
     kiln_sbuf_printf(b,
-                     "      %%bv%d_%d = vector.broadcast %s : %s to %s\n"
-                     "      %%bb%d_%d = vector.transfer_write %%bv%d_%d, %%bb%d_%d[%%bz%d, %%bz%d, "
-                     "%%br%d_%d, %%bk%d_%d] {in_bounds = [true, true, true, true]} : %s, %s\n",
-                     id, k, v, kiln_mlir_storage_elem(dst->type.dtype), vty, id, k + 1, id, k,
-                     id, last, id, id, id, k, id, k, vty, bty);
+                     "      %%br%d_%d = arith.constant %lld : index\n"
+                     "      %%bk%d_%d = arith.constant %lld : index\n"
+                     "      %%bv%d_%d = vector.broadcast %s : %s to %s\n",
+                     id, k, (long long)border[k][0], id, k, (long long)border[k][1], id, k, v, el,
+                     vty);
+    if (!column) {
+      kiln_sbuf_printf(b,
+                       "      %%bb%d_%d = vector.transfer_write %%bv%d_%d, %%bb%d_%d[%%bz%d, "
+                       "%%bz%d, %%br%d_%d, %%bk%d_%d] {in_bounds = [true, true, true, true]} "
+                       ": %s, %s\n",
+                       id, k + 1, id, k, id, last, id, id, id, k, id, k, vty, bty);
+    } else {
+      kiln_sbuf_printf(b,
+                       "      %%be%d_%d = arith.constant %lld : index\n"
+                       "      %%bb%d_%d = scf.for %%bi%d_%d = %%br%d_%d to %%be%d_%d step %%b1%d "
+                       "iter_args(%%bt%d_%d = %%bb%d_%d) -> (%s) {\n"
+                       "        %%bw%d_%d = vector.transfer_write %%bv%d_%d, %%bt%d_%d[%%bz%d, "
+                       "%%bz%d, %%bi%d_%d, %%bk%d_%d] {in_bounds = [true, true, true, true]} "
+                       ": %s, %s\n"
+                       "        scf.yield %%bw%d_%d : %s\n"
+                       "      }\n",
+                       id, k, (long long)(border[k][0] + border[k][2]), id, k + 1, id, k, id, k,
+                       id, k, id, id, k, id, last, bty, id, k, id, k, id, k, id, id, id, k, id,
+                       k, vty, bty, id, k, bty);
+    }
     last = k + 1;
   }
   kiln_sbuf_printf(b,

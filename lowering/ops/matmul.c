@@ -3259,9 +3259,10 @@ static kiln_status_t emit_conv_phases(kiln_emitter_t *e, kiln_tv_t x, const kiln
   return NULL;
 }
 
-// A stride-1 convolution's zero-padded input, flattened to rows of Wp, is
-// made in one pass where the input is elementwise ops (batch norm, relu:
-// per-channel or scalar operands besides one full-size one) over another
+// A stride-1 or depthwise convolution's zero-padded input, flattened to
+// rows of Wp, is made in one pass where the input is elementwise ops
+// (batch norm, relu: per-channel or scalar operands besides one full-size
+// one) over another
 // stride-1 convolution's output whose wide grid has the same Wp: that
 // grid, with its Wp - W extra columns set to zero, is the padded input
 // shifted by lo_h * Wp + lo_w elements (an extra column of row h lands in
@@ -3308,7 +3309,8 @@ static kiln_status_t emit_prepadded_narrow(kiln_emitter_t *e, int32_t v, const i
   const kiln_graph_t *g = e->g;
   const kiln_type_t *nt = &g->values[v].type;
   const int64_t N = nt->dims[0], C = nt->dims[1], H = nt->dims[2], W = nt->dims[3];
-  if (Hp < lo_h + H || Wp < lo_w + W) return NULL;
+  // (No padding: the ops' own pass is as good.)
+  if (Hp < lo_h + H || Wp < lo_w + W || (Hp == H && Wp == W)) return NULL;
   // Channel blocks of at most 16K elements; at least two iterations.
   int64_t cb = 1;
   for (int64_t c = N > 1 ? C : C / 2; c >= 1; --c)
