@@ -1373,18 +1373,20 @@ static void fill_slabs(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t r0, int6
 // the shared output, writes the value into its up to four regions and
 // inserts the block. The rows above and below are one vector write each,
 // unrolled (cb x rows writes of Wp lanes); the columns are an scf.for over
-// the H rows, one cb x 1 x width write each; the block is as many planes
-// as keep all that within kBorderStores stores. Unrolled, a 112-row column
-// was 224 scalar stores per block and tripled a max pool's compile time
-// (found by review); blocks of 256 stores took MobileNetV2's compile from
-// 4.4 to 7.5 s. One loop per
-// region was a parallel region of its own each (four forks and joins a
-// pad: 0.35 ms of MobileNetV2's); slices of the shared output per region
-// in one loop bufferized to copies of each out and back. (With one plane,
-// N = C = 1, the loop of one iteration folds away and the writes go
-// straight into the whole tensor on one thread.) False, and nothing
-// emitted, when one plane's rows above and below take more than 256
-// stores (rows of thousands of floats), or a column is wider than
+// the H rows, one cb x 1 x width write each. A block holds as many planes
+// as keep the unrolled stores (the rows' 16-lane stores and the columns'
+// two writes) within kBorderStores. Tried first:
+//   - one loop per region: a parallel region each, four forks and joins a
+//     pad (0.35 ms of MobileNetV2's);
+//   - slices of the shared output per region in one loop: bufferized to
+//     copies of each region out and back;
+//   - each region one unrolled write: a 112-row column was 224 scalar
+//     stores per block, which tripled a max pool's compile time, and a
+//     16000-wide row took 5 s to compile (found by review).
+// With one plane (N = C = 1) the loop of one iteration folds away and the
+// writes go straight into the whole tensor on one thread. False, and
+// nothing emitted, when one plane's rows above and below take more than
+// 256 stores (rows of thousands of floats) or a column is wider than
 // kBorderColumn.
 enum { kBorderStores = 32, kBorderColumn = 64 };
 

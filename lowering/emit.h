@@ -152,22 +152,21 @@ void kiln_emit_insert_slabs(kiln_emitter_t *e, const kiln_tv_t *src,
 // Planes padded with `value` (CPU, static): pieces [N, C_i, H, W] of one
 // dtype, stacked along dim 1 in order, become `pt` = [N, sum C_i, Hp, Wp]
 // with the pieces at rows lo_h.. and columns lo_w... The pieces are
-// inserted by slabs, then only the border is filled (rows above and below,
-// columns left and right of the pieces' rows), in place, by slabs. A fill
-// of the whole buffer before the copy into it wrote the interior twice;
-// the border filled after the copy finds its lines in cache (UNet's and
-// MobileNetV2's pads: 0.4-0.8 ms less a call). Pieces let a cat feeding a
-// convolution write into the padded buffer, with no cat buffer of its own.
+// inserted by slabs, then only the border is filled, in place
+// (kiln_emit_pad_border). A fill of the whole buffer before the copy into
+// it wrote the interior twice; the border filled after the copy finds its
+// lines in cache. Pieces let a cat feeding a convolution write into the
+// padded buffer, with no cat buffer of its own.
 kiln_status_t kiln_emit_pad_planes(kiln_emitter_t *e, const kiln_tv_t *pieces, int count,
                                    const kiln_type_t *pt, int64_t lo_h, int64_t lo_w,
                                    double value, kiln_tv_t *out);
 
 // The border of dst's planes [N, C, Hp, Wp] around an H x W interior at
 // (lo_h, lo_w) set to `value`, in place (CPU, static): one loop over blocks
-// of planes, or where a region of a plane is larger than a slab, one loop
-// of slabs per region. kiln_emit_pad_planes, and emit_prepadded
-// (lowering/ops/matmul.c) for interiors computed in place, write the
-// interior before it.
+// of planes (rows above and below, columns left and right of the interior's
+// rows), or for rows of thousands of floats one loop of slabs per region.
+// kiln_emit_pad_planes, and emit_prepadded (lowering/ops/matmul.c) for
+// interiors computed in place, write the interior before it.
 kiln_status_t kiln_emit_pad_border(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t lo_h,
                                    int64_t lo_w, int64_t H, int64_t W, double value,
                                    kiln_tv_t *out);

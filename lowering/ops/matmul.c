@@ -2481,9 +2481,9 @@ enum { kPadPieces = 16 };
 // Zero padding of the spatial dims of x[N, C, H, W], graph value v (-1
 // when x is no graph value).
 //
-// On the CPU (static, more than one element) by kiln_emit_pad_planes: the
-// border zero filled, x inserted by slabs, a strided copy per slab spread
-// over the threads. When v is a cat along the channels, its pieces are
+// On the CPU (static, more than one element) by kiln_emit_pad_planes: x
+// inserted by slabs (a strided copy per slab, spread over the threads),
+// then the border zero filled. When v is a cat along the channels, its pieces are
 // inserted straight into the padded buffer: the cat's own buffer is then
 // dead unless something else reads it (a UNet's skip connection: the cat
 // and the copy of it into the padded buffer were 0.48 of its 17 ms). A
@@ -3262,11 +3262,11 @@ static kiln_status_t emit_conv_phases(kiln_emitter_t *e, kiln_tv_t x, const kiln
 // A stride-1 or depthwise convolution's zero-padded input, flattened to
 // rows of Wp, is made in one pass where the input is elementwise ops
 // (batch norm, relu: per-channel or scalar operands besides one full-size
-// one) over another
-// stride-1 convolution's output whose wide grid has the same Wp: that
-// grid, with its Wp - W extra columns set to zero, is the padded input
-// shifted by lo_h * Wp + lo_w elements (an extra column of row h lands in
-// row h's right padding or row h + 1's left padding). So the ops run on
+// one) over another stride-1 convolution's output whose wide grid has the
+// same Wp: that grid, with its Wp - W extra columns set to zero, is the
+// padded input shifted by lo_h * Wp + lo_w elements (an extra column of
+// row h lands in row h's right padding or row h + 1's left padding). So
+// the ops run on
 // the wide grid, a select zeroes the extra columns, and the result is
 // written straight into the padded buffer, whose head and tail are zero
 // filled; no narrow result, no fill of the whole buffer, no copy into it

@@ -1336,8 +1336,8 @@ kiln_status_t kiln_lower_index_put(kiln_emitter_t *e, const kiln_node_t *n) {
 
 // max_pool2d (values; PyTorch's indices are not computed): the input,
 // padded with -inf where `padding` asks for it (kiln_emit_pad_planes: the
-// border filled, the input's slabs inserted by threads), and for each of the KH x KW taps its
-// strided window [N, C, OH, OW] (tensor.extract_slice at (kh*dh, kw*dw),
+// input's slabs inserted by threads, then the border filled), and for each
+// of the KH x KW taps its strided window [N, C, OH, OW] (tensor.extract_slice at (kh*dh, kw*dw),
 // strides (sh, sw)); the taps are combined by maximum (NaN propagates, as
 // in PyTorch), ops that elementwise fusion makes one loop reading the
 // taps in place. CPU only.
