@@ -1369,26 +1369,27 @@ static void fill_slabs(kiln_emitter_t *e, const kiln_tv_t *dst, int64_t r0, int6
 
 // The whole border of dst's planes (rows [0, lo_h) and [lo_h + H, Hp),
 // columns [0, lo_w) and [lo_w + W, Wp) of the rows between) = v, in place,
-// by one scf.forall over blocks of cb whole planes: each takes its block of
-// the shared output, writes the value into its up to four regions and
-// inserts the block. The rows above and below are one vector write each,
-// unrolled (cb x rows writes of Wp lanes); the columns are an scf.for over
-// the H rows, one cb x 1 x width write each. A block holds as many planes
-// as keep the unrolled stores (the rows' 16-lane stores and the columns'
-// two writes) within kBorderStores. Tried first:
+// by one scf.forall over the planes: each takes its plane of the shared
+// output, writes the value into its up to four regions and inserts the
+// plane. The rows above and below are one vector write each, unrolled
+// (rows writes of Wp lanes); the columns are an scf.for over the H rows,
+// one write each. Tried first:
 //   - one loop per region: a parallel region each, four forks and joins a
 //     pad (0.35 ms of MobileNetV2's);
 //   - slices of the shared output per region in one loop: bufferized to
 //     copies of each region out and back;
 //   - each region one unrolled write: a 112-row column was 224 scalar
 //     stores per block, which tripled a max pool's compile time, and a
-//     16000-wide row took 5 s to compile (found by review).
+//     16000-wide row took 5 s to compile (found by review);
+//   - blocks of several planes (up to 32 stores unrolled): their address
+//     arithmetic took MobileNetV2's LLVM time from 2.5-2.7 to 4.7-5.0 s;
+//     a plane a block, 2.8-3.0 s, and the same run time.
 // With one plane (N = C = 1) the loop of one iteration folds away and the
 // writes go straight into the whole tensor on one thread. False, and
 // nothing emitted, when one plane's rows above and below take more than
 // 256 stores (rows of thousands of floats) or a column is wider than
 // kBorderColumn.
-enum { kBorderStores = 32, kBorderColumn = 64 };
+enum { kBorderColumn = 64 };
 
 static bool fill_border(kiln_emitter_t *e, const kiln_tv_t *dst, const int64_t border[4][4],
                         const char *v, kiln_tv_t *out) {
@@ -1398,12 +1399,7 @@ static bool fill_border(kiln_emitter_t *e, const kiln_tv_t *dst, const int64_t b
   const int64_t row_stores = (border[0][2] + border[1][2]) * ((Wp + 15) / 16);
   const int64_t col = border[2][3] > border[3][3] ? border[2][3] : border[3][3];
   if (row_stores > 256 || col > kBorderColumn) return false;
-  int64_t cb = 1;
-  for (int64_t c = N > 1 ? C : C / 2 > 0 ? C / 2 : 1; c >= 1; --c)
-    if (C % c == 0 && (c * (row_stores + 2) <= kBorderStores || c == 1)) {
-      cb = c;
-      break;
-    }
+  const int64_t cb = 1;
   kiln_type_t block = {.dtype = dst->type.dtype, .rank = 4, .dims = {1, cb, Hp, Wp}};
   char dty[256], bty[256];
   kiln_mlir_tensor_type(&dst->type, dty, sizeof(dty));
