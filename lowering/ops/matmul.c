@@ -3297,6 +3297,80 @@ static bool per_channel(const kiln_type_t *t, int64_t C) {
 
 enum { kPrepadChain = 16 };
 
+// The chain's per-channel operands (all but chain[i]'s spatial[i]) as
+// [1, C or 1, 1, ...] of `rank` (the block's rank), into pc.
+static kiln_status_t emit_chain_operands(kiln_emitter_t *e, const int *chain,
+                                         const int *spatial, int count, int rank,
+                                         kiln_tv_t pc[][3]) {
+  for (int i = 0; i < count; ++i) {
+    const kiln_node_t *pn = &e->g->nodes[chain[i]];
+    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
+      const kiln_operand_t *o = &pn->operands[k];
+      if (k == spatial[i] || o->kind != KILN_OPERAND_VALUE) continue;
+      const kiln_tv_t *src = &e->values[o->value];
+      kiln_type_t t = {.dtype = src->type.dtype, .rank = rank};
+      for (int d = 0; d < rank; ++d) t.dims[d] = 1;
+      if (src->type.rank >= 3) t.dims[1] = src->type.dims[src->type.rank - 3];
+      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, src, &t, &pc[i][k]));
+    }
+  }
+  return NULL;
+}
+
+// The ops chain[count - 1] .. chain[0] on *curv, a block of `slab` type
+// ([1, cb, ...]) inside the scf.forall whose channel offset is %qf<id>:
+// per-channel operands (pc, from emit_chain_operands) are sliced to the
+// block's cb channels. *curv becomes the last op's result.
+static kiln_status_t emit_chain_on_block(kiln_emitter_t *e, const int *chain,
+                                         const int *spatial, int count, kiln_tv_t pc[][3],
+                                         int64_t C, int id, const kiln_type_t *slab,
+                                         kiln_tv_t *curv) {
+  const int64_t cb = slab->dims[1];
+  const int rank = slab->rank;
+  const kiln_node_t *saved = e->node;
+  for (int i = count - 1; i >= 0; --i) {
+    const kiln_node_t *pn = &e->g->nodes[chain[i]];
+    kiln_arg_t args[3];
+    e->node = pn;
+    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
+      const kiln_operand_t *o = &pn->operands[k];
+      if (k == spatial[i]) {
+        args[k] = kiln_arg_tensor(curv);
+      } else if (o->kind == KILN_OPERAND_VALUE && pc[i][k].type.dims[1] == C && cb != C) {
+        kiln_tv_t sl = {.type = pc[i][k].type};
+        sl.type.dims[1] = cb;
+        char aty[128], sty[128];
+        kiln_mlir_tensor_type(&pc[i][k].type, aty, sizeof(aty));
+        kiln_mlir_tensor_type(&sl.type, sty, sizeof(sty));
+        kiln_emit_fresh(e, sl.ssa);
+        kiln_sbuf_printf(&e->out, "      %s = tensor.extract_slice %s[0, %%qf%d", sl.ssa,
+                         pc[i][k].ssa, id);
+        for (int d = 2; d < rank; ++d) kiln_sbuf_puts(&e->out, ", 0");
+        kiln_sbuf_printf(&e->out, "] [1, %lld", (long long)cb);
+        for (int d = 2; d < rank; ++d) kiln_sbuf_puts(&e->out, ", 1");
+        kiln_sbuf_puts(&e->out, "] [1");
+        for (int d = 1; d < rank; ++d) kiln_sbuf_puts(&e->out, ", 1");
+        kiln_sbuf_printf(&e->out, "] : %s to %s\n", aty, sty);
+        args[k] = kiln_arg_tensor(&sl);
+      } else if (o->kind == KILN_OPERAND_VALUE) {
+        args[k] = kiln_arg_tensor(&pc[i][k]);
+      } else {
+        args[k] = kiln_arg_operand(e, k);
+      }
+    }
+    kiln_tv_t next;
+    kiln_status_t st = kiln_emit_ew(e, pn->op, pn, pn->operand_count, args, slab, KILN_F32,
+                                    KILN_F32, &next);
+    if (st) {
+      e->node = saved;
+      return st;
+    }
+    *curv = next;
+  }
+  e->node = saved;
+  return NULL;
+}
+
 // The ops chain[count - 1] .. chain[0] (elementwise, spatial[i] the full-size
 // operand of chain[i], the others per channel) on the first W columns of
 // wide[N, C, H, W or more], written block by block into the interior of a
@@ -3320,19 +3394,8 @@ static kiln_status_t emit_prepadded_narrow(kiln_emitter_t *e, int32_t v, const i
     }
   if (N * (C / cb) < 2) return NULL;
   kiln_sbuf_t *b = &e->out;
-  // Per-channel operands as [1, C or 1, 1, 1].
   kiln_tv_t pc[kPrepadChain][3];
-  for (int i = 0; i < count; ++i) {
-    const kiln_node_t *pn = &g->nodes[chain[i]];
-    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
-      const kiln_operand_t *o = &pn->operands[k];
-      if (k == spatial[i] || o->kind != KILN_OPERAND_VALUE) continue;
-      const kiln_tv_t *src = &e->values[o->value];
-      kiln_type_t t4 = {.dtype = src->type.dtype, .rank = 4, .dims = {1, 1, 1, 1}};
-      if (src->type.rank >= 3) t4.dims[1] = src->type.dims[src->type.rank - 3];
-      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, src, &t4, &pc[i][k]));
-    }
-  }
+  KILN_RETURN_IF_ERROR_PLAIN(emit_chain_operands(e, chain, spatial, count, 4, pc));
   kiln_type_t pt = {.dtype = KILN_F32, .rank = 4, .dims = {N, C, Hp, Wp}};
   kiln_type_t slab = {.dtype = KILN_F32, .rank = 4, .dims = {1, cb, H, W}};
   char pad_ty[128], slab_ty[128], wty[128], init[24], res[24];
@@ -3352,42 +3415,8 @@ static kiln_status_t emit_prepadded_narrow(kiln_emitter_t *e, int32_t v, const i
                       "%lld] [1, 1, 1, 1] : %s to %s\n",
                    curv.ssa, wide->ssa, id, id, (long long)cb, (long long)H, (long long)W, wty,
                    slab_ty);
-  const kiln_node_t *saved = e->node;
-  for (int i = count - 1; i >= 0; --i) {
-    const kiln_node_t *pn = &g->nodes[chain[i]];
-    kiln_arg_t args[3];
-    e->node = pn;
-    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
-      const kiln_operand_t *o = &pn->operands[k];
-      if (k == spatial[i]) {
-        args[k] = kiln_arg_tensor(&curv);
-      } else if (o->kind == KILN_OPERAND_VALUE && pc[i][k].type.dims[1] == C && cb != C) {
-        kiln_tv_t sl = {.type = pc[i][k].type};
-        sl.type.dims[1] = cb;
-        char aty[128], sty[128];
-        kiln_mlir_tensor_type(&pc[i][k].type, aty, sizeof(aty));
-        kiln_mlir_tensor_type(&sl.type, sty, sizeof(sty));
-        kiln_emit_fresh(e, sl.ssa);
-        kiln_sbuf_printf(b, "      %s = tensor.extract_slice %s[0, %%qf%d, 0, 0] [1, %lld, 1, "
-                            "1] [1, 1, 1, 1] : %s to %s\n",
-                         sl.ssa, pc[i][k].ssa, id, (long long)cb, aty, sty);
-        args[k] = kiln_arg_tensor(&sl);
-      } else if (o->kind == KILN_OPERAND_VALUE) {
-        args[k] = kiln_arg_tensor(&pc[i][k]);
-      } else {
-        args[k] = kiln_arg_operand(e, k);
-      }
-    }
-    kiln_tv_t next;
-    kiln_status_t st = kiln_emit_ew(e, pn->op, pn, pn->operand_count, args, &slab, KILN_F32,
-                                    KILN_F32, &next);
-    if (st) {
-      e->node = saved;
-      return st;
-    }
-    curv = next;
-  }
-  e->node = saved;
+  KILN_RETURN_IF_ERROR_PLAIN(
+      emit_chain_on_block(e, chain, spatial, count, pc, C, id, &slab, &curv));
   // The block's values into its interior slice of the buffer (a copy that
   // elementwise fusion merges with the ops).
   kiln_sbuf_printf(b,
@@ -3482,19 +3511,9 @@ static kiln_status_t emit_prepadded(kiln_emitter_t *e, int32_t v, int64_t lo_h,
     }
   if (N * (C / cb) < 2) return NULL;
   kiln_sbuf_t *b = &e->out;
-  // Per-channel operands as [1, C or 1, 1] (the flat slab's rank).
+  // Per-channel operands at the flat slab's rank.
   kiln_tv_t pc[kPrepadChain][3];
-  for (int i = 0; i < count; ++i) {
-    const kiln_node_t *pn = &g->nodes[chain[i]];
-    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
-      const kiln_operand_t *o = &pn->operands[k];
-      if (k == spatial[i] || o->kind != KILN_OPERAND_VALUE) continue;
-      const kiln_tv_t *src = &e->values[o->value];
-      kiln_type_t t3 = {.dtype = src->type.dtype, .rank = 3, .dims = {1, 1, 1}};
-      if (src->type.rank >= 3) t3.dims[1] = src->type.dims[src->type.rank - 3];
-      KILN_RETURN_IF_ERROR_PLAIN(kiln_emit_reshape(e, src, &t3, &pc[i][k]));
-    }
-  }
+  KILN_RETURN_IF_ERROR_PLAIN(emit_chain_operands(e, chain, spatial, count, 3, pc));
   // The column mask over the flat rows: mask[h * Wp + w] = (w < W).
   char mask2[24], mask[24], empty[24], flat_ty[128], pad_ty[128];
   kiln_emit_fresh(e, empty);
@@ -3562,42 +3581,8 @@ static kiln_status_t emit_prepadded(kiln_emitter_t *e, int32_t v, int64_t lo_h,
   kiln_sbuf_printf(b, "      %s = tensor.extract_slice %s[%%qn%d, %%qf%d, 0] [1, %lld, %lld] "
                       "[1, 1, 1] : %s to %s\n",
                    curv.ssa, wf.ssa, id, id, (long long)cb, (long long)HW, flat_ty, slab_ty);
-  const kiln_node_t *saved = e->node;
-  for (int i = count - 1; i >= 0; --i) {
-    const kiln_node_t *pn = &g->nodes[chain[i]];
-    kiln_arg_t args[3];
-    e->node = pn;
-    for (int k = 0; k < pn->operand_count && k < 3; ++k) {
-      const kiln_operand_t *o = &pn->operands[k];
-      if (k == spatial[i]) {
-        args[k] = kiln_arg_tensor(&curv);
-      } else if (o->kind == KILN_OPERAND_VALUE && pc[i][k].type.dims[1] == C && cb != C) {
-        kiln_tv_t sl = {.type = pc[i][k].type};
-        sl.type.dims[1] = cb;
-        char aty[128], sty[128];
-        kiln_mlir_tensor_type(&pc[i][k].type, aty, sizeof(aty));
-        kiln_mlir_tensor_type(&sl.type, sty, sizeof(sty));
-        kiln_emit_fresh(e, sl.ssa);
-        kiln_sbuf_printf(b, "      %s = tensor.extract_slice %s[0, %%qf%d, 0] [1, %lld, 1] "
-                            "[1, 1, 1] : %s to %s\n",
-                         sl.ssa, pc[i][k].ssa, id, (long long)cb, aty, sty);
-        args[k] = kiln_arg_tensor(&sl);
-      } else if (o->kind == KILN_OPERAND_VALUE) {
-        args[k] = kiln_arg_tensor(&pc[i][k]);
-      } else {
-        args[k] = kiln_arg_operand(e, k);
-      }
-    }
-    kiln_tv_t next;
-    kiln_status_t s = kiln_emit_ew(e, pn->op, pn, pn->operand_count, args, &slab,
-                                   KILN_F32, KILN_F32, &next);
-    if (s) {
-      e->node = saved;
-      return s;
-    }
-    curv = next;
-  }
-  e->node = saved;
+  KILN_RETURN_IF_ERROR_PLAIN(
+      emit_chain_on_block(e, chain, spatial, count, pc, C, id, &slab, &curv));
   // The block's slice of the buffer gets the ops' values, zero in the
   // extra columns.
   char zero[24];
